@@ -1,0 +1,51 @@
+"""Load run records (runs/<name>/{config,summary}.json, metrics.jsonl) into pandas."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+
+def _flatten(prefix: str, obj, out: dict) -> None:
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            _flatten(f"{prefix}.{k}" if prefix else k, v, out)
+    else:
+        out[prefix] = obj
+
+
+def run_dirs(path: str | Path) -> list[Path]:
+    """Every directory under `path` (itself included) that holds a summary.json."""
+    root = Path(path)
+    return sorted(p.parent for p in root.rglob("summary.json"))
+
+
+def load_runs(path: str | Path) -> pd.DataFrame:
+    """One row per run: the summary's fields, then the config's flattened under `config.`.
+
+    Failed, out-of-memory and still-running (or killed) runs are included with their status.
+    """
+    rows = []
+    for run_dir in run_dirs(path):
+        row = {"run_dir": str(run_dir)}
+        _flatten("", json.loads((run_dir / "summary.json").read_text()), row)
+        config_path = run_dir / "config.json"
+        if config_path.exists():
+            _flatten("config", json.loads(config_path.read_text()), row)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def load_metrics(path: str | Path) -> pd.DataFrame:
+    """Every logged step of every run under `path`, with its run_name."""
+    frames = []
+    for run_dir in run_dirs(path):
+        metrics = run_dir / "metrics.jsonl"
+        if metrics.exists():
+            lines = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+            frame = pd.DataFrame(lines)
+            frame.insert(0, "run_name", run_dir.name)
+            frames.append(frame)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()

@@ -1,0 +1,51 @@
+"""Print a comparison table of the runs under a directory.
+
+    python -m analysis.table runs/demo
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from analysis.runs import load_runs
+
+COLUMNS = {
+    "run_name": "run",
+    "status": "status",
+    "backend": "backend",
+    "world_size": "ranks",
+    "global_batch": "batch",
+    "precision": "precision",
+    "samples_per_s": "samples/s",
+    "mem_peak_bytes": "peak MiB",
+    "model_state_bytes.total": "model states MiB",
+    "final_loss": "final loss",
+    "val_loss": "val loss",
+}
+
+
+def comparison_table(runs_dir: str):
+    runs = load_runs(runs_dir)
+    if runs.empty:
+        return runs
+    table = runs.reindex(columns=list(COLUMNS)).rename(columns=COLUMNS)
+    for col in ("peak MiB", "model states MiB"):
+        table[col] = table[col] / 2**20
+    return table
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m analysis.table", description=__doc__.splitlines()[0])
+    parser.add_argument("runs_dir", help="directory of run records (searched recursively)")
+    args = parser.parse_args(argv)
+    table = comparison_table(args.runs_dir)
+    if table.empty:
+        print(f"no run records under {args.runs_dir}", file=sys.stderr)
+        return 1
+    print(table.to_string(index=False, float_format=lambda v: f"{v:,.4g}"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

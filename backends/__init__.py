@@ -1,0 +1,16 @@
+"""Backends by name. Each is one file implementing backends.base.Backend."""
+
+from __future__ import annotations
+
+from backends.base import Backend
+from backends.ddp import DDPBackend
+from backends.single import SingleBackend
+
+BACKENDS: dict[str, type[Backend]] = {cls.name: cls for cls in (SingleBackend, DDPBackend)}
+
+
+def get_backend(name: str) -> type[Backend]:
+    return BACKENDS[name]
+
+
+__all__ = ["BACKENDS", "Backend", "get_backend"]

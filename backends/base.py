@@ -1,0 +1,137 @@
+"""The Backend interface: everything the training loop needs from a way of training.
+
+The loop (training/loop.py) never branches on the backend. For each optimizer step it calls:
+
+    for each micro-step m of grad_accum:
+        with backend.micro_step(sync=(m is the last)):
+            loss = backend.forward(x, y)      # mean loss of this micro-batch
+            backend.backward(loss)
+    backend.step()
+
+A backend owns the wrapped model, the optimizer, the learning-rate schedule and the precision
+handling, and reports what it holds per rank (`model_state_bytes`) and how it is set up
+(`describe`, recorded in the run's config.json).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+import torch
+import torch.nn as nn
+
+from training.config import RunConfig
+from training.dist import DistEnv
+
+# The article's DeepSpeed optimizer, used by every backend: AdamW with these constants.
+ADAM_BETAS = (0.8, 0.999)
+ADAM_EPS = 1e-8
+WEIGHT_DECAY = 3e-7
+
+
+def warmup_factor(step: int, warmup_steps: int) -> float:
+    """The learning rate of optimizer step `step` (0-based) is lr * this.
+
+    Exactly DeepSpeed's WarmupLR with warmup_type "linear" as its engine drives it, so torch and
+    DeepSpeed backends follow the same schedule step by step: the scheduler starts at iteration
+    -1 (lr = min_lr = 0) and is stepped after each optimizer step, so step s runs at iteration
+    s - 1, with factor (s - 1) / W until W (at least 2). 0 turns warm-up off.
+    """
+    if warmup_steps <= 0:
+        return 1.0
+    iteration, warmup = step - 1, max(2, warmup_steps)
+    if iteration < 0:
+        return 0.0
+    return iteration / warmup if iteration < warmup else 1.0
+
+
+class Backend(ABC):
+    name: ClassVar[str]
+    summary: ClassVar[str]  # one line for --help
+    # Whether the backend needs a torch.distributed process group (even for a world of one).
+    needs_process_group: ClassVar[bool] = True
+
+    def __init__(self, cfg: RunConfig, env: DistEnv):
+        self.cfg = cfg
+        self.env = env
+        self.model: nn.Module | None = None
+
+    @classmethod
+    def check_world(cls, env: DistEnv) -> None:
+        """Raise ConfigError if this backend cannot run at this world size."""
+
+    @abstractmethod
+    def setup(self, model: nn.Module) -> None:
+        """Wrap `model` (on the CPU, fp32, identical on every rank) and build the optimizer."""
+
+    def micro_step(self, sync: bool) -> contextlib.AbstractContextManager:
+        """Context for one micro-step's forward and backward; sync=False skips gradient sync."""
+        return contextlib.nullcontext()
+
+    @abstractmethod
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The mean loss of micro-batch (x, y), a scalar that `backward` accepts."""
+
+    @abstractmethod
+    def backward(self, loss: torch.Tensor) -> None:
+        """Accumulate the gradients of `loss`, scaled for gradient accumulation."""
+
+    @abstractmethod
+    def step(self) -> None:
+        """Optimizer step, gradient reset and learning-rate schedule step."""
+
+    @abstractmethod
+    def lr(self) -> float:
+        """The learning rate the next `step` applies."""
+
+    @abstractmethod
+    def model_state_bytes(self) -> dict[str, int]:
+        """Bytes this rank holds now: {"params", "grads", "optimizer"}.
+
+        Called by the loop after the last backward of a step, before `step`, so gradients exist.
+        """
+
+    def eval_mode(self) -> contextlib.AbstractContextManager:
+        """Context for evaluation: no grad, dropout off, training mode restored after."""
+        return _EvalMode(self.model)
+
+    def describe(self) -> dict:
+        """How this backend is set up, for the run record (wrapper, dtypes, sharding, ...)."""
+        return {"name": self.name}
+
+    def teardown(self) -> None:
+        """Release what setup built (hooks, engines, background threads)."""
+
+
+class _EvalMode(contextlib.ContextDecorator):
+    def __init__(self, model: nn.Module):
+        self.model = model
+
+    def __enter__(self):
+        self.was_training = self.model.training
+        self.model.eval()
+        self.no_grad = torch.no_grad()
+        self.no_grad.__enter__()
+
+    def __exit__(self, *exc):
+        self.no_grad.__exit__(*exc)
+        self.model.train(self.was_training)
+        return False
+
+
+def tensor_bytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    return tensor_bytes(
+        _local(v) for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v)
+    )
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """The part of `t` stored on this rank (a DTensor's local shard, else the tensor)."""
+    to_local = getattr(t, "to_local", None)
+    return to_local() if to_local is not None else t

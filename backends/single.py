@@ -1,0 +1,20 @@
+"""`single`: one process, the model unwrapped. The reference every other backend is checked against."""
+
+from __future__ import annotations
+
+from backends.torch_backend import TorchBackend
+from gptlite.model import ConfigError
+from training.dist import DistEnv
+
+
+class SingleBackend(TorchBackend):
+    name = "single"
+    summary = "one process, no wrapper (the reference)"
+    needs_process_group = False
+
+    @classmethod
+    def check_world(cls, env: DistEnv) -> None:
+        if env.world_size != 1:
+            raise ConfigError(
+                f"backend single runs in one process (got WORLD_SIZE={env.world_size}); "
+                "launch it with plain python, or use a distributed backend such as ddp")

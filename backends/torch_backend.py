@@ -1,0 +1,78 @@
+"""What the torch-native backends (single, ddp, and later fsdp, fsdp2) share.
+
+torch.optim.AdamW with the article's constants, a linear warm-up identical step by step to
+DeepSpeed's WarmupLR, and mixed precision through autocast (fp32 master weights) with a gradient
+scaler for fp16. A subclass only says how it wraps the model (`wrap`) and how it skips gradient
+synchronisation on non-final micro-steps (`micro_step`).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from backends.base import (ADAM_BETAS, ADAM_EPS, WEIGHT_DECAY, Backend, _local, optimizer_state_bytes,
+                           tensor_bytes, warmup_factor)
+
+AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class TorchBackend(Backend):
+    def setup(self, model: nn.Module) -> None:
+        self.model = self.wrap(model.to(self.env.device))
+        self.optimizer = self.build_optimizer(self.model.parameters())
+        warmup = self.cfg.lr_warmup_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: warmup_factor(s, warmup))
+        self.autocast_dtype = AUTOCAST_DTYPES[self.cfg.precision]
+        self.scaler = self.build_scaler(enabled=self.cfg.precision == "fp16")
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        """The model as this backend trains it (already on the device)."""
+        return model
+
+    def build_optimizer(self, params) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(params, lr=self.cfg.lr, betas=ADAM_BETAS, eps=ADAM_EPS, weight_decay=WEIGHT_DECAY)
+
+    def build_scaler(self, enabled: bool):
+        return torch.amp.GradScaler(self.env.device.type, enabled=enabled)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(self.env.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
+            _, loss = self.model(x, y)
+        return loss
+
+    def backward(self, loss: torch.Tensor) -> None:
+        # Each micro-batch's loss is a mean over its samples; dividing by the number of
+        # micro-steps makes the accumulated gradient the mean over the rank's whole batch.
+        self.scaler.scale(loss / self.cfg.grad_accum).backward()
+
+    def step(self) -> None:
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+
+    def lr(self) -> float:
+        return self.optimizer.param_groups[0]["lr"]
+
+    def model_state_bytes(self) -> dict[str, int]:
+        params = list(self.model.parameters())
+        return {
+            "params": tensor_bytes(_local(p) for p in params),
+            "grads": tensor_bytes(_local(p.grad) for p in params if p.grad is not None),
+            "optimizer": optimizer_state_bytes(self.optimizer),
+        }
+
+    def teardown(self) -> None:
+        self.model = self.optimizer = self.scheduler = self.scaler = None
+
+    def describe(self) -> dict:
+        compute = {"fp32": "fp32", "bf16": "bf16 (autocast)", "fp16": "fp16 (autocast)"}[self.cfg.precision]
+        return {
+            "name": self.name,
+            "optimizer": "torch.optim.AdamW",
+            "master_dtype": "fp32",
+            "compute_dtype": compute,
+            "reduce_dtype": "fp32",
+            "loss_scaling": "dynamic (torch.amp.GradScaler)" if self.cfg.precision == "fp16" else None,
+        }

@@ -1,0 +1,85 @@
+"""Shared helpers: launching train.py the way users do, and reading what a run left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from training.dist import free_port
+
+REPO = Path(__file__).resolve().parent.parent
+TRAIN = REPO / "train.py"
+SHAKESPEARE = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"
+# A launch that takes longer than this is hung: fail fast instead of waiting for pytest's timeout.
+LAUNCH_TIMEOUT_S = 240
+
+
+@dataclass
+class Run:
+    """What one launch of train.py produced."""
+
+    proc: subprocess.CompletedProcess
+    dir: Path
+
+    @property
+    def summary(self) -> dict:
+        return json.loads((self.dir / "summary.json").read_text())
+
+    @property
+    def config(self) -> dict:
+        return json.loads((self.dir / "config.json").read_text())
+
+    @property
+    def metrics(self) -> list[dict]:
+        return [json.loads(line) for line in (self.dir / "metrics.jsonl").read_text().splitlines()]
+
+    @property
+    def losses(self) -> list[float]:
+        return [m["loss"] for m in self.metrics]
+
+    def check_ok(self) -> "Run":
+        assert self.proc.returncode == 0, f"exit {self.proc.returncode}\n{self.proc.stdout}\n{self.proc.stderr}"
+        assert self.summary["status"] == "ok", self.summary
+        return self
+
+
+def base_env() -> dict:
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env["PYTHONPATH"] = str(REPO)
+    return env
+
+
+def launch_command(launcher: str, nproc: int) -> list[str]:
+    if launcher == "python":
+        return [sys.executable, str(TRAIN)]
+    if launcher == "torchrun":
+        # A free port per launch: fixed ports collide between back-to-back runs.
+        return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(nproc),
+                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", str(TRAIN)]
+    raise ValueError(launcher)
+
+
+def train(runs_dir: Path, name: str, *args: str, launcher: str = "python", nproc: int = 2,
+          timeout: float = LAUNCH_TIMEOUT_S, env: dict | None = None) -> Run:
+    """Run train.py to completion (or failure) and return its record."""
+    cmd = [*launch_command(launcher, nproc), "--runs_dir", str(runs_dir), "--run_name", name, "--quiet", *args]
+    proc = subprocess.run(cmd, cwd=REPO, env={**base_env(), **(env or {})}, capture_output=True, text=True,
+                          timeout=timeout)
+    return Run(proc, Path(runs_dir) / name)
+
+
+# Small, fast and exact: no dropout, fp32, a learning rate that moves the weights from step 0.
+PARITY_ARGS = ("--preset", "tiny", "--dropout", "0", "--precision", "fp32", "--lr_warmup_steps", "0",
+               "--mem_profile_steps", "0", "--warmup_steps", "0", "--eval_batches", "1")
+
+
+@pytest.fixture
+def runs_dir(tmp_path: Path) -> Path:
+    return tmp_path / "runs"

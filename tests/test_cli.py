@@ -1,0 +1,65 @@
+"""train.py's command line: bad input fails in one line with exit code 2; --dry_run; --help."""
+
+import json
+import subprocess
+import sys
+from dataclasses import fields
+
+import pytest
+
+from conftest import REPO, TRAIN, base_env
+from training.config import RunConfig
+
+
+def _train(*args, cwd=REPO):
+    return subprocess.run([sys.executable, str(TRAIN), *args], cwd=cwd, env=base_env(), capture_output=True,
+                          text=True, timeout=120)
+
+
+@pytest.mark.parametrize("args, names", [
+    (["--backend", "horovod"], "--backend"),
+    (["--steps", "-3"], "steps must be >= 1"),
+    (["--micro_batch", "0"], "micro_batch must be >= 1"),
+    (["--n_embd", "100", "--n_head", "3"], "n_embd must be divisible by n_head"),
+    (["--data", "/nonexistent/input.txt"], "--data: file not found"),
+    (["--precision", "fp8"], "--precision"),
+    (["--steps", "ten"], "--steps"),
+])
+def test_bad_input_is_one_line_exit_2_no_traceback(tmp_path, args, names):
+    proc = _train(*args, "--runs_dir", str(tmp_path / "runs"))
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("train.py: error:") and names in lines[0]
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert not (tmp_path / "runs").exists()  # nothing recorded, let alone as ok
+
+
+def test_unknown_backend_error_lists_the_allowed_ones(tmp_path):
+    proc = _train("--backend", "horovod", "--runs_dir", str(tmp_path))
+    assert "single" in proc.stderr and "ddp" in proc.stderr
+
+
+def test_dry_run_prints_resolved_config_with_n_params_and_trains_nothing(tmp_path):
+    proc = _train("--dry_run", "--preset", "paper", "--micro_batch", "2", "--grad_accum", "3",
+                  "--runs_dir", str(tmp_path / "runs"))
+    assert proc.returncode == 0, proc.stderr
+    resolved = json.loads(proc.stdout)
+    assert resolved["n_params"] == 86_701_056
+    assert resolved["global_batch"] == 6
+    assert resolved["model"]["n_layer"] == 12 and resolved["data"]["vocab_size"] == 65
+    assert not (tmp_path / "runs").exists()
+
+
+def test_help_explains_every_flag():
+    proc = _train("--help")
+    assert proc.returncode == 0
+    for f in fields(RunConfig):
+        assert f"--{f.name}" in proc.stdout, f.name
+    assert "ddp" in proc.stdout and "single" in proc.stdout
+
+
+def test_existing_run_name_is_refused_without_overwrite(tmp_path):
+    (tmp_path / "taken").mkdir()
+    proc = _train("--runs_dir", str(tmp_path), "--run_name", "taken")
+    assert proc.returncode == 2 and "--overwrite" in proc.stderr and "Traceback" not in proc.stderr

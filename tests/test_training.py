@@ -1,0 +1,62 @@
+"""Training behaviour: the loss falls, DDP equals single, accumulation equals a larger micro-batch."""
+
+import pytest
+
+from conftest import PARITY_ARGS, train
+
+STEPS = 10
+RTOL = 1e-5
+
+
+def _assert_losses_close(actual, expected, rtol=RTOL):
+    assert len(actual) == len(expected) == STEPS
+    worst = max(abs(a - e) / abs(e) for a, e in zip(actual, expected))
+    assert worst <= rtol, f"max relative deviation {worst:.2e} > {rtol:g}\n{actual}\n{expected}"
+
+
+@pytest.fixture(scope="module")
+def single_reference(tmp_path_factory):
+    """single, micro-batch 8: the reference losses every parity test compares against."""
+    runs = tmp_path_factory.mktemp("runs")
+    return train(runs, "single-m8", *PARITY_ARGS, "--steps", str(STEPS), "--micro_batch", "8").check_ok()
+
+
+def test_loss_falls_on_the_embedded_corpus(runs_dir):
+    run = train(runs_dir, "learn", "--preset", "tiny", "--steps", "40", "--micro_batch", "16",
+                "--lr_warmup_steps", "5", "--mem_profile_steps", "0").check_ok()
+    losses = run.losses
+    assert losses[0] > 4.0  # about ln(65) at initialisation
+    assert losses[-1] < losses[0] - 1.0, losses
+    assert run.summary["val_loss"] < losses[0] - 1.0
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("micro, accum", [(4, 1), (2, 2)])
+def test_ddp_on_two_processes_matches_single(runs_dir, single_reference, micro, accum):
+    # Two ranks x micro x accum = the reference's global batch of 8.
+    run = train(runs_dir, f"ddp-{micro}x{accum}", *PARITY_ARGS, "--backend", "ddp", "--steps", str(STEPS),
+                "--micro_batch", str(micro), "--grad_accum", str(accum), launcher="torchrun").check_ok()
+    assert run.summary["world_size"] == 2 and run.summary["global_batch"] == 8
+    assert run.config["launcher"] == "torchrun"
+    _assert_losses_close(run.losses, single_reference.losses)
+    assert run.summary["val_loss"] == pytest.approx(single_reference.summary["val_loss"], rel=RTOL)
+
+
+def test_accumulation_equals_a_larger_micro_batch(runs_dir):
+    args = (*PARITY_ARGS, "--steps", str(STEPS))
+    big = train(runs_dir, "m4x1", *args, "--micro_batch", "4", "--grad_accum", "1").check_ok()
+    accumulated = train(runs_dir, "m2x2", *args, "--micro_batch", "2", "--grad_accum", "2").check_ok()
+    assert accumulated.summary["global_batch"] == big.summary["global_batch"] == 4
+    _assert_losses_close(accumulated.losses, big.losses)
+
+
+def test_ddp_runs_as_a_world_of_one_under_plain_python(runs_dir):
+    run = train(runs_dir, "ddp-python", *PARITY_ARGS, "--backend", "ddp", "--steps", "2").check_ok()
+    assert run.summary["world_size"] == 1 and run.config["launcher"] == "python"
+
+
+def test_a_diverging_run_is_recorded_as_failed(runs_dir):
+    run = train(runs_dir, "diverge", *PARITY_ARGS, "--steps", "20", "--lr", "1e30")
+    assert run.proc.returncode == 1
+    assert run.summary["status"] == "failed"
+    assert "loss is" in run.summary["error"]

@@ -1,0 +1,32 @@
+#!/usr/bin/env python
+"""Train GPT-lite under one backend and leave a record in runs/.
+
+    python train.py                                   # single process, embedded corpus
+    torchrun --nproc_per_node 2 train.py --backend ddp
+    python train.py --dry_run --preset paper          # resolved config and parameter count
+
+Every flag is explained by `python train.py --help`.
+"""
+
+import sys
+
+from training.config import build_parser, parse_args
+from training.loop import main
+
+DESCRIPTION = (
+    "Train the GPT-lite model under one distributed-training backend, with the same data, "
+    "optimizer and global batch as every other backend, and write a run record "
+    "(config.json, metrics.jsonl, summary.json) under --runs_dir/--run_name."
+)
+
+EXAMPLES = """examples:
+  python train.py --preset tiny --steps 100            one process, embedded corpus
+  torchrun --nproc_per_node 2 train.py --backend ddp   two ranks (CPU: gloo, GPU: nccl)
+  python train.py --data input.txt --precision bf16    your own text, mixed precision
+  python train.py --dry_run --preset paper             resolved config and n_params, no training
+
+Records go to --runs_dir/--run_name: config.json, metrics.jsonl, summary.json
+(fields documented in runs/README.md)."""
+
+if __name__ == "__main__":
+    sys.exit(main(parse_args(parser=build_parser(description=DESCRIPTION, examples=EXAMPLES))))

@@ -1,0 +1,183 @@
+"""The run configuration: one dataclass that is the single source of truth for `train.py`'s flags.
+
+Each field carries its help text; `build_parser` turns the fields into argparse flags and
+`RunConfig.__post_init__` checks every value, so a bad value fails the same way whether it came
+from the command line, a sweep or a test. Errors are one line naming the field and what is
+allowed (`ConfigError`); `train.py` prints them and exits with code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import textwrap
+from dataclasses import MISSING, asdict, dataclass, field, fields
+
+from gptlite.model import ATTENTION_IMPLS, PRESETS, ConfigError, GPTConfig, preset
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def _flag(help: str, default=MISSING, *, choices=None, group: str = "training", **kw):
+    return field(default=default, metadata={"help": help, "choices": choices, "group": group, **kw})
+
+
+@dataclass
+class RunConfig:
+    # What to run.
+    backend: str = _flag("Training backend (each is described below).", "single", group="backend")
+    # The model.
+    preset: str = _flag("Model size preset.", "small", choices=tuple(PRESETS), group="model")
+    n_layer: int | None = _flag("Override the preset's number of transformer blocks.", None, group="model")
+    n_embd: int | None = _flag("Override the preset's embedding width.", None, group="model")
+    n_head: int | None = _flag("Override the preset's number of attention heads.", None, group="model")
+    block_size: int | None = _flag("Override the preset's context length (tokens per sample).", None, group="model")
+    dropout: float | None = _flag("Override the preset's dropout probability.", None, group="model")
+    attention: str = _flag(
+        "naive: explicit T x T attention scores (the article's memory profile); "
+        "sdpa: torch's fused scaled_dot_product_attention. Same outputs.",
+        "naive", choices=ATTENTION_IMPLS, group="model",
+    )
+    # Data and batch.
+    data: str | None = _flag(
+        "UTF-8 text file to train on (e.g. tiny-shakespeare's input.txt). "
+        "Default: the embedded generated corpus.", None, metavar="PATH",
+    )
+    steps: int = _flag("Optimizer steps to run.", 50)
+    micro_batch: int = _flag("Samples per rank per micro-step.", 8)
+    grad_accum: int = _flag("Micro-steps per optimizer step (gradient accumulation).", 1)
+    precision: str = _flag(
+        "fp32, or mixed precision with fp32 master weights: bf16, or fp16 with loss scaling.",
+        "fp32", choices=PRECISIONS,
+    )
+    seed: int = _flag("Seed for the weights and the data order.", 1337)
+    lr: float = _flag("Peak learning rate of AdamW (betas 0.8/0.999, eps 1e-8, weight decay 3e-7).", 1e-3)
+    lr_warmup_steps: int = _flag("Steps of linear learning-rate warm-up from 0 to --lr.", 20)
+    # Measurement.
+    warmup_steps: int = _flag(
+        "First steps left out of the timing (compilation, allocator warm-up).", 2, group="measurement")
+    mem_profile_steps: int = _flag(
+        "Last steps profiled with torch.profiler for live tensor bytes by category "
+        "(the memory peak on CPU); left out of the timing. 0 turns it off.", 1, group="measurement")
+    eval_every: int = _flag(
+        "Validation loss every N steps (0: only at the end).", 0, group="measurement")
+    eval_batches: int = _flag(
+        "Global batches of the validation split per evaluation.", 4, group="measurement")
+    # Where things go and how much is said.
+    runs_dir: str = _flag("Directory for run records.", "runs", group="output", metavar="DIR")
+    run_name: str | None = _flag(
+        "Name of this run's record directory (default: backend, preset, time).", None, group="output")
+    overwrite: bool = _flag("Replace an existing record of the same --run_name.", False, group="output")
+    log_every: int = _flag("Write a metrics line every N steps.", 1, group="output")
+    quiet: bool = _flag("No progress bar and no per-step lines.", False, group="output")
+    dry_run: bool = _flag(
+        "Print the resolved configuration as JSON (with n_params) and exit without training.",
+        False, group="output")
+    # Where it runs.
+    device: str = _flag("auto: CUDA when available, else CPU.", "auto", choices=DEVICES, group="distributed")
+    dist_timeout_s: float = _flag(
+        "Timeout of collective operations, so a rank that died fails the others instead of "
+        "hanging them.", 300.0, group="distributed")
+
+    def __post_init__(self):
+        from backends import BACKENDS  # late: backends import this module
+
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"backend must be one of {', '.join(BACKENDS)} (got {self.backend!r})")
+        for f in fields(self):
+            choices = f.metadata.get("choices")
+            if choices and getattr(self, f.name) not in choices:
+                raise ConfigError(
+                    f"{f.name} must be one of {', '.join(choices)} (got {getattr(self, f.name)!r})")
+        _at_least(self, 1, "steps", "micro_batch", "grad_accum", "log_every", "eval_batches")
+        _at_least(self, 0, "warmup_steps", "mem_profile_steps", "eval_every", "lr_warmup_steps", "seed")
+        if not self.lr > 0:
+            raise ConfigError(f"lr must be > 0 (got {self.lr})")
+        if not self.dist_timeout_s > 0:
+            raise ConfigError(f"dist_timeout_s must be > 0 (got {self.dist_timeout_s})")
+        if self.run_name is not None and (not self.run_name or "/" in self.run_name or self.run_name.startswith(".")):
+            raise ConfigError(f"run_name must be a plain directory name (got {self.run_name!r})")
+        self.model_config()  # checks the model overrides (n_embd divisible by n_head, ...)
+
+    def model_config(self, vocab_size: int | None = None) -> GPTConfig:
+        overrides = {name: getattr(self, name) for name in ("n_layer", "n_embd", "n_head", "block_size", "dropout")}
+        return preset(self.preset, attention=self.attention, vocab_size=vocab_size, **overrides)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _at_least(cfg: RunConfig, minimum: int, *names: str) -> None:
+    for name in names:
+        value = getattr(cfg, name)
+        if value < minimum:
+            raise ConfigError(f"{name} must be >= {minimum} (got {value})")
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Shows defaults, except where there is none to show (None, False)."""
+
+    def _get_help_string(self, action):
+        if action.default in (None, False):
+            return action.help
+        return super()._get_help_string(action)
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (no usage dump) and exit code 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser(prog: str = "train.py", description: str | None = None,
+                 examples: str | None = None) -> argparse.ArgumentParser:
+    from backends import BACKENDS
+
+    width = max(len(name) for name in BACKENDS) + 2
+    epilog = "backends:\n" + "".join(f"  {name:<{width}}{cls.summary}\n" for name, cls in BACKENDS.items())
+    parser = _OneLineParser(
+        prog=prog,
+        description=textwrap.fill(description) if description else None,
+        formatter_class=_HelpFormatter,
+        epilog=epilog + (f"\n{examples}" if examples else ""),
+    )
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for f in fields(RunConfig):
+        meta = f.metadata
+        group = groups.setdefault(meta["group"], parser.add_argument_group(meta["group"]))
+        kwargs = {"help": meta["help"], "default": f.default, "dest": f.name}
+        if f.type in ("bool",) or isinstance(f.default, bool):
+            kwargs["action"] = "store_true"
+        else:
+            kwargs["type"] = _field_type(f)
+            choices = tuple(BACKENDS) if f.name == "backend" else meta.get("choices")
+            if choices:
+                kwargs["choices"] = choices
+            if meta.get("metavar"):
+                kwargs["metavar"] = meta["metavar"]
+        group.add_argument(f"--{f.name}", **kwargs)
+    return parser
+
+
+def _field_type(f):
+    base = str(f.type).replace(" | None", "")
+    return {"int": int, "float": float, "str": str}[base]
+
+
+def parse_args(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None) -> RunConfig:
+    """Parse `argv` into a RunConfig; a bad value exits with one line on stderr and code 2."""
+    parser = parser or build_parser()
+    ns = parser.parse_args(argv)
+    known = {f.name for f in fields(RunConfig)}
+    try:
+        return RunConfig(**{k: v for k, v in vars(ns).items() if k in known})
+    except ConfigError as e:
+        parser.exit(2, f"{parser.prog}: error: {e}\n")
+
+
+def fail_config(message: str, prog: str = "train.py") -> None:
+    """Exit the way a bad flag does: one line on stderr, code 2."""
+    sys.stderr.write(f"{prog}: error: {message}\n")
+    sys.exit(2)

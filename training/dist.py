@@ -1,0 +1,129 @@
+"""Where a run executes: rank, world, device, and the process group.
+
+Launchers (torchrun, the deepspeed launcher, accelerate launch) all describe a rank through the
+same environment variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT). A plain
+`python train.py` sets none of them and runs as a world of one.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    device: torch.device
+    launcher: str  # "python", "torchrun", "deepspeed", "accelerate" or "env"
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def comm_backend(self) -> str:
+        return "nccl" if self.device.type == "cuda" else "gloo"
+
+    @classmethod
+    def from_environment(cls, device: str = "auto") -> "DistEnv":
+        env = os.environ
+        world = int(env.get("WORLD_SIZE", 1))
+        local_world = int(env.get("LOCAL_WORLD_SIZE", world))
+        local_rank = int(env.get("LOCAL_RANK", 0))
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device == "cuda":
+            if not torch.cuda.is_available():
+                raise RuntimeError("--device cuda: CUDA is not available on this machine")
+            dev = torch.device("cuda", local_rank)
+        else:
+            dev = torch.device("cpu")
+        return cls(int(env.get("RANK", 0)), local_rank, world, local_world, dev, _launcher(env))
+
+
+def _launcher(env) -> str:
+    if "TORCHELASTIC_RUN_ID" in env:
+        return "torchrun"
+    if "ACCELERATE_MIXED_PRECISION" in env or "ACCELERATE_DYNAMO_BACKEND" in env:
+        return "accelerate"
+    if "CROSS_RANK" in env or "DS_ACCELERATOR" in env or "PDSH_RCMD_TYPE" in env:
+        return "deepspeed"
+    return "env" if "WORLD_SIZE" in env else "python"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ensure_rendezvous_env() -> None:
+    """A plain `python train.py` gets a world-of-one rendezvous on a free local port."""
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    os.environ.setdefault("LOCAL_RANK", "0")
+
+
+def init_process_group(env: DistEnv, timeout_s: float) -> None:
+    if dist.is_initialized():
+        return
+    ensure_rendezvous_env()
+    if env.device.type == "cuda":
+        torch.cuda.set_device(env.device)
+    dist.init_process_group(
+        backend=env.comm_backend,
+        timeout=timedelta(seconds=timeout_s),
+        # Binding the device lets NCCL set up communicators eagerly; gloo needs no device.
+        device_id=env.device if env.device.type == "cuda" else None,
+    )
+
+
+def destroy_process_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def set_cpu_threads(env: DistEnv) -> int:
+    """Share the cores among the ranks of this node unless the user chose (OMP_NUM_THREADS).
+
+    Two ranks each using every core oversubscribe the CPU and make every backend look slower
+    than it is, by an amount that depends on the launcher.
+    """
+    if env.device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        torch.set_num_threads(max(1, cores // env.local_world_size))
+    return torch.get_num_threads()
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def gather_floats(values: list[float], device: torch.device) -> list[list[float]]:
+    """Every rank's `values`, indexed [rank][i]; without a process group, just ours."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return [list(values)]
+    local = torch.tensor(values, dtype=torch.float64, device=device)
+    out = [torch.empty_like(local) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, local)
+    return [t.tolist() for t in out]
+
+
+def broadcast_object(obj, src: int = 0):
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
