@@ -16,14 +16,17 @@ handling, and reports what it holds per rank (`model_state_bytes`) and how it is
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 import torch.nn as nn
 
-from training.config import RunConfig
 from training.dist import DistEnv
+
+if TYPE_CHECKING:  # training.config imports the backend registry
+    from training.config import RunConfig
 
 # The article's DeepSpeed optimizer, used by every backend: AdamW with these constants.
 ADAM_BETAS = (0.8, 0.999)
@@ -59,8 +62,13 @@ class Backend(ABC):
         self.model: nn.Module | None = None
 
     @classmethod
-    def check_world(cls, env: DistEnv) -> None:
-        """Raise ConfigError if this backend cannot run at this world size."""
+    def resolve(cls, cfg: RunConfig, env: DistEnv) -> RunConfig:
+        """`cfg` with this backend's defaults filled in (precision, config files read).
+
+        Raises ConfigError for what this backend cannot run (world size, options); called before
+        any process group exists, so bad input fails fast with a one-line error.
+        """
+        return dataclasses.replace(cfg, precision=cfg.precision or "fp32")
 
     @abstractmethod
     def setup(self, model: nn.Module) -> None:
@@ -88,10 +96,18 @@ class Backend(ABC):
 
     @abstractmethod
     def model_state_bytes(self) -> dict[str, int]:
-        """Bytes this rank holds now: {"params", "grads", "optimizer"}.
+        """Bytes of model state this rank holds: {"params", "params_gathered", "grads", "optimizer"}.
 
+        params: this rank's parameter storage at rest (its shard, under sharding).
+        params_gathered: unsharded parameters that stay allocated from forward until backward on
+        top of that (all of them under SHARD_GRAD_OP; the root unit under FULL_SHARD; 0 unsharded).
         Called by the loop after the last backward of a step, before `step`, so gradients exist.
         """
+
+    @abstractmethod
+    def memory_roles(self) -> dict[int, tuple[str, int]]:
+        """The storages this rank's parameters, gradients and optimizer state occupy right now,
+        as training.memory.storage_roles builds them (for the memory breakdown)."""
 
     def eval_mode(self) -> contextlib.AbstractContextManager:
         """Context for evaluation: no grad, dropout off, training mode restored after."""

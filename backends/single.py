@@ -13,8 +13,9 @@ class SingleBackend(TorchBackend):
     needs_process_group = False
 
     @classmethod
-    def check_world(cls, env: DistEnv) -> None:
+    def resolve(cls, cfg, env: DistEnv):
         if env.world_size != 1:
             raise ConfigError(
                 f"backend single runs in one process (got WORLD_SIZE={env.world_size}); "
                 "launch it with plain python, or use a distributed backend such as ddp")
+        return super().resolve(cfg, env)

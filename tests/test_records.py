@@ -72,6 +72,7 @@ def test_model_state_bytes_and_memory_breakdown_agree_with_the_model(record):
     assert states["params"] == states["grads"] == param_bytes
     # AdamW: exp_avg and exp_avg_sq per parameter, plus one scalar step per parameter tensor.
     assert 2 * param_bytes <= states["optimizer"] <= 2 * param_bytes + 4 * 64
+    assert states["params_gathered"] == 0
     assert states["total"] == states["params"] + states["grads"] + states["optimizer"]
     breakdown = s["mem_breakdown"]
     assert breakdown["parameter"] == param_bytes
@@ -140,4 +141,4 @@ def test_runs_killed_at_random_moments_leave_no_truncated_json(tmp_path):
 def test_documented_categories_are_the_profilers(record):
     readme = README.read_text()
     for category in record.summary["mem_breakdown"]:
-        assert f"`{category}`" in readme
+        assert f"`{category}`" in readme, category

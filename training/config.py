@@ -13,6 +13,7 @@ import sys
 import textwrap
 from dataclasses import MISSING, asdict, dataclass, field, fields
 
+from backends.activation_checkpointing import CKPT_IMPLS
 from gptlite.model import ATTENTION_IMPLS, PRESETS, ConfigError, GPTConfig, preset
 
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -26,7 +27,21 @@ def _flag(help: str, default=MISSING, *, choices=None, group: str = "training", 
 @dataclass
 class RunConfig:
     # What to run.
-    backend: str = _flag("Training backend (each is described below).", "single", group="backend")
+    backend: str | None = _flag(
+        "Training backend (each is described below). Default: inferred from --fsdp_config, "
+        "else single.", None, group="backend")
+    fsdp_config: str | None = _flag(
+        "YAML file of FSDP or FSDP2 options (fsdp_configs/). Default for --backend fsdp: FULL_SHARD, "
+        "fp32; for fsdp2: reshard after forward, fp32.", None, group="backend", metavar="YAML")
+    ckpt_interval: int = _flag(
+        "Activation checkpointing of every k-th transformer block (block index %% k == 0); 0: off.",
+        0, group="activation checkpointing")
+    ckpt_impl: str = _flag(
+        "Checkpointing implementation: torch's non-reentrant or reentrant checkpoint_wrapper.",
+        "torch_nonreentrant", choices=CKPT_IMPLS, group="activation checkpointing")
+    ckpt_offload: bool = _flag(
+        "Keep the checkpointed blocks' saved inputs in host memory (torch's offload_wrapper), "
+        "fetched back when backward reaches them.", False, group="activation checkpointing")
     # The model.
     preset: str = _flag("Model size preset.", "small", choices=tuple(PRESETS), group="model")
     n_layer: int | None = _flag("Override the preset's number of transformer blocks.", None, group="model")
@@ -47,9 +62,10 @@ class RunConfig:
     steps: int = _flag("Optimizer steps to run.", 50)
     micro_batch: int = _flag("Samples per rank per micro-step.", 8)
     grad_accum: int = _flag("Micro-steps per optimizer step (gradient accumulation).", 1)
-    precision: str = _flag(
-        "fp32, or mixed precision with fp32 master weights: bf16, or fp16 with loss scaling.",
-        "fp32", choices=PRECISIONS,
+    precision: str | None = _flag(
+        "fp32, or mixed precision with fp32 master weights: bf16, or fp16 with loss scaling. "
+        "Overrides the precision of a --fsdp_config file. Default: the file's, else fp32.",
+        None, choices=PRECISIONS,
     )
     seed: int = _flag("Seed for the weights and the data order.", 1337)
     lr: float = _flag("Peak learning rate of AdamW (betas 0.8/0.999, eps 1e-8, weight decay 3e-7).", 1e-3)
@@ -83,15 +99,22 @@ class RunConfig:
     def __post_init__(self):
         from backends import BACKENDS  # late: backends import this module
 
+        if self.backend is None:
+            self.backend = self._inferred_backend()
         if self.backend not in BACKENDS:
             raise ConfigError(f"backend must be one of {', '.join(BACKENDS)} (got {self.backend!r})")
         for f in fields(self):
             choices = f.metadata.get("choices")
-            if choices and getattr(self, f.name) not in choices:
+            if choices and getattr(self, f.name) is not None and getattr(self, f.name) not in choices:
                 raise ConfigError(
                     f"{f.name} must be one of {', '.join(choices)} (got {getattr(self, f.name)!r})")
         _at_least(self, 1, "steps", "micro_batch", "grad_accum", "log_every", "eval_batches")
-        _at_least(self, 0, "warmup_steps", "mem_profile_steps", "eval_every", "lr_warmup_steps", "seed")
+        _at_least(self, 0, "warmup_steps", "mem_profile_steps", "eval_every", "lr_warmup_steps", "seed",
+                  "ckpt_interval")
+        if self.ckpt_offload and not self.ckpt_interval:
+            raise ConfigError("ckpt_offload requires ckpt_interval > 0 (it offloads the checkpointed blocks' inputs)")
+        if self.fsdp_config is not None and self.backend not in ("fsdp", "fsdp2"):
+            raise ConfigError(f"fsdp_config applies to backends fsdp and fsdp2 (got backend {self.backend!r})")
         if not self.lr > 0:
             raise ConfigError(f"lr must be > 0 (got {self.lr})")
         if not self.dist_timeout_s > 0:
@@ -99,6 +122,13 @@ class RunConfig:
         if self.run_name is not None and (not self.run_name or "/" in self.run_name or self.run_name.startswith(".")):
             raise ConfigError(f"run_name must be a plain directory name (got {self.run_name!r})")
         self.model_config()  # checks the model overrides (n_embd divisible by n_head, ...)
+
+    def _inferred_backend(self) -> str:
+        if self.fsdp_config is not None:
+            from backends import fsdp_config
+
+            return fsdp_config.load(self.fsdp_config).backend
+        return "single"
 
     def model_config(self, vocab_size: int | None = None) -> GPTConfig:
         overrides = {name: getattr(self, name) for name in ("n_layer", "n_embd", "n_head", "block_size", "dropout")}

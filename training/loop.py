@@ -34,7 +34,7 @@ from training.config import RunConfig
 from training.dist import (DistEnv, broadcast_object, destroy_process_group, gather_floats, init_process_group,
                            set_cpu_threads, synchronize)
 from training.environment import device_name, environment
-from training.memory import AllocatorMeter, ProfiledWindow, current_rss_bytes, peak_rss_bytes
+from training.memory import AllocatorMeter, ProfiledWindow, current_rss_bytes, peak_rss_bytes, phase
 from training.records import RunRecord
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
@@ -89,7 +89,7 @@ def resolve(cfg: RunConfig) -> Setup:
     """Everything that can be checked before any process group exists. Raises ConfigError/DataError."""
     env = DistEnv.from_environment(cfg.device)
     backend_cls = get_backend(cfg.backend)
-    backend_cls.check_world(env)
+    cfg = backend_cls.resolve(cfg, env)
     if cfg.run_name is not None and not cfg.overwrite and (Path(cfg.runs_dir) / cfg.run_name).exists():
         raise ConfigError(
             f"run_name: {Path(cfg.runs_dir) / cfg.run_name} already exists "
@@ -121,6 +121,29 @@ def _env_rank() -> str:
     import os
 
     return os.environ.get("RANK", "0")
+
+
+def accumulate_gradients(backend: Backend, micro_batches, grad_accum: int, device: torch.device,
+                         window: ProfiledWindow | None = None) -> torch.Tensor:
+    """Forward and backward over one step's micro-batches; this rank's mean loss (detached).
+
+    Gradients are synchronised across ranks only on the last micro-step. Under a profiled
+    window, the backend's tensors are noted after each forward and backward (memory categories).
+    """
+    loss_sum = torch.zeros((), device=device)
+    for m, (x, y) in enumerate(micro_batches):
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        with backend.micro_step(sync=m == grad_accum - 1):
+            with phase("forward"):
+                loss = backend.forward(x, y)
+            if window is not None:
+                window.snapshot(backend.memory_roles())
+            with phase("backward"):
+                backend.backward(loss)
+            if window is not None:
+                window.snapshot(backend.memory_roles())
+        loss_sum += loss.detach().float()
+    return loss_sum / grad_accum
 
 
 class Trainer:
@@ -197,28 +220,28 @@ class Trainer:
         for step in range(cfg.steps):
             if step == cfg.warmup_steps:
                 meter.start()
-            if window is not None and step == timed_end:
+            profiling = window is not None and step >= timed_end
+            if profiling and step == timed_end:
                 window.__enter__()
+            if profiling:
+                window.snapshot(backend.memory_roles())
             lr = backend.lr()
             synchronize(self.device)
             t0 = time.perf_counter()
-            loss_sum = torch.zeros((), device=self.device)
-            for m, (x, y) in enumerate(layout.micro_batches(self.s.data, "train", cfg.seed, step)):
-                x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-                with backend.micro_step(sync=m == cfg.grad_accum - 1):
-                    loss = backend.forward(x, y)
-                    backend.backward(loss)
-                loss_sum += loss.detach().float()
+            loss = accumulate_gradients(backend, layout.micro_batches(self.s.data, "train", cfg.seed, step),
+                                        cfg.grad_accum, self.device, window if profiling else None)
             if step == cfg.steps - 1:
                 state_bytes = backend.model_state_bytes()
-            backend.step()
+            with phase("optimizer"):
+                backend.step()
+            if profiling:
+                window.snapshot(backend.memory_roles())
             synchronize(self.device)
             dt = time.perf_counter() - t0
             timed = cfg.warmup_steps <= step < timed_end
             allocated = meter.sample() if timed else None
 
-            ranks = gather_floats(
-                [loss_sum.item() / cfg.grad_accum, dt, current_rss_bytes(), allocated or 0.0], self.device)
+            ranks = gather_floats([loss.item(), dt, current_rss_bytes(), allocated or 0.0], self.device)
             final_loss = statistics.fmean(r[0] for r in ranks)
             if not math.isfinite(final_loss):
                 raise FloatingPointError(f"loss is {final_loss} at step {step}")
@@ -275,7 +298,7 @@ class Trainer:
             "grad_accum": cfg.grad_accum,
             "global_batch": layout.global_batch,
             "precision": cfg.precision,
-            "ckpt_interval": 0,
+            "ckpt_interval": cfg.ckpt_interval,
             "n_params": self.s.n_params,
             "steps": cfg.steps,
             "device_name": device_name(self.device),
@@ -299,7 +322,8 @@ class Trainer:
         peak_rank = max(per_rank, key=lambda r: r[key].get("peak_bytes", 0)) if source else None
         samples_per_s = statistics.median(timed_rates) if timed_rates else None
         tokens_per_s = samples_per_s * self.s.model_cfg.block_size if samples_per_s else None
-        states = {k: max(r["state"].get(k, 0) for r in per_rank) for k in ("params", "grads", "optimizer")}
+        states = {k: max(r["state"].get(k, 0) for r in per_rank)
+                  for k in ("params", "params_gathered", "grads", "optimizer")}
         states["total"] = sum(states.values())
         summary = {
             **self.summary,

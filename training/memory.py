@@ -3,13 +3,29 @@
 CUDA: the caching allocator's peak allocated and peak reserved bytes, reset at the start of the
 timed window, and the average allocated bytes sampled after every timed step.
 
-CPU has no such allocator, and RSS includes the Python runtime and allocator caches. There the
-peak is the peak of live tensor bytes in torch.profiler's memory profile over a short profiled
-window (the run's last steps), with the bytes of each category (parameter, gradient, optimizer
-state, activation, temporary, ...) at that instant. Peak RSS is recorded beside it.
+CPU has no such allocator, and RSS mostly measures the Python runtime and allocator caches. There
+the peak is the peak of live tensor bytes over a short profiled window (the run's last steps),
+built from torch.profiler's raw allocation events (`profile_memory=True`):
+- every block allocated or freed in the window is tracked exactly, on every thread (gloo's
+  worker threads too);
+- blocks that existed before the window are sized from the backend's own tensors and from the
+  tensors ops read (`record_shapes=True`).
 
-On CUDA the profiled window runs too, for the breakdown by category; the peak stays the
-allocator's.
+Each block live at the peak gets a category, by role first, then by when it was allocated:
+- `parameter`, `gradient`, `optimizer_state`: the storage held a parameter (sharded or gathered),
+  a gradient or optimizer state when the backend was asked (window start, after each forward,
+  after each backward, after the optimizer step);
+- `activation`: allocated during forward and still alive: what forward keeps for backward;
+- `temporary`: allocated during backward or the optimizer step and not state: recomputed
+  activations, autograd buffers, parameters re-gathered for backward, communication buffers;
+- `other`: anything else (the batch, buffers that predate the window without a known role).
+
+Why not torch.profiler's own categories (torch.profiler._memory_profiler)? Their data-flow
+analysis assumes each tensor is allocated once; FSDP and DeepSpeed free and re-allocate the same
+tensors' storage every step (`storage.resize_`), which makes it raise or, with its checks skipped,
+misplace those allocations in time.
+
+On CUDA the profiled window runs too, for the breakdown; the peak stays the allocator's.
 """
 
 from __future__ import annotations
@@ -17,21 +33,18 @@ from __future__ import annotations
 import contextlib
 import os
 import resource
-import warnings
+from dataclasses import dataclass
 
 import torch
 
-# Names of the profiler's categories in its timeline's column order (None: not classified).
-_PROFILER_CATEGORIES = None
+PHASES = ("forward", "backward", "optimizer")
+CATEGORIES = ("parameter", "gradient", "optimizer_state", "activation", "temporary", "other")
+_MARK = "gptlite::"
 
 
-def _category_names() -> list[str]:
-    global _PROFILER_CATEGORIES
-    if _PROFILER_CATEGORIES is None:
-        from torch.profiler import _memory_profiler as mp
-
-        _PROFILER_CATEGORIES = [c.name.lower() if c is not None else "unknown" for c in mp._CATEGORY_TO_INDEX]
-    return _PROFILER_CATEGORIES
+def phase(name: str):
+    """Marks a phase of the step in profiler traces (and for the memory categories)."""
+    return torch.profiler.record_function(_MARK + name)
 
 
 def current_rss_bytes() -> int:
@@ -73,8 +86,39 @@ class AllocatorMeter:
         }
 
 
+def storage_roles(tensors_by_role: dict[str, list[torch.Tensor]]) -> dict[int, tuple[str, int]]:
+    """{storage data pointer: (role, storage bytes)} for the given tensors (None and empty skipped)."""
+    roles: dict[int, tuple[str, int]] = {}
+    for role, tensors in tensors_by_role.items():
+        for t in tensors:
+            if t is None:
+                continue
+            storage = t.untyped_storage()
+            if storage.nbytes():
+                roles.setdefault(storage.data_ptr(), (role, storage.nbytes()))
+    return roles
+
+
+@dataclass
+class _Block:
+    ptr: int
+    size: int
+    start: float  # -inf: existed before the window
+    end: float  # +inf: still alive at its end
+    phase: str | None = None
+    role: str | None = None
+
+    def alive(self, t: float) -> bool:
+        return self.start <= t < self.end
+
+
 class ProfiledWindow:
-    """Profile the enclosed steps' memory; `result()` gives the peak, average and breakdown."""
+    """Profile the enclosed steps' memory; `result()` gives the peak, average and breakdown.
+
+    `snapshot(roles)` records which storages hold parameters, gradients and optimizer state at
+    that moment (see `storage_roles`); the loop calls it at the window start and after each
+    forward, backward and optimizer step.
+    """
 
     def __init__(self, device: torch.device):
         self.device = device
@@ -83,10 +127,9 @@ class ProfiledWindow:
         activities = [torch.profiler.ProfilerActivity.CPU]
         if device.type == "cuda":
             activities.append(torch.profiler.ProfilerActivity.CUDA)
-        # The memory profile needs shapes and stacks to classify tensors (parameter, gradient,
-        # optimizer state, activation) from the ops that use them.
-        self.profiler = torch.profiler.profile(
-            activities=activities, profile_memory=True, record_shapes=True, with_stack=True)
+        # record_shapes: the sizes of tensors that existed before the window, from the ops using them.
+        self.profiler = torch.profiler.profile(activities=activities, profile_memory=True, record_shapes=True)
+        self.snapshots: list[dict[int, tuple[str, int]]] = []
 
     def __enter__(self):
         self.profiler.__enter__()
@@ -96,29 +139,143 @@ class ProfiledWindow:
         self.profiler.__exit__(*exc)
         return False
 
-    def result(self) -> dict:
-        from torch.profiler._memory_profiler import MemoryProfileTimeline
+    def snapshot(self, roles: dict[int, tuple[str, int]]) -> None:
+        with torch.profiler.record_function(f"{_MARK}snapshot{len(self.snapshots)}"):
+            self.snapshots.append(roles)
 
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            timeline = MemoryProfileTimeline(self.profiler._memory_profile())
-            times, sizes = timeline._coalesce_timeline(str(self.device))
-        if not times:
+    def result(self) -> dict:
+        from torch._C._profiler import _EventType
+        from torch.profiler._utils import traverse_dfs
+
+        events = list(traverse_dfs(self.profiler.profiler.kineto_results.experimental_event_tree()))
+        phases, snapshot_times = [], {}
+        for e in events:
+            if e.typed[0] == _EventType.TorchOp and e.name.startswith(_MARK):
+                label = e.name[len(_MARK):]
+                if label in PHASES:
+                    phases.append((e.start_time_ns, e.end_time_ns, label))
+                elif label.startswith("snapshot"):
+                    snapshot_times[int(label[len("snapshot"):])] = e.start_time_ns
+        blocks = self._blocks(events, _EventType)
+        if not blocks:
             return {}
-        names = _category_names()
-        # Column 0 of `sizes` is unused; column 1 + i holds category i.
-        totals = [sum(row) for row in sizes]
-        peak = max(range(len(totals)), key=totals.__getitem__)
-        span = times[-1] - times[0]
-        if span > 0:
-            avg = sum(totals[i] * (times[i + 1] - times[i]) for i in range(len(times) - 1)) / span
-        else:
-            avg = float(totals[peak])
-        return {
-            "peak_bytes": totals[peak],
-            "avg_bytes": avg,
-            "breakdown": {name: sizes[peak][1 + i] for i, name in enumerate(names)},
-        }
+        for b in blocks:
+            if b.start != float("-inf"):
+                b.phase = next((name for start, end, name in phases if start <= b.start <= end), None)
+        for index, roles in enumerate(self.snapshots):
+            t = snapshot_times.get(index)
+            if t is None:
+                continue
+            for b in blocks:
+                if b.role is None and b.ptr in roles and b.alive(t):
+                    b.role = roles[b.ptr][0]
+        return _peak_and_breakdown(blocks)
+
+    def _blocks(self, events, _EventType) -> list[_Block]:
+        device = self.device
+        blocks: list[_Block] = []
+        live: dict[int, _Block] = {}
+        early: dict[int, _Block] = {}  # existed before the window, by pointer
+        allocations = sorted(
+            (e for e in events if e.typed[0] == _EventType.Allocation and e.typed[1].device == device),
+            key=lambda e: e.start_time_ns)
+        for e in allocations:
+            a, t = e.typed[1], e.start_time_ns
+            if a.alloc_size > 0:
+                live[a.ptr] = block = _Block(a.ptr, a.alloc_size, t, float("inf"))
+                blocks.append(block)
+            elif a.ptr in live:
+                live.pop(a.ptr).end = t
+            # A free of a block allocated before profiling carries no event (torch warns instead).
+
+        # A pointer names a block from before the window until the window first allocates there.
+        first_allocation: dict[int, float] = {}
+        for b in blocks:
+            first_allocation.setdefault(b.ptr, b.start)
+
+        def existed_before(ptr: int, t: float) -> bool:
+            return first_allocation.get(ptr, float("inf")) > t
+
+        def note_early(ptr: int, size: int) -> None:
+            block = early.get(ptr)
+            if block is None:
+                early[ptr] = block = _Block(ptr, size, float("-inf"), first_allocation.get(ptr, float("inf")))
+            block.size = max(block.size, size)
+
+        # Blocks from before the window: the backend's own tensors at the first snapshot...
+        for ptr, (_, size) in (self.snapshots[0].items() if self.snapshots else ()):
+            if ptr not in first_allocation:
+                note_early(ptr, size)
+        # ...and every tensor an op read whose storage was not allocated in the window before.
+        for e in events:
+            if e.typed[0] != _EventType.TorchOp:
+                continue
+            for t in _flat_tensors(e.typed[1].inputs):
+                if t.device == device and t.storage_data_ptr and existed_before(t.storage_data_ptr, e.start_time_ns):
+                    note_early(t.storage_data_ptr, _extent_bytes(t))
+        return blocks + list(early.values())
+
+
+def _flat_tensors(inputs):
+    from torch._C._profiler import _TensorMetadata
+
+    for value in inputs:
+        if isinstance(value, _TensorMetadata):
+            yield value
+        elif isinstance(value, list):
+            yield from (v for v in value if isinstance(v, _TensorMetadata))
+
+
+def _extent_bytes(t) -> int:
+    """Bytes a tensor view spans from its storage's start (a lower bound of the storage size)."""
+    if any(s == 0 for s in t.sizes):
+        return 0
+    span = 1 + sum((s - 1) * st for s, st in zip(t.sizes, t.strides))
+    return span * t.dtype.itemsize
+
+
+def _category(b: _Block) -> str:
+    if b.role is not None:
+        return b.role
+    return {"forward": "activation", "backward": "temporary", "optimizer": "temporary"}.get(b.phase, "other")
+
+
+def _peak_and_breakdown(blocks: list[_Block]) -> dict:
+    changes = sorted({b.start for b in blocks if b.start != float("-inf")} | {b.end for b in blocks
+                                                                              if b.end != float("inf")})
+    if not changes:
+        total = sum(b.size for b in blocks)
+        return {"peak_bytes": total, "avg_bytes": float(total),
+                "breakdown": _breakdown(blocks, lambda b: True)}
+    # Live bytes just after each change: +size at a start, -size at an end.
+    delta: dict[float, int] = {}
+    for b in blocks:
+        if b.start != float("-inf"):
+            delta[b.start] = delta.get(b.start, 0) + b.size
+        if b.end != float("inf"):
+            delta[b.end] = delta.get(b.end, 0) - b.size
+    live = sum(b.size for b in blocks if b.start == float("-inf"))
+    peak_bytes, peak_time, weighted = live, changes[0], 0.0
+    for i, t in enumerate(changes):
+        live += delta[t]
+        if i + 1 < len(changes):
+            weighted += live * (changes[i + 1] - t)
+        if live > peak_bytes:
+            peak_bytes, peak_time = live, t
+    span = changes[-1] - changes[0]
+    return {
+        "peak_bytes": peak_bytes,
+        "avg_bytes": weighted / span if span > 0 else float(peak_bytes),
+        "breakdown": _breakdown(blocks, lambda b: b.alive(peak_time)),
+    }
+
+
+def _breakdown(blocks, alive) -> dict[str, int]:
+    out = dict.fromkeys(CATEGORIES, 0)
+    for b in blocks:
+        if alive(b):
+            out[_category(b)] += b.size
+    return out
 
 
 def maybe_profiled(enabled: bool, device: torch.device):

@@ -1,0 +1,62 @@
+"""Activation checkpointing of every k-th transformer block.
+
+Blocks i with i % k == 0 are wrapped so that only their inputs are kept in forward and their
+activations are recomputed in backward. Wrapping happens after the backend has wrapped the model
+(the FSDP activation-checkpointing tutorial's order: shard first, then checkpoint), with torch's
+`apply_activation_checkpointing` and a `check_fn` that picks the chosen blocks by identity, so
+the same code finds them inside DDP, FSDP units or FSDP2 modules. Whole blocks are checkpointed,
+never their children (checkpointing each child saves more memory than it frees).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+import torch.nn as nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (CheckpointImpl,
+                                                                         apply_activation_checkpointing,
+                                                                         checkpoint_wrapper, offload_wrapper)
+
+TORCH_IMPLS = {
+    "torch_nonreentrant": CheckpointImpl.NO_REENTRANT,
+    "torch_reentrant": CheckpointImpl.REENTRANT,
+}
+DEEPSPEED_IMPLS = ("deepspeed", "deepspeed_nonreentrant")
+CKPT_IMPLS = (*TORCH_IMPLS, *DEEPSPEED_IMPLS)
+
+
+def checkpointed_indices(n_layer: int, interval: int) -> list[int]:
+    """Indices of the blocks checkpointed at `interval` (0: none)."""
+    return [i for i in range(n_layer) if interval and i % interval == 0]
+
+
+def torch_wrapper(impl: str, offload: bool):
+    """checkpoint_wrapper with `impl`; with `offload`, the kept inputs also go to host memory."""
+    if impl not in TORCH_IMPLS:
+        raise ValueError(f"ckpt_impl must be one of {', '.join(TORCH_IMPLS)} here (got {impl!r})")
+    wrap = functools.partial(checkpoint_wrapper, checkpoint_impl=TORCH_IMPLS[impl])
+    if offload:
+        # offload_wrapper runs the block under save_on_cpu: what autograd keeps for the block
+        # (under checkpointing, just its input) waits in host memory until backward needs it.
+        return lambda module: offload_wrapper(wrap(module))
+    return wrap
+
+
+def apply_ac(model: nn.Module, blocks: Sequence[nn.Module], interval: int, impl: str, offload: bool,
+             wrapper=None) -> dict:
+    """Checkpoint blocks[i] for i % interval == 0, wherever they sit inside `model`.
+
+    `blocks` are the model's Block modules as they were before the backend wrapped the model
+    (wrappers keep the same module objects inside). Returns what was done, for the run record.
+    """
+    indices = checkpointed_indices(len(blocks), interval)
+    if not indices:
+        return {"interval": 0, "impl": None, "offload": False, "blocks": []}
+    chosen = {id(blocks[i]) for i in indices}
+    apply_activation_checkpointing(
+        model,
+        checkpoint_wrapper_fn=wrapper or torch_wrapper(impl, offload),
+        check_fn=lambda module: id(module) in chosen,
+    )
+    return {"interval": interval, "impl": impl, "offload": offload, "blocks": indices}

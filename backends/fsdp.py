@@ -1,0 +1,141 @@
+"""`fsdp`: torch FullyShardedDataParallel (FSDP1), one FSDP unit per GPT-lite Block plus the root.
+
+Options come from an fsdp_configs/*.yaml file (backends/fsdp_config.py). Three adaptations keep
+every option usable on a CPU-only machine, each recorded in the run's config.json:
+- FSDP1 refuses the CPU without an explicit `device_id`, so the device is always passed;
+- `sync_module_states` requires accelerator tensors, so on CPU the backend broadcasts rank 0's
+  weights itself before sharding (the same effect);
+- `CPUOffload(offload_params=True)` pins host memory, which needs an accelerator; on CPU the
+  parameters already live in host memory, so the option is recorded as not applied.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import (BackwardPrefetch, CPUOffload, FullyShardedDataParallel, MixedPrecision,
+                                    ShardingStrategy)
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+from backends import fsdp_config
+from backends.base import optimizer_state_bytes, tensor_bytes
+from backends.torch_backend import TorchBackend
+from gptlite.model import Block, ConfigError
+
+# FSDP1 warns that NO_SHARD is deprecated in favour of DDP; the suite runs it on purpose.
+warnings.filterwarnings("ignore", message=".*NO_SHARD.*deprecated", category=FutureWarning)
+
+
+class FSDPBackend(TorchBackend):
+    name = "fsdp"
+    summary = "torch FullyShardedDataParallel: FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD (--fsdp_config)"
+
+    @classmethod
+    def resolve(cls, cfg, env):
+        options = fsdp_config.resolve_options(cfg, cls.name)
+        if options.sharding_strategy == "HYBRID_SHARD":
+            size = options.hybrid_shard_size or env.local_world_size
+            if size < 2 or env.world_size % size:
+                raise ConfigError(
+                    f"hybrid_shard_size {size} must be >= 2 and divide the world size {env.world_size} "
+                    "(HYBRID_SHARD shards within groups of that many ranks and replicates across them)")
+        return super().resolve(dataclasses.replace(cfg, precision=fsdp_config.precision_of(options)), env)
+
+    def setup(self, model: nn.Module) -> None:
+        self.options = fsdp_config.resolve_options(self.cfg, self.name)
+        self.notes: list[str] = []
+        super().setup(model)
+        # FSDP casts parameters itself; autocast on top would change what mixed precision means.
+        self.autocast_dtype = None
+        self._gathered_bytes = 0
+        self.model.register_forward_hook(self._measure_gathered)
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        o = self.options
+        on_cpu = self.env.device.type == "cpu"
+        if o.sync_module_states and on_cpu:
+            with torch.no_grad():
+                for tensor in [*model.parameters(), *model.buffers()]:
+                    dist.broadcast(tensor, src=0)
+            self.notes.append("sync_module_states: rank 0's weights broadcast before sharding "
+                              "(FSDP1's own option needs accelerator tensors)")
+        offload = o.cpu_offload and not on_cpu
+        if o.cpu_offload and on_cpu:
+            self.notes.append("cpu_offload: not applied; on a CPU-only run the parameters already live "
+                              "in host memory (FSDP1's CPUOffload pins memory, which needs an accelerator)")
+        kwargs = dict(
+            device_id=self.env.device,
+            sharding_strategy=ShardingStrategy[o.sharding_strategy],
+            auto_wrap_policy=ModuleWrapPolicy({Block}),
+            mixed_precision=_fsdp_mixed_precision(o.mixed_precision),
+            cpu_offload=CPUOffload(offload_params=offload),
+            backward_prefetch=BackwardPrefetch[o.backward_prefetch] if o.backward_prefetch else None,
+            forward_prefetch=o.forward_prefetch,
+            limit_all_gathers=o.limit_all_gathers,
+            use_orig_params=o.use_orig_params,
+            sync_module_states=o.sync_module_states and not on_cpu,
+        )
+        if o.sharding_strategy == "HYBRID_SHARD":
+            size = o.hybrid_shard_size or self.env.local_world_size
+            kwargs["device_mesh"] = init_device_mesh(
+                self.env.device.type, (self.env.world_size // size, size), mesh_dim_names=("replicate", "shard"))
+        self.offload_applied = offload
+        return FullyShardedDataParallel(model, **kwargs)
+
+    def build_scaler(self, enabled: bool):
+        # The device must be named: ShardedGradScaler defaults to "cuda" and silently disables
+        # itself without CUDA.
+        return ShardedGradScaler(device=self.env.device.type, enabled=enabled)
+
+    def micro_step(self, sync: bool):
+        return super().micro_step(sync) if sync else self.model.no_sync()
+
+    def _handles(self):
+        return [m._handle for m in FullyShardedDataParallel.fsdp_modules(self.model) if m._handle is not None]
+
+    def _measure_gathered(self, module, args, output) -> None:
+        """After the root's forward: unsharded parameters still allocated (freed in backward)."""
+        self._gathered_bytes = sum(
+            h.flat_param._full_param_padded.untyped_storage().nbytes()
+            for h in self._handles() if h.uses_sharded_strategy and hasattr(h.flat_param, "_full_param_padded"))
+
+    def extra_parameter_storage(self) -> list[torch.Tensor]:
+        # While a unit is gathered, its parameters point into the full buffer; the shard stays.
+        return [getattr(h.flat_param, "_local_shard", h.flat_param) for h in self._handles()]
+
+    def model_state_bytes(self) -> dict[str, int]:
+        flat = [h.flat_param for h in self._handles()]
+        # Sharded strategies keep the local shard (padding included) in `_local_shard`.
+        params = tensor_bytes(getattr(p, "_local_shard", p) for p in flat)
+        grads = tensor_bytes(p.grad for p in flat if p.grad is not None)
+        if not grads:  # use_orig_params keeps gradients on the original parameters
+            grads = tensor_bytes(p.grad for p in self.model.parameters() if p.grad is not None)
+        return {"params": params, "params_gathered": self._gathered_bytes, "grads": grads,
+                "optimizer": optimizer_state_bytes(self.optimizer)}
+
+    def describe(self) -> dict:
+        o = self.options
+        mp = o.mixed_precision
+        return {
+            **super().describe(),
+            "wrapper": "FullyShardedDataParallel",
+            "options": dataclasses.asdict(o),
+            "compute_dtype": mp.param_dtype if mp else "fp32",
+            "reduce_dtype": mp.reduce_dtype if mp else "fp32",
+            "cpu_offload_applied": self.offload_applied,
+            "notes": self.notes,
+        }
+
+
+def _fsdp_mixed_precision(mp: fsdp_config.MixedPrecisionConfig | None) -> MixedPrecision | None:
+    if mp is None:
+        return None
+    dtype = fsdp_config.DTYPES
+    return MixedPrecision(param_dtype=dtype[mp.param_dtype], reduce_dtype=dtype[mp.reduce_dtype],
+                          buffer_dtype=dtype[mp.buffer_dtype])

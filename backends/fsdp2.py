@@ -1,0 +1,94 @@
+"""`fsdp2`: torch's composable `fully_shard` on each GPT-lite Block, then on the root.
+
+Parameters become DTensors sharded on dim 0 over a 1-D device mesh of all ranks. FSDP2 has no
+`sync_module_states`: every rank builds identical weights from the seed (gptlite.model.build_model),
+which is what makes the shards consistent. On CPU, CPUOffloadPolicy runs with pin_memory off
+(pinning needs an accelerator).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch.nn as nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+from backends import fsdp_config
+from backends.base import _local, optimizer_state_bytes, tensor_bytes
+from backends.torch_backend import TorchBackend
+
+
+class FSDP2Backend(TorchBackend):
+    name = "fsdp2"
+    summary = "torch fully_shard (FSDP2) per block and root; reshard_after_forward true/false (--fsdp_config)"
+
+    @classmethod
+    def resolve(cls, cfg, env):
+        options = fsdp_config.resolve_options(cfg, cls.name)
+        return super().resolve(dataclasses.replace(cfg, precision=fsdp_config.precision_of(options)), env)
+
+    def setup(self, model: nn.Module) -> None:
+        self.options = fsdp_config.resolve_options(self.cfg, self.name)
+        super().setup(model)
+        self.autocast_dtype = None  # the MixedPrecisionPolicy casts; no autocast on top
+        self._gathered_bytes = 0
+        self.model.register_forward_hook(self._measure_gathered)
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        o = self.options
+        mp = o.mixed_precision
+        dtype = fsdp_config.DTYPES
+        kwargs = dict(
+            mesh=init_device_mesh(self.env.device.type, (self.env.world_size,)),
+            reshard_after_forward=o.reshard_after_forward,
+            mp_policy=MixedPrecisionPolicy(param_dtype=dtype[mp.param_dtype], reduce_dtype=dtype[mp.reduce_dtype])
+            if mp else MixedPrecisionPolicy(),
+            offload_policy=CPUOffloadPolicy(pin_memory=self.env.device.type == "cuda") if o.cpu_offload
+            else OffloadPolicy(),
+        )
+        for block in model.blocks:
+            fully_shard(block, **kwargs)
+        fully_shard(model, **kwargs)
+        return model
+
+    def micro_step(self, sync: bool):
+        # Skipping the reduce-scatter on non-final micro-steps: FSDP2's no_sync.
+        self.model.set_requires_gradient_sync(sync)
+        return super().micro_step(sync)
+
+    def _measure_gathered(self, module, args, output) -> None:
+        """After the root's forward: all-gathered parameters still allocated (freed in backward)."""
+        self._gathered_bytes = sum(t.untyped_storage().nbytes() for p in self._fsdp_params()
+                                   for t in p.all_gather_outputs)
+
+    def _fsdp_params(self):
+        for m in self.model.modules():
+            if isinstance(m, FSDPModule):
+                group = m._get_fsdp_state()._fsdp_param_group
+                if group is not None:
+                    yield from group.fsdp_params
+
+    def extra_parameter_storage(self) -> list:
+        # While gathered, the module's parameters are the unsharded ones; the shards stay.
+        return [p._sharded_param_data for p in self._fsdp_params()]
+
+    def model_state_bytes(self) -> dict[str, int]:
+        params = list(self.model.parameters())
+        return {
+            "params": tensor_bytes(_local(p) for p in params),
+            "params_gathered": self._gathered_bytes,
+            "grads": tensor_bytes(_local(p.grad) for p in params if p.grad is not None),
+            "optimizer": optimizer_state_bytes(self.optimizer),
+        }
+
+    def describe(self) -> dict:
+        mp = self.options.mixed_precision
+        return {
+            **super().describe(),
+            "wrapper": "fully_shard (FSDP2)",
+            "options": dataclasses.asdict(self.options),
+            "compute_dtype": mp.param_dtype if mp else "fp32",
+            "reduce_dtype": mp.reduce_dtype if mp else "fp32",
+            "cpu_offload_applied": self.options.cpu_offload,
+        }

@@ -1,0 +1,105 @@
+"""Activation checkpointing every k-th block under single, ddp, fsdp and fsdp2."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from backends.activation_checkpointing import checkpointed_indices
+from conftest import LAUNCH_TIMEOUT_S, REPO, base_env, launch_command, train
+
+PROBE = REPO / "tests" / "ckpt_probe.py"
+N_LAYER = 4  # the tiny preset
+IMPLS = ("torch_nonreentrant", "torch_reentrant")
+INTERVALS = (1, 2, N_LAYER)
+BASELINE = "0:torch_nonreentrant:0"
+CASES = [BASELINE] + [f"{k}:{impl}:0" for impl in IMPLS for k in INTERVALS] + ["1:torch_nonreentrant:1",
+                                                                                  "2:torch_reentrant:1"]
+TOLERANCE = 1e-6
+
+BACKENDS = {
+    "single": ("python", []),
+    "ddp": ("torchrun", []),
+    "fsdp": ("torchrun", ["fsdp_configs/full_shard.yaml"]),
+    "fsdp2": ("torchrun", ["fsdp_configs/fsdp2.yaml"]),
+}
+
+
+def test_checkpointed_blocks_are_every_kth_from_the_first():
+    assert checkpointed_indices(6, 0) == []
+    assert checkpointed_indices(6, 1) == [0, 1, 2, 3, 4, 5]
+    assert checkpointed_indices(6, 2) == [0, 2, 4]
+    assert checkpointed_indices(6, 4) == [0, 4]
+    assert checkpointed_indices(6, 6) == [0]
+
+
+@pytest.fixture(scope="module", params=list(BACKENDS))
+def probe(request, tmp_path_factory):
+    backend = request.param
+    launcher, extra = BACKENDS[backend]
+    out = tmp_path_factory.mktemp(f"probe-{backend}")
+    cmd = [*launch_command(launcher, 2)]
+    cmd[-1] = str(PROBE)  # the launcher's script: the probe instead of train.py
+    cmd += [str(out), backend, *extra, *(arg for case in CASES for arg in ("--case", case))]
+    proc = subprocess.run(cmd, cwd=REPO, env=base_env(), capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    ranks = sorted(out.glob("rank*.pt"))
+    assert len(ranks) == (1 if launcher == "python" else 2)
+    return backend, [torch.load(path) for path in ranks]
+
+
+@pytest.mark.distributed
+def test_checkpointing_leaves_losses_and_gradients_unchanged(probe):
+    backend, ranks = probe
+    for results in ranks:
+        base = results[BASELINE]
+        assert base["record"]["blocks"] == []
+        for case in CASES[1:]:
+            got = results[case]
+            interval = int(case.split(":")[0])
+            assert got["record"]["blocks"] == checkpointed_indices(N_LAYER, interval)
+            torch.testing.assert_close(torch.tensor(got["losses"]), torch.tensor(base["losses"]),
+                                       rtol=TOLERANCE, atol=TOLERANCE, msg=f"{backend} {case} losses")
+            assert got["grads"].keys() == base["grads"].keys() and got["grads"]
+            for name, grad in got["grads"].items():
+                torch.testing.assert_close(grad, base["grads"][name], rtol=TOLERANCE, atol=TOLERANCE,
+                                           msg=f"{backend} {case} gradient of {name}")
+
+
+@pytest.mark.distributed
+def test_printed_model_shows_checkpoint_wrappers_where_chosen(probe):
+    backend, ranks = probe
+    results = ranks[0]
+    assert results["2:torch_reentrant:0"]["modules"]["CheckpointWrapper"] == len(checkpointed_indices(N_LAYER, 2))
+    assert "CheckpointWrapper" not in results[BASELINE]["modules"]
+    offloaded = results["1:torch_nonreentrant:1"]["modules"]
+    assert offloaded["OffloadWrapper"] == offloaded["CheckpointWrapper"] == N_LAYER
+    printed = results["2:torch_reentrant:0"]["model"]
+    assert "CheckpointWrapper" in printed and "CheckpointWrapper" not in results[BASELINE]["model"]
+    if backend == "fsdp":
+        # Shard first, then wrap: each checkpoint wrapper sits inside its block's FSDP unit.
+        units = printed.split("(0): FullyShardedDataParallel(")[1]
+        assert units.lstrip().startswith("(_fsdp_wrapped_module): CheckpointWrapper(")
+
+
+@pytest.fixture(scope="module")
+def small_runs(tmp_path_factory):
+    runs = tmp_path_factory.mktemp("runs")
+    common = ("--preset", "small", "--steps", "2", "--micro_batch", "4", "--warmup_steps", "0",
+              "--mem_profile_steps", "1", "--eval_batches", "1")
+    return {k: train(runs, f"small-ckpt{k}", *common, "--ckpt_interval", str(k)).check_ok() for k in (0, 1)}
+
+
+def test_interval_1_at_least_halves_activation_bytes_at_the_peak(small_runs):
+    off, on = (small_runs[k].summary for k in (0, 1))
+    assert on["mem_breakdown"]["activation"] <= 0.5 * off["mem_breakdown"]["activation"]
+    assert on["mem_peak_bytes"] < off["mem_peak_bytes"]
+    assert on["ckpt_interval"] == 1 and off["ckpt_interval"] == 0
+
+
+def test_run_record_says_which_blocks_were_checkpointed_and_how(small_runs):
+    record = small_runs[1].config["backend"]["activation_checkpointing"]
+    assert record == {"interval": 1, "impl": "torch_nonreentrant", "offload": False, "blocks": [0, 1, 2, 3, 4, 5]}
+    assert small_runs[0].config["backend"]["activation_checkpointing"]["blocks"] == []

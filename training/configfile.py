@@ -1,0 +1,109 @@
+"""Config files into dataclasses: unknown keys rejected, types checked, one-line errors.
+
+    cfg = load_yaml(path, FSDPConfig, flag="--fsdp_config")
+
+Every error is a ConfigError naming the file, the key (dotted for nested sections) and what is
+allowed. Value checks beyond types live in each dataclass's __post_init__, which raises
+ConfigError naming the field; `from_dict` prefixes the file and section.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from pathlib import Path
+
+import yaml
+
+from gptlite.model import ConfigError
+
+
+def load_yaml(path: str | Path, cls, flag: str):
+    """The dataclass `cls` built from the YAML mapping in `path`."""
+    return from_dict(cls, read_yaml(path, flag), where=f"{flag} {path}")
+
+
+def read_yaml(path: str | Path, flag: str) -> dict:
+    """The mapping in YAML file `path`; an empty file is an empty mapping."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{flag}: file not found: {path}")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{flag} {path}: not valid YAML{where}: {problem}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{flag} {path}: not UTF-8 text") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{flag} {path}: must be a mapping of keys to values (got {type(data).__name__})")
+    return data
+
+
+def from_dict(cls, data, where: str, section: str = ""):
+    """Build dataclass `cls` from mapping `data`, checking keys and value types."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: {section or 'the file'} must be a mapping of keys to values "
+                          f"(got {type(data).__name__})")
+    hints = typing.get_type_hints(cls)
+    allowed = [f.name for f in dataclasses.fields(cls) if f.init]
+    unknown = [k for k in data if k not in allowed]
+    if unknown:
+        raise ConfigError(f"{where}: unknown key '{section}{unknown[0]}' (allowed: {', '.join(allowed)})")
+    values = {}
+    for name, value in data.items():
+        values[name] = _convert(hints[name], value, where, f"{section}{name}")
+    try:
+        return cls(**values)
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {section}{e}") from None
+
+
+def _convert(hint, value, where: str, key: str):
+    options = typing.get_args(hint) if _is_union(hint) else (hint,)
+    if value is None:
+        if type(None) in options:
+            return None
+        raise ConfigError(f"{where}: {key} must not be empty (expected {_describe(options)})")
+    for option in options:
+        if dataclasses.is_dataclass(option):
+            return from_dict(option, value, where, section=f"{key}.")
+        if typing.get_origin(option) is list:
+            (item,) = typing.get_args(option)
+            if isinstance(value, list):
+                return [_convert(item, v, where, f"{key}[{i}]") for i, v in enumerate(value)]
+            continue
+        if _is_instance(value, option):
+            return float(value) if option is float else value
+    raise ConfigError(f"{where}: {key} must be {_describe(options)} (got {value!r})")
+
+
+def _is_union(hint) -> bool:
+    return typing.get_origin(hint) in (typing.Union, types.UnionType)
+
+
+def _is_instance(value, option) -> bool:
+    if option is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if option is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(option, type) and isinstance(value, option)
+
+
+def _describe(options) -> str:
+    names = {bool: "true or false", int: "an integer", float: "a number", str: "a string",
+             type(None): "null"}
+    parts = []
+    for option in options:
+        if dataclasses.is_dataclass(option):
+            parts.append("a mapping")
+        elif typing.get_origin(option) is list:
+            parts.append("a list")
+        else:
+            parts.append(names.get(option, getattr(option, "__name__", str(option))))
+    return " or ".join(parts)
