@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from backends.base import Backend
 from backends.ddp import DDPBackend
+from backends.deepspeed import DeepSpeedBackend
 from backends.fsdp import FSDPBackend
 from backends.fsdp2 import FSDP2Backend
 from backends.single import SingleBackend
 
 BACKENDS: dict[str, type[Backend]] = {
-    cls.name: cls for cls in (SingleBackend, DDPBackend, FSDPBackend, FSDP2Backend)
+    cls.name: cls for cls in (SingleBackend, DDPBackend, FSDPBackend, FSDP2Backend, DeepSpeedBackend)
 }
 
 

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 import torch.nn as nn
 
-from training.dist import DistEnv
+from training.dist import DistEnv, init_process_group
+from training.memory import storage_roles
 
 if TYPE_CHECKING:  # training.config imports the backend registry
     from training.config import RunConfig
@@ -68,7 +69,26 @@ class Backend(ABC):
         Raises ConfigError for what this backend cannot run (world size, options); called before
         any process group exists, so bad input fails fast with a one-line error.
         """
-        return dataclasses.replace(cfg, precision=cfg.precision or "fp32")
+        from training.config import (DEFAULT_GRAD_ACCUM, DEFAULT_GRAD_CLIP, DEFAULT_LR, DEFAULT_LR_WARMUP_STEPS,
+                                     DEFAULT_MICRO_BATCH)
+
+        def default(value, fallback):
+            return fallback if value is None else value
+
+        return dataclasses.replace(
+            cfg,
+            precision=default(cfg.precision, "fp32"),
+            micro_batch=default(cfg.micro_batch, DEFAULT_MICRO_BATCH),
+            grad_accum=default(cfg.grad_accum, DEFAULT_GRAD_ACCUM),
+            lr=default(cfg.lr, DEFAULT_LR),
+            lr_warmup_steps=default(cfg.lr_warmup_steps, DEFAULT_LR_WARMUP_STEPS),
+            grad_clip=default(cfg.grad_clip, DEFAULT_GRAD_CLIP),
+        )
+
+    @classmethod
+    def init_distributed(cls, env: DistEnv, timeout_s: float) -> None:
+        """Create the process group this backend communicates over."""
+        init_process_group(env, timeout_s)
 
     @abstractmethod
     def setup(self, model: nn.Module) -> None:
@@ -95,19 +115,31 @@ class Backend(ABC):
         """The learning rate the next `step` applies."""
 
     @abstractmethod
-    def model_state_bytes(self) -> dict[str, int]:
-        """Bytes of model state this rank holds: {"params", "params_gathered", "grads", "optimizer"}.
+    def state_tensors(self) -> dict[str, list[torch.Tensor]]:
+        """This rank's model state as it is right now, by role: "parameter", "gradient",
+        "optimizer_state" (local shards; views and aliases are fine, storage is counted once)."""
 
-        params: this rank's parameter storage at rest (its shard, under sharding).
-        params_gathered: unsharded parameters that stay allocated from forward until backward on
-        top of that (all of them under SHARD_GRAD_OP; the root unit under FULL_SHARD; 0 unsharded).
+    def gathered_param_bytes(self) -> int:
+        """Unsharded parameter bytes still allocated after the last forward (sharded backends)."""
+        return 0
+
+    def memory_roles(self) -> dict[int, tuple[str, int, str]]:
+        """The storages of `state_tensors`, for the memory breakdown (training.memory)."""
+        return storage_roles(self.state_tensors())
+
+    def model_state_bytes(self) -> dict[str, int]:
+        """Bytes of model state this rank holds: see runs/README.md, `model_state_bytes`.
+
         Called by the loop after the last backward of a step, before `step`, so gradients exist.
         """
-
-    @abstractmethod
-    def memory_roles(self) -> dict[int, tuple[str, int]]:
-        """The storages this rank's parameters, gradients and optimizer state occupy right now,
-        as training.memory.storage_roles builds them (for the memory breakdown)."""
+        out = {"params": 0, "params_gathered": self.gathered_param_bytes(), "grads": 0, "optimizer": 0,
+               "offloaded": 0}
+        field = {"parameter": "params", "gradient": "grads", "optimizer_state": "optimizer"}
+        for role, size, device in storage_roles(self.state_tensors()).values():
+            out[field[role]] += size
+            if device == "cpu" and self.env.device.type != "cpu":
+                out["offloaded"] += size
+        return out
 
     def eval_mode(self) -> contextlib.AbstractContextManager:
         """Context for evaluation: no grad, dropout off, training mode restored after."""
@@ -137,17 +169,7 @@ class _EvalMode(contextlib.ContextDecorator):
         return False
 
 
-def tensor_bytes(tensors) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
-
-
-def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
-    return tensor_bytes(
-        _local(v) for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v)
-    )
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
     """The part of `t` stored on this rank (a DTensor's local shard, else the tensor)."""
     to_local = getattr(t, "to_local", None)
     return to_local() if to_local is not None else t

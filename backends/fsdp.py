@@ -24,7 +24,6 @@ from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 from backends import fsdp_config
-from backends.base import optimizer_state_bytes, tensor_bytes
 from backends.torch_backend import TorchBackend
 from gptlite.model import Block, ConfigError
 
@@ -93,6 +92,9 @@ class FSDPBackend(TorchBackend):
         # itself without CUDA.
         return ShardedGradScaler(device=self.env.device.type, enabled=enabled)
 
+    def clip_grad_norm(self, max_norm: float) -> None:
+        self.model.clip_grad_norm_(max_norm)  # FSDP1's own: the norm over every rank's shards
+
     def micro_step(self, sync: bool):
         return super().micro_step(sync) if sync else self.model.no_sync()
 
@@ -109,15 +111,8 @@ class FSDPBackend(TorchBackend):
         # While a unit is gathered, its parameters point into the full buffer; the shard stays.
         return [getattr(h.flat_param, "_local_shard", h.flat_param) for h in self._handles()]
 
-    def model_state_bytes(self) -> dict[str, int]:
-        flat = [h.flat_param for h in self._handles()]
-        # Sharded strategies keep the local shard (padding included) in `_local_shard`.
-        params = tensor_bytes(getattr(p, "_local_shard", p) for p in flat)
-        grads = tensor_bytes(p.grad for p in flat if p.grad is not None)
-        if not grads:  # use_orig_params keeps gradients on the original parameters
-            grads = tensor_bytes(p.grad for p in self.model.parameters() if p.grad is not None)
-        return {"params": params, "params_gathered": self._gathered_bytes, "grads": grads,
-                "optimizer": optimizer_state_bytes(self.optimizer)}
+    def gathered_param_bytes(self) -> int:
+        return self._gathered_bytes
 
     def describe(self) -> dict:
         o = self.options

@@ -15,7 +15,6 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
 from backends import fsdp_config
-from backends.base import _local, optimizer_state_bytes, tensor_bytes
 from backends.torch_backend import TorchBackend
 
 
@@ -73,14 +72,8 @@ class FSDP2Backend(TorchBackend):
         # While gathered, the module's parameters are the unsharded ones; the shards stay.
         return [p._sharded_param_data for p in self._fsdp_params()]
 
-    def model_state_bytes(self) -> dict[str, int]:
-        params = list(self.model.parameters())
-        return {
-            "params": tensor_bytes(_local(p) for p in params),
-            "params_gathered": self._gathered_bytes,
-            "grads": tensor_bytes(_local(p.grad) for p in params if p.grad is not None),
-            "optimizer": optimizer_state_bytes(self.optimizer),
-        }
+    def gathered_param_bytes(self) -> int:
+        return self._gathered_bytes
 
     def describe(self) -> dict:
         mp = self.options.mixed_precision

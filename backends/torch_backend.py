@@ -12,10 +12,8 @@ import torch
 import torch.nn as nn
 
 from backends.activation_checkpointing import DEEPSPEED_IMPLS, TORCH_IMPLS, apply_ac
-from backends.base import (ADAM_BETAS, ADAM_EPS, WEIGHT_DECAY, Backend, _local, optimizer_state_bytes,
-                           tensor_bytes, warmup_factor)
+from backends.base import ADAM_BETAS, ADAM_EPS, WEIGHT_DECAY, Backend, local_tensor, warmup_factor
 from gptlite.model import ConfigError
-from training.memory import storage_roles
 
 AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -61,31 +59,29 @@ class TorchBackend(Backend):
         self.scaler.scale(loss / self.cfg.grad_accum).backward()
 
     def step(self) -> None:
+        if self.cfg.grad_clip:
+            self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the loss-scaled ones
+            self.clip_grad_norm(self.cfg.grad_clip)
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
 
+    def clip_grad_norm(self, max_norm: float) -> None:
+        """Scale the gradients so that their global norm (over every rank) is at most max_norm."""
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+
     def lr(self) -> float:
         return self.optimizer.param_groups[0]["lr"]
 
-    def model_state_bytes(self) -> dict[str, int]:
+    def state_tensors(self) -> dict[str, list[torch.Tensor]]:
         params = list(self.model.parameters())
         return {
-            "params": tensor_bytes(_local(p) for p in params),
-            "params_gathered": 0,
-            "grads": tensor_bytes(_local(p.grad) for p in params if p.grad is not None),
-            "optimizer": optimizer_state_bytes(self.optimizer),
-        }
-
-    def memory_roles(self) -> dict[int, tuple[str, int]]:
-        params = [_local(p) for p in self.model.parameters()]
-        return storage_roles({
-            "parameter": params + self.extra_parameter_storage(),
-            "gradient": [_local(p.grad) for p in self.model.parameters() if p.grad is not None],
-            "optimizer_state": [_local(v) for state in self.optimizer.state.values() for v in state.values()
+            "parameter": [local_tensor(p) for p in params] + self.extra_parameter_storage(),
+            "gradient": [local_tensor(p.grad) for p in params if p.grad is not None],
+            "optimizer_state": [local_tensor(v) for state in self.optimizer.state.values() for v in state.values()
                                 if torch.is_tensor(v)],
-        })
+        }
 
     def extra_parameter_storage(self) -> list[torch.Tensor]:
         """Parameter storage that model.parameters() does not reach (a wrapper's own shards)."""

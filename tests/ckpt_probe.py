@@ -1,7 +1,7 @@
 """Test support: per-step losses and first-step gradients of one backend under several
 activation-checkpointing settings, in one launch (python or torchrun).
 
-    python -m torch.distributed.run --nproc_per_node 2 tests/ckpt_probe.py OUT_DIR BACKEND [FSDP_CONFIG] \\
+    python -m torch.distributed.run --nproc_per_node 2 tests/ckpt_probe.py OUT_DIR BACKEND [CONFIG_FILE] \\
         --case 0:torch_nonreentrant:0 --case 1:torch_reentrant:0 ...
 
 Each case is interval:impl:offload. For every case the real backend is set up on a fresh model
@@ -22,11 +22,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from backends import get_backend  # noqa: E402
-from backends.base import _local  # noqa: E402
+from backends.base import local_tensor  # noqa: E402
 from gptlite.data import BatchLayout, CharDataset  # noqa: E402
 from gptlite.model import build_model  # noqa: E402
 from training.config import RunConfig  # noqa: E402
-from training.dist import DistEnv, destroy_process_group, gather_floats, init_process_group  # noqa: E402
+from training.dist import DistEnv, destroy_process_group, gather_floats  # noqa: E402
 from training.loop import accumulate_gradients  # noqa: E402
 
 WRAPPER_PREFIXES = ("module.", "_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_offload_wrapped_module.")
@@ -37,20 +37,30 @@ def clean_name(name: str) -> str:
     return ".".join(part for part in name.split(".") if part + "." not in WRAPPER_PREFIXES)
 
 
-def run_case(base: dict, interval: int, impl: str, offload: bool, env: DistEnv, data: CharDataset) -> dict:
+def run_case(base: dict, interval: int, impl: str, offload: bool, env: DistEnv, data: CharDataset,
+             freeze_embeddings: bool) -> dict:
     cfg = RunConfig(**base, ckpt_interval=interval, ckpt_impl=impl, ckpt_offload=offload)
     backend_cls = get_backend(cfg.backend)
     cfg = backend_cls.resolve(cfg, env)
     backend = backend_cls(cfg, env)
-    backend.setup(build_model(cfg.model_config(vocab_size=data.vocab_size), cfg.seed))
+    model = build_model(cfg.model_config(vocab_size=data.vocab_size), cfg.seed)
+    if freeze_embeddings:
+        for p in (*model.token_embedding.parameters(), *model.position_embedding.parameters()):
+            p.requires_grad_(False)
+    backend.setup(model)
     layout = BatchLayout(cfg.micro_batch, cfg.grad_accum, env.world_size, env.rank)
     losses, grads = [], None
     for step in range(STEPS):
         loss = accumulate_gradients(backend, layout.micro_batches(data, "train", cfg.seed, step), cfg.grad_accum,
                                     env.device)
         if grads is None:
-            grads = {clean_name(n): _local(p.grad).detach().clone()
+            # By parameter name where parameters carry their gradients; DeepSpeed ZeRO keeps them
+            # in its own partition buffers instead, listed by state_tensors in a fixed order.
+            grads = {clean_name(n): local_tensor(p.grad).detach().clone()
                      for n, p in backend.model.named_parameters() if p.grad is not None}
+            if not grads:
+                grads = {f"gradient buffer {i}": g.detach().clone()
+                         for i, g in enumerate(backend.state_tensors()["gradient"])}
         backend.step()
         losses.append(sum(r[0] for r in gather_floats([loss.item()], env.device)) / env.world_size)
     wrappers = collections.Counter(type(m).__name__ for m in backend.model.modules())
@@ -64,21 +74,25 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out_dir")
     parser.add_argument("backend")
-    parser.add_argument("fsdp_config", nargs="?")
+    parser.add_argument("config", nargs="?", help="--fsdp_config or --deepspeed_config file")
     parser.add_argument("--case", action="append", required=True, help="interval:impl:offload(0/1)")
     parser.add_argument("--micro_batch", type=int, default=4)
+    parser.add_argument("--freeze_embeddings", action="store_true",
+                        help="embeddings without gradients: block 0's input then needs none")
     args = parser.parse_args()
 
     env = DistEnv.from_environment("cpu")
-    base = dict(backend=args.backend, fsdp_config=args.fsdp_config, preset="tiny", dropout=0.0,
-                micro_batch=args.micro_batch, lr_warmup_steps=0, seed=7)
-    if args.backend != "single":
-        init_process_group(env, timeout_s=120)
+    config_flag = "deepspeed_config" if args.backend == "deepspeed" else "fsdp_config"
+    base = dict(backend=args.backend, preset="tiny", dropout=0.0, micro_batch=args.micro_batch, lr_warmup_steps=0,
+                seed=7, **({config_flag: args.config} if args.config else {}))
+    backend_cls = get_backend(args.backend)
+    if backend_cls.needs_process_group:
+        backend_cls.init_distributed(env, timeout_s=120)
     data = CharDataset.load(None, block_size=64)
     results = {}
     for case in args.case:
         interval, impl, offload = case.split(":")
-        results[case] = run_case(base, int(interval), impl, offload == "1", env, data)
+        results[case] = run_case(base, int(interval), impl, offload == "1", env, data, args.freeze_embeddings)
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     torch.save(results, out / f"rank{env.rank}.pt")

@@ -53,12 +53,18 @@ def base_env() -> dict:
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     env["PYTHONPATH"] = str(REPO)
+    # The environment's own tools first: the deepspeed launcher, and the ninja that builds
+    # DeepSpeed's ops (another ninja on PATH would make it rebuild them).
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     return env
 
 
 def launch_command(launcher: str, nproc: int) -> list[str]:
     if launcher == "python":
         return [sys.executable, str(TRAIN)]
+    if launcher == "deepspeed":
+        return [str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", str(nproc), "--master_port",
+                str(free_port()), str(TRAIN)]
     if launcher == "torchrun":
         # A free port per launch: fixed ports collide between back-to-back runs.
         return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(nproc),

@@ -18,6 +18,13 @@ from gptlite.model import ATTENTION_IMPLS, PRESETS, ConfigError, GPTConfig, pres
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 DEVICES = ("auto", "cpu", "cuda")
+# Defaults of the flags a backend's config file may set instead (DeepSpeed JSON, FSDP YAML).
+DEFAULT_MICRO_BATCH = 8
+DEFAULT_GRAD_ACCUM = 1
+DEFAULT_LR = 1e-3
+DEFAULT_LR_WARMUP_STEPS = 20
+# DeepSpeed clips gradients at norm 1.0 unless its config says otherwise; every backend does the same.
+DEFAULT_GRAD_CLIP = 1.0
 
 
 def _flag(help: str, default=MISSING, *, choices=None, group: str = "training", **kw):
@@ -28,8 +35,19 @@ def _flag(help: str, default=MISSING, *, choices=None, group: str = "training", 
 class RunConfig:
     # What to run.
     backend: str | None = _flag(
-        "Training backend (each is described below). Default: inferred from --fsdp_config, "
-        "else single.", None, group="backend")
+        "Training backend (each is described below). Default: inferred from --deepspeed_config or "
+        "--fsdp_config, else single.", None, group="backend")
+    deepspeed_config: str | None = _flag(
+        "DeepSpeed JSON config (ds_configs/); implies --backend deepspeed.", None, group="backend",
+        metavar="JSON", deepspeed_flag=True)
+    deepspeed: bool = _flag("Accepted for DeepSpeed scripts' conventions; --deepspeed_config selects DeepSpeed.",
+                            False, group="backend", deepspeed_flag=True)
+    local_rank: int | None = _flag(
+        "Set by the deepspeed launcher; the rank's LOCAL_RANK environment variable is what counts.",
+        None, group="backend")
+    nvme_path: str | None = _flag(
+        "Directory on the NVMe drive for ZeRO-Infinity NVMe offload (ds_configs/z3_infinity_nvme.json).",
+        None, group="backend", metavar="DIR")
     fsdp_config: str | None = _flag(
         "YAML file of FSDP or FSDP2 options (fsdp_configs/). Default for --backend fsdp: FULL_SHARD, "
         "fp32; for fsdp2: reshard after forward, fp32.", None, group="backend", metavar="YAML")
@@ -37,7 +55,8 @@ class RunConfig:
         "Activation checkpointing of every k-th transformer block (block index %% k == 0); 0: off.",
         0, group="activation checkpointing")
     ckpt_impl: str = _flag(
-        "Checkpointing implementation: torch's non-reentrant or reentrant checkpoint_wrapper.",
+        "Checkpointing implementation: torch's non-reentrant or reentrant checkpoint_wrapper, or "
+        "(DeepSpeed backend) deepspeed.checkpointing's checkpoint or non_reentrant_checkpoint.",
         "torch_nonreentrant", choices=CKPT_IMPLS, group="activation checkpointing")
     ckpt_offload: bool = _flag(
         "Keep the checkpointed blocks' saved inputs in host memory (torch's offload_wrapper), "
@@ -60,16 +79,27 @@ class RunConfig:
         "Default: the embedded generated corpus.", None, metavar="PATH",
     )
     steps: int = _flag("Optimizer steps to run.", 50)
-    micro_batch: int = _flag("Samples per rank per micro-step.", 8)
-    grad_accum: int = _flag("Micro-steps per optimizer step (gradient accumulation).", 1)
+    micro_batch: int | None = _flag(
+        f"Samples per rank per micro-step. Default: the DeepSpeed config's, else {DEFAULT_MICRO_BATCH}.", None)
+    grad_accum: int | None = _flag(
+        "Micro-steps per optimizer step (gradient accumulation). Default: the DeepSpeed config's, "
+        f"else {DEFAULT_GRAD_ACCUM}.", None)
     precision: str | None = _flag(
         "fp32, or mixed precision with fp32 master weights: bf16, or fp16 with loss scaling. "
-        "Overrides the precision of a --fsdp_config file. Default: the file's, else fp32.",
+        "Overrides the precision of a --fsdp_config or --deepspeed_config file. Default: the file's, "
+        "else fp32.",
         None, choices=PRECISIONS,
     )
+    grad_clip: float | None = _flag(
+        "Clip the global gradient norm to this (0: no clipping), in every backend. Default: the DeepSpeed "
+        f"config's gradient_clipping, else {DEFAULT_GRAD_CLIP} (DeepSpeed's own default).", None)
     seed: int = _flag("Seed for the weights and the data order.", 1337)
-    lr: float = _flag("Peak learning rate of AdamW (betas 0.8/0.999, eps 1e-8, weight decay 3e-7).", 1e-3)
-    lr_warmup_steps: int = _flag("Steps of linear learning-rate warm-up from 0 to --lr.", 20)
+    lr: float | None = _flag(
+        "Peak learning rate of AdamW (betas 0.8/0.999, eps 1e-8, weight decay 3e-7). Default: the "
+        f"DeepSpeed config's, else {DEFAULT_LR}.", None)
+    lr_warmup_steps: int | None = _flag(
+        "Steps of linear learning-rate warm-up from 0 to --lr (DeepSpeed's WarmupLR, step for step); "
+        f"0: none. Default: the DeepSpeed config's, else {DEFAULT_LR_WARMUP_STEPS}.", None)
     # Measurement.
     warmup_steps: int = _flag(
         "First steps left out of the timing (compilation, allocator warm-up).", 2, group="measurement")
@@ -109,13 +139,21 @@ class RunConfig:
                 raise ConfigError(
                     f"{f.name} must be one of {', '.join(choices)} (got {getattr(self, f.name)!r})")
         _at_least(self, 1, "steps", "micro_batch", "grad_accum", "log_every", "eval_batches")
+        if self.deepspeed_config is not None and self.backend != "deepspeed":
+            raise ConfigError(f"deepspeed_config applies to backend deepspeed (got backend {self.backend!r})")
+        if self.backend == "deepspeed" and self.deepspeed_config is None:
+            raise ConfigError("backend deepspeed needs --deepspeed_config (a JSON file; see ds_configs/)")
+        if self.nvme_path is not None and self.backend != "deepspeed":
+            raise ConfigError("nvme_path applies to backend deepspeed (NVMe offload configs)")
         _at_least(self, 0, "warmup_steps", "mem_profile_steps", "eval_every", "lr_warmup_steps", "seed",
                   "ckpt_interval")
         if self.ckpt_offload and not self.ckpt_interval:
             raise ConfigError("ckpt_offload requires ckpt_interval > 0 (it offloads the checkpointed blocks' inputs)")
         if self.fsdp_config is not None and self.backend not in ("fsdp", "fsdp2"):
             raise ConfigError(f"fsdp_config applies to backends fsdp and fsdp2 (got backend {self.backend!r})")
-        if not self.lr > 0:
+        if self.grad_clip is not None and self.grad_clip < 0:
+            raise ConfigError(f"grad_clip must be >= 0 (got {self.grad_clip}); 0 turns clipping off")
+        if self.lr is not None and not self.lr > 0:
             raise ConfigError(f"lr must be > 0 (got {self.lr})")
         if not self.dist_timeout_s > 0:
             raise ConfigError(f"dist_timeout_s must be > 0 (got {self.dist_timeout_s})")
@@ -124,6 +162,8 @@ class RunConfig:
         self.model_config()  # checks the model overrides (n_embd divisible by n_head, ...)
 
     def _inferred_backend(self) -> str:
+        if self.deepspeed_config is not None or self.deepspeed:
+            return "deepspeed"
         if self.fsdp_config is not None:
             from backends import fsdp_config
 
@@ -141,7 +181,7 @@ class RunConfig:
 def _at_least(cfg: RunConfig, minimum: int, *names: str) -> None:
     for name in names:
         value = getattr(cfg, name)
-        if value < minimum:
+        if value is not None and value < minimum:
             raise ConfigError(f"{name} must be >= {minimum} (got {value})")
 
 
@@ -174,8 +214,13 @@ def build_parser(prog: str = "train.py", description: str | None = None,
         epilog=epilog + (f"\n{examples}" if examples else ""),
     )
     groups: dict[str, argparse._ArgumentGroup] = {}
+    from backends.deepspeed_support import add_deepspeed_arguments
+
+    add_deepspeed_arguments(parser)  # --deepspeed, --deepspeed_config: DeepSpeed's own parser code
     for f in fields(RunConfig):
         meta = f.metadata
+        if meta.get("deepspeed_flag"):
+            continue
         group = groups.setdefault(meta["group"], parser.add_argument_group(meta["group"]))
         kwargs = {"help": meta["help"], "default": f.default, "dest": f.name}
         if f.type in ("bool",) or isinstance(f.default, bool):

@@ -37,7 +37,8 @@ class DistEnv:
     def from_environment(cls, device: str = "auto") -> "DistEnv":
         env = os.environ
         world = int(env.get("WORLD_SIZE", 1))
-        local_world = int(env.get("LOCAL_WORLD_SIZE", world))
+        # torchrun: LOCAL_WORLD_SIZE; the deepspeed launcher: LOCAL_SIZE.
+        local_world = int(env.get("LOCAL_WORLD_SIZE", env.get("LOCAL_SIZE", world)))
         local_rank = int(env.get("LOCAL_RANK", 0))
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -55,7 +56,7 @@ def _launcher(env) -> str:
         return "torchrun"
     if "ACCELERATE_MIXED_PRECISION" in env or "ACCELERATE_DYNAMO_BACKEND" in env:
         return "accelerate"
-    if "CROSS_RANK" in env or "DS_ACCELERATOR" in env or "PDSH_RCMD_TYPE" in env:
+    if "CROSS_RANK" in env or "LOCAL_SIZE" in env:  # set by deepspeed's launcher for each rank
         return "deepspeed"
     return "env" if "WORLD_SIZE" in env else "python"
 

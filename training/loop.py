@@ -31,8 +31,8 @@ from gptlite.data import BatchLayout, CharDataset, DataError
 from gptlite.model import ConfigError, GPTConfig, build_model, count_parameters
 from training import flops
 from training.config import RunConfig
-from training.dist import (DistEnv, broadcast_object, destroy_process_group, gather_floats, init_process_group,
-                           set_cpu_threads, synchronize)
+from training.dist import (DistEnv, broadcast_object, destroy_process_group, gather_floats, set_cpu_threads,
+                           synchronize)
 from training.environment import device_name, environment
 from training.memory import AllocatorMeter, ProfiledWindow, current_rss_bytes, peak_rss_bytes, phase
 from training.records import RunRecord
@@ -163,9 +163,13 @@ class Trainer:
         try:
             threads = set_cpu_threads(self.env)
             if self.s.backend_cls.needs_process_group:
-                init_process_group(self.env, self.cfg.dist_timeout_s)
+                self.s.backend_cls.init_distributed(self.env, self.cfg.dist_timeout_s)
             self.record = self._create_record()
             self._train(threads, started)
+            if torch.distributed.is_initialized():
+                # Every rank finishes together: one rank tearing its process group down while
+                # another still writes the record breaks gloo's connections under it.
+                torch.distributed.barrier()
             return EXIT_OK
         except BaseException as e:  # noqa: BLE001 - every failure must be recorded
             signal.signal(signal.SIGTERM, signal.SIG_IGN)  # let the failure be written
@@ -207,6 +211,7 @@ class Trainer:
                 "environment": environment(self.device),
             })
             self.summary = self._base_summary()
+            self.summary["model_state_estimate"] = backend.describe().get("model_state_estimate")
             self.record.write_summary({**self.summary, "status": "running"})
 
         timed_end = max(0, cfg.steps - cfg.mem_profile_steps)
@@ -323,8 +328,8 @@ class Trainer:
         samples_per_s = statistics.median(timed_rates) if timed_rates else None
         tokens_per_s = samples_per_s * self.s.model_cfg.block_size if samples_per_s else None
         states = {k: max(r["state"].get(k, 0) for r in per_rank)
-                  for k in ("params", "params_gathered", "grads", "optimizer")}
-        states["total"] = sum(states.values())
+                  for k in ("params", "params_gathered", "grads", "optimizer", "offloaded")}
+        states["total"] = states["params"] + states["params_gathered"] + states["grads"] + states["optimizer"]
         summary = {
             **self.summary,
             "status": "ok",

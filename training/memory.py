@@ -86,16 +86,20 @@ class AllocatorMeter:
         }
 
 
-def storage_roles(tensors_by_role: dict[str, list[torch.Tensor]]) -> dict[int, tuple[str, int]]:
-    """{storage data pointer: (role, storage bytes)} for the given tensors (None and empty skipped)."""
-    roles: dict[int, tuple[str, int]] = {}
+def storage_roles(tensors_by_role: dict[str, list[torch.Tensor]]) -> dict[int, tuple[str, int, str]]:
+    """{storage data pointer: (role, storage bytes, device type)} for the given tensors.
+
+    Views share their storage, so each storage counts once (under the first role that names it);
+    None and freed (empty) storages are skipped.
+    """
+    roles: dict[int, tuple[str, int, str]] = {}
     for role, tensors in tensors_by_role.items():
         for t in tensors:
             if t is None:
                 continue
             storage = t.untyped_storage()
             if storage.nbytes():
-                roles.setdefault(storage.data_ptr(), (role, storage.nbytes()))
+                roles.setdefault(storage.data_ptr(), (role, storage.nbytes(), t.device.type))
     return roles
 
 
@@ -129,7 +133,7 @@ class ProfiledWindow:
             activities.append(torch.profiler.ProfilerActivity.CUDA)
         # record_shapes: the sizes of tensors that existed before the window, from the ops using them.
         self.profiler = torch.profiler.profile(activities=activities, profile_memory=True, record_shapes=True)
-        self.snapshots: list[dict[int, tuple[str, int]]] = []
+        self.snapshots: list[dict[int, tuple[str, int, str]]] = []
 
     def __enter__(self):
         self.profiler.__enter__()
@@ -139,7 +143,7 @@ class ProfiledWindow:
         self.profiler.__exit__(*exc)
         return False
 
-    def snapshot(self, roles: dict[int, tuple[str, int]]) -> None:
+    def snapshot(self, roles: dict[int, tuple[str, int, str]]) -> None:
         with torch.profiler.record_function(f"{_MARK}snapshot{len(self.snapshots)}"):
             self.snapshots.append(roles)
 
@@ -203,7 +207,7 @@ class ProfiledWindow:
             block.size = max(block.size, size)
 
         # Blocks from before the window: the backend's own tensors at the first snapshot...
-        for ptr, (_, size) in (self.snapshots[0].items() if self.snapshots else ()):
+        for ptr, (_, size, _) in (self.snapshots[0].items() if self.snapshots else ()):
             if ptr not in first_allocation:
                 note_early(ptr, size)
         # ...and every tensor an op read whose storage was not allocated in the window before.

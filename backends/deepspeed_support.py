@@ -1,0 +1,106 @@
+"""What the DeepSpeed backend needs from DeepSpeed beyond `deepspeed.initialize`.
+
+Importing deepspeed is deferred to these functions: the torch backends run without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import io
+import logging
+import os
+import warnings
+from contextlib import redirect_stdout
+
+import torch
+import torch.nn as nn
+
+
+@functools.lru_cache(maxsize=1)
+def import_deepspeed():
+    """deepspeed, imported with the CPU accelerator preset where there is no GPU (otherwise it
+    probes and warns) and its logger limited to warnings (its INFO lines repeat the whole config)."""
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    with redirect_stdout(io.StringIO()):
+        import deepspeed
+    deepspeed.utils.logger.setLevel(logging.WARNING)
+    # ZeRO-3 calls torch's deprecated reduce_scatter_tensor / all_gather_into_tensor aliases.
+    warnings.filterwarnings("ignore", category=FutureWarning, module="deepspeed")
+    return deepspeed
+
+
+def add_deepspeed_arguments(parser: argparse.ArgumentParser) -> None:
+    """--deepspeed and --deepspeed_config, from deepspeed.add_config_arguments when installed."""
+    try:
+        import_deepspeed().add_config_arguments(parser)
+    except ImportError:
+        group = parser.add_argument_group("DeepSpeed (not installed: pip install deepspeed)")
+        group.add_argument("--deepspeed", action="store_true", help="Enable DeepSpeed.")
+        group.add_argument("--deepspeed_config", default=None, help="DeepSpeed json configuration file.")
+
+
+def async_io_available() -> bool:
+    """Whether DeepSpeed's async_io op (NVMe offload) can build here; it needs libaio."""
+    import_deepspeed()
+    from deepspeed.ops.op_builder import AsyncIOBuilder
+
+    with redirect_stdout(io.StringIO()):
+        return bool(AsyncIOBuilder().is_compatible(verbose=False))
+
+
+class DeepSpeedCheckpointed(nn.Module):
+    """A block run under deepspeed.checkpointing (reentrant `checkpoint` or `non_reentrant_checkpoint`).
+
+    Reentrant checkpointing of a segment whose inputs need no gradient computes none for the
+    segment's parameters: silently (a chain of such blocks) or with "element 0 of tensors does not
+    require grad" (DeepSpeed issues 4274, 4479, which made the article's repository turn
+    checkpointing off). The input is therefore made to require grad when it does not; it has no
+    graph behind it then, so nothing upstream changes.
+    """
+
+    def __init__(self, module: nn.Module, non_reentrant: bool):
+        super().__init__()
+        self.module = module
+        self.non_reentrant = non_reentrant
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        checkpointing = import_deepspeed().checkpointing
+        if torch.is_grad_enabled() and not x.requires_grad:
+            x = x.detach().requires_grad_()
+        run = checkpointing.non_reentrant_checkpoint if self.non_reentrant else checkpointing.checkpoint
+        return run(self.module, x)
+
+
+def deepspeed_wrapper(impl: str):
+    return functools.partial(DeepSpeedCheckpointed, non_reentrant=impl == "deepspeed_nonreentrant")
+
+
+def model_state_estimate(stage: int, n_params: int, largest_layer_params: int, world_size: int,
+                         ranks_per_node: int, offload_optimizer: str, offload_param: str) -> dict:
+    """DeepSpeed's own estimate of model-state memory (its estimators cover model states only:
+    no activations, no communication buffers; they assume 16-bit parameters with fp32 optimizer
+    state, 18 bytes per parameter)."""
+    import_deepspeed()
+    nodes = max(1, world_size // max(1, ranks_per_node))
+    per_node = world_size // nodes
+    if stage == 3:
+        from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+
+        cpu, device, _ = estimate_zero3_model_states_mem_needs(
+            n_params, largest_layer_params, num_gpus_per_node=per_node, num_nodes=nodes,
+            cpu_offload=offload_optimizer != "none", cpu_offload_params=offload_param != "none",
+            zero_init=False)
+        function = "deepspeed.runtime.zero.stage3.estimate_zero3_model_states_mem_needs"
+    elif stage == 2:
+        from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+        cpu, device = estimate_zero2_model_states_mem_needs(
+            n_params, num_gpus_per_node=per_node, num_nodes=nodes, cpu_offload=offload_optimizer != "none")
+        function = "deepspeed.runtime.zero.stage_1_and_2.estimate_zero2_model_states_mem_needs"
+    else:
+        return {"function": None, "device_bytes_per_rank": None, "host_bytes_per_node": None,
+                "note": f"DeepSpeed has no model-state estimator for ZeRO stage {stage}"}
+    return {"function": function, "device_bytes_per_rank": int(device), "host_bytes_per_node": int(cpu),
+            "note": "model states only, assuming 16-bit parameters and fp32 optimizer state"}
