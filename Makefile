@@ -9,10 +9,10 @@ PY := $(VENV)/bin/python
 # wheels). Where nvidia-smi exists the pin is dropped: bring your own CUDA torch, or let pip
 # choose. Override with `make setup CONSTRAINTS=` or CONSTRAINTS=yourfile.txt.
 CONSTRAINTS ?= $(if $(shell command -v nvidia-smi 2>/dev/null),,constraints-cpu.txt)
-DEMO_DIR ?= runs/demo
 PYTEST_ARGS ?=
+DEEPSPEED_VERSION ?= 0.19.8
 
-.PHONY: setup demo test clean help
+.PHONY: setup demo test clean help system-deps
 
 help:
 	@echo "make setup   create $(VENV) and install the suite (CPU torch pinned on CPU machines)"
@@ -22,18 +22,33 @@ help:
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
+$(VENV)/.installed: pyproject.toml $(CONSTRAINTS) tools/install_deepspeed.sh
+	@$(MAKE) --no-print-directory system-deps
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --disable-pip-version-check -q $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) torch
+	tools/install_deepspeed.sh $(PY) $(DEEPSPEED_VERSION)
 	$(PY) -m pip install --disable-pip-version-check -q $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) -e '.[dev]'
 	touch $@
 
-# For now the main job is single vs DDP on two CPU processes at the same global batch.
+# libaio, for DeepSpeed's NVMe offload (its async_io op). Best effort: without it, NVMe offload
+# is refused with a message and its test is skipped.
+system-deps:
+	@if [ -f /usr/include/libaio.h ]; then :; \
+	elif command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+		echo "Installing libaio-dev (DeepSpeed NVMe offload)"; \
+		apt-get install -y -qq libaio-dev >/dev/null 2>&1 || \
+		{ apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq libaio-dev >/dev/null 2>&1; } || \
+		echo "note: could not install libaio-dev; DeepSpeed NVMe offload will be unavailable"; \
+	else echo "note: libaio-dev is not installed (sudo apt-get install libaio-dev); DeepSpeed NVMe offload will be unavailable"; fi
+
+# The main job: every backend configuration, checkpointing off and on, on 2 CPU ranks
+# (sweeps/cpu_quick.yaml), then the comparison report. Runs already recorded are skipped.
+DEMO_SPEC ?= sweeps/cpu_quick.yaml
+REPORT_DIR ?= reports/cpu_quick
 demo: setup
-	$(PY) train.py --backend single --preset tiny --steps 60 --micro_batch 16 \
-		--runs_dir $(DEMO_DIR) --run_name single --overwrite --log_every 10
-	$(VENV)/bin/torchrun --standalone --nproc_per_node 2 train.py --backend ddp --preset tiny --steps 60 \
-		--micro_batch 8 --runs_dir $(DEMO_DIR) --run_name ddp --overwrite --log_every 10
-	$(PY) -m analysis.table $(DEMO_DIR)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) sweep.py $(DEMO_SPEC)
+	$(PY) -m analysis.report runs/sweeps/cpu_quick --out $(REPORT_DIR)
+	@echo "Report: $(REPORT_DIR)/report.md"
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -22,10 +22,18 @@ def run_dirs(path: str | Path) -> list[Path]:
     return sorted(p.parent for p in root.rglob("summary.json"))
 
 
+def config_label(backend: str, fsdp_config: str | None = None, deepspeed_config: str | None = None) -> str:
+    """A backend configuration's short name: "ddp", "fsdp.full_shard", "deepspeed.z3", ..."""
+    path = deepspeed_config or fsdp_config
+    return f"{backend}.{Path(path).stem}" if isinstance(path, str) and path else backend
+
+
 def load_runs(path: str | Path) -> pd.DataFrame:
     """One row per run: the summary's fields, then the config's flattened under `config.`.
 
-    Failed, out-of-memory and still-running (or killed) runs are included with their status.
+    Failed, out-of-memory, timed-out and still-running (or killed) runs are included with their
+    status. Derived columns: `label` (the backend configuration's short name, see config_label)
+    and `ckpt` ("none", or "every k (impl)").
     """
     rows = []
     for run_dir in run_dirs(path):
@@ -34,6 +42,10 @@ def load_runs(path: str | Path) -> pd.DataFrame:
         config_path = run_dir / "config.json"
         if config_path.exists():
             _flatten("config", json.loads(config_path.read_text()), row)
+        row["label"] = config_label(row.get("backend", "?"), row.get("config.run.fsdp_config"),
+                                    row.get("config.run.deepspeed_config"))
+        interval, impl = row.get("ckpt_interval") or 0, row.get("config.run.ckpt_impl")
+        row["ckpt"] = f"every {interval} ({impl})" if interval else "none"
         rows.append(row)
     return pd.DataFrame(rows)
 

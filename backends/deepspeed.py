@@ -22,6 +22,7 @@ from backends.activation_checkpointing import apply_ac
 from backends.base import Backend
 from backends.deepspeed_support import deepspeed_wrapper, import_deepspeed, model_state_estimate
 from training.dist import ensure_rendezvous_env
+from training.memory import storage_roles
 
 
 class DeepSpeedBackend(Backend):
@@ -59,6 +60,9 @@ class DeepSpeedBackend(Backend):
             model=model, model_parameters=[p for p in model.parameters() if p.requires_grad], config=plan.config)
         self.model = self.engine
         self._last_micro_step = True
+        self._gathered_bytes = 0
+        if plan.stage == 3:
+            self.engine.module.register_forward_hook(self._measure_gathered)
 
     def micro_step(self, sync: bool):
         # The engine accumulates by itself (gradient_accumulation_steps); it only needs to know
@@ -96,11 +100,33 @@ class DeepSpeedBackend(Backend):
         return {
             # ZeRO-3 keeps each parameter's local partition in ds_tensor (the parameter itself is
             # empty between uses); ZeRO-1/2 parameters are views into one flat 16/32-bit buffer.
-            "parameter": [getattr(p, "ds_tensor", p) for p in module_params],
+            "parameter": [p if getattr(p, "ds_persist", False) else getattr(p, "ds_tensor", p) for p in module_params],
             "optimizer_state": masters + [v for state in inner.state.values() for v in state.values()
                                           if torch.is_tensor(v)],
             "gradient": [g for g in grads if torch.is_tensor(g)],
         }
+
+    def _measure_gathered(self, module, args, output) -> None:
+        """After forward: ZeRO-3 parameters still gathered (with stage3_max_live_parameters and
+        max_reuse_distance at their 1e9 defaults, DeepSpeed keeps them until backward reuses them).
+        Parameters under stage3_param_persistence_threshold stay whole on every rank and are
+        counted with `params` instead."""
+        storages = {}
+        for p in self.engine.module.parameters():
+            if hasattr(p, "ds_tensor") and not getattr(p, "ds_persist", False) and p.data.numel():
+                storage = p.data.untyped_storage()
+                storages[storage.data_ptr()] = storage.nbytes()
+        self._gathered_bytes = sum(storages.values())
+
+    def gathered_param_bytes(self) -> int:
+        return self._gathered_bytes
+
+    def memory_roles(self):
+        # Gathered ZeRO-3 parameters are parameters too, for the memory breakdown (model state
+        # at rest stays the shards: state_tensors).
+        tensors = self.state_tensors()
+        tensors["parameter"] = tensors["parameter"] + [p.data for p in self.engine.module.parameters()]
+        return storage_roles(tensors)
 
     def describe(self) -> dict:
         plan = self.plan

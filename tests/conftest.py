@@ -89,3 +89,25 @@ PARITY_ARGS = ("--preset", "tiny", "--dropout", "0", "--precision", "fp32", "--l
 @pytest.fixture
 def runs_dir(tmp_path: Path) -> Path:
     return tmp_path / "runs"
+
+
+QUICK_SPEC = REPO / "sweeps" / "cpu_quick.yaml"
+
+
+@pytest.fixture(scope="session")
+def quick_sweep(tmp_path_factory) -> Path:
+    """Every backend configuration of sweeps/cpu_quick.yaml, checkpointing off and on, run once
+    through sweep.py (shortened to 3 steps) for the tests that compare many configurations."""
+    import yaml
+
+    spec = yaml.safe_load(QUICK_SPEC.read_text())
+    directory = tmp_path_factory.mktemp("quick")
+    spec.update(name="quick_test", steps=3, runs_dir=str(directory / "runs"))
+    spec["train_args"] = {**spec.get("train_args", {}), "warmup_steps": 1, "mem_profile_steps": 1,
+                          "eval_batches": 1}
+    path = directory / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    proc = subprocess.run([sys.executable, str(REPO / "sweep.py"), str(path)], cwd=REPO, env=base_env(),
+                          capture_output=True, text=True, timeout=3600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return directory / "runs"

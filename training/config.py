@@ -106,6 +106,10 @@ class RunConfig:
     mem_profile_steps: int = _flag(
         "Last steps profiled with torch.profiler for live tensor bytes by category "
         "(the memory peak on CPU); left out of the timing. 0 turns it off.", 1, group="measurement")
+    mem_budget_gb: float | None = _flag(
+        "Memory budget per rank, GiB. CUDA: the allocator is capped there, so going over raises "
+        "out-of-memory. CPU: a measured peak above it ends the run with status oom. Default: none.",
+        None, group="measurement")
     eval_every: int = _flag(
         "Validation loss every N steps (0: only at the end).", 0, group="measurement")
     eval_batches: int = _flag(
@@ -151,6 +155,8 @@ class RunConfig:
             raise ConfigError("ckpt_offload requires ckpt_interval > 0 (it offloads the checkpointed blocks' inputs)")
         if self.fsdp_config is not None and self.backend not in ("fsdp", "fsdp2"):
             raise ConfigError(f"fsdp_config applies to backends fsdp and fsdp2 (got backend {self.backend!r})")
+        if self.mem_budget_gb is not None and not self.mem_budget_gb > 0:
+            raise ConfigError(f"mem_budget_gb must be > 0 (got {self.mem_budget_gb})")
         if self.grad_clip is not None and self.grad_clip < 0:
             raise ConfigError(f"grad_clip must be >= 0 (got {self.grad_clip}); 0 turns clipping off")
         if self.lr is not None and not self.lr > 0:

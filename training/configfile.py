@@ -73,6 +73,10 @@ def _convert(hint, value, where: str, key: str):
     for option in options:
         if dataclasses.is_dataclass(option):
             return from_dict(option, value, where, section=f"{key}.")
+        if option is dict or typing.get_origin(option) is dict:
+            if isinstance(value, dict):
+                return value  # checked by the dataclass's __post_init__
+            continue
         if typing.get_origin(option) is list:
             (item,) = typing.get_args(option)
             if isinstance(value, list):
@@ -104,6 +108,8 @@ def _describe(options) -> str:
             parts.append("a mapping")
         elif typing.get_origin(option) is list:
             parts.append("a list")
+        elif option is dict or typing.get_origin(option) is dict:
+            parts.append("a mapping")
         else:
             parts.append(names.get(option, getattr(option, "__name__", str(option))))
     return " or ".join(parts)

@@ -34,10 +34,15 @@ from training.config import RunConfig
 from training.dist import (DistEnv, broadcast_object, destroy_process_group, gather_floats, set_cpu_threads,
                            synchronize)
 from training.environment import device_name, environment
+from training.faults import Fault
 from training.memory import AllocatorMeter, ProfiledWindow, current_rss_bytes, peak_rss_bytes, phase
 from training.records import RunRecord
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+class MemoryBudgetExceeded(MemoryError):
+    """The measured peak went over --mem_budget_gb (recorded as status oom)."""
 
 
 class Terminated(Exception):
@@ -94,6 +99,7 @@ def resolve(cfg: RunConfig) -> Setup:
         raise ConfigError(
             f"run_name: {Path(cfg.runs_dir) / cfg.run_name} already exists "
             "(choose another --run_name or pass --overwrite)")
+    Fault.from_environment(cfg.backend, env.rank)  # a malformed GPTLITE_FAULT is bad input
     data = CharDataset.load(cfg.data, cfg.model_config().block_size)
     model_cfg = cfg.model_config(vocab_size=data.vocab_size)
     with torch.device("meta"):  # count parameters without allocating them
@@ -214,6 +220,10 @@ class Trainer:
             self.summary["model_state_estimate"] = backend.describe().get("model_state_estimate")
             self.record.write_summary({**self.summary, "status": "running"})
 
+        if cfg.mem_budget_gb and self.device.type == "cuda":
+            total = torch.cuda.get_device_properties(self.device).total_memory
+            torch.cuda.set_per_process_memory_fraction(min(1.0, cfg.mem_budget_gb * 2**30 / total), self.device)
+        fault = Fault.from_environment(cfg.backend, env.rank)
         timed_end = max(0, cfg.steps - cfg.mem_profile_steps)
         meter = AllocatorMeter(self.device)
         window = ProfiledWindow(self.device) if cfg.mem_profile_steps else None
@@ -223,6 +233,8 @@ class Trainer:
         state_bytes = {}
 
         for step in range(cfg.steps):
+            if fault is not None:
+                fault.maybe_fire(step)
             if step == cfg.warmup_steps:
                 meter.start()
             profiling = window is not None and step >= timed_end
@@ -319,11 +331,17 @@ class Trainer:
             per_rank = [None] * torch.distributed.get_world_size()
             torch.distributed.all_gather_object(per_rank, {
                 "allocator": allocator, "profiled": profiled, "rss_peak": peak_rss_bytes(), "state": state_bytes})
+        source = "cuda_allocator" if allocator else ("torch_profiler" if profiled else None)
+        key = "allocator" if allocator else "profiled"
+        peak = max(r[key]["peak_bytes"] for r in per_rank) if source else None
+        budget = self.cfg.mem_budget_gb
+        if budget and peak is not None and peak > budget * 2**30:
+            # Every rank has every rank's peak here, so they all stop together.
+            self.summary["mem_peak_bytes"] = peak
+            raise MemoryBudgetExceeded(f"peak {peak / 2**30:.3f} GiB > --mem_budget_gb {budget:g}")
         if not self.env.is_main:
             return
 
-        source = "cuda_allocator" if allocator else ("torch_profiler" if profiled else None)
-        key = "allocator" if allocator else "profiled"
         peak_rank = max(per_rank, key=lambda r: r[key].get("peak_bytes", 0)) if source else None
         samples_per_s = statistics.median(timed_rates) if timed_rates else None
         tokens_per_s = samples_per_s * self.s.model_cfg.block_size if samples_per_s else None
@@ -339,7 +357,7 @@ class Trainer:
             "mfu": flops.mfu(tokens_per_s, self.s.model_cfg, self.s.n_params, self.summary["device_name"],
                              self.env.world_size),
             "mem_source": source,
-            "mem_peak_bytes": max(r[key]["peak_bytes"] for r in per_rank) if source else None,
+            "mem_peak_bytes": peak,
             "mem_avg_bytes": max(r[key]["avg_bytes"] for r in per_rank) if source else None,
             "mem_reserved_peak_bytes": (
                 max(r["allocator"]["reserved_peak_bytes"] for r in per_rank) if allocator else None),
@@ -361,7 +379,10 @@ class Trainer:
     def _record_failure(self, error: BaseException, started: float) -> None:
         status = "oom" if is_oom(error) else "failed"
         message = f"{type(error).__name__}: {error}".strip()
-        traceback.print_exc()
+        if isinstance(error, (MemoryBudgetExceeded, Terminated)):
+            print(f"rank {self.env.rank}: {message}", file=sys.stderr)  # expected outcomes, no traceback
+        else:
+            traceback.print_exc()
         if self.record is None:
             return
         try:

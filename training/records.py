@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 SCHEMA_VERSION = 1
-STATUSES = ("running", "ok", "failed", "oom")
+STATUSES = ("running", "ok", "failed", "oom", "timeout")
 
 
 def atomic_write_text(path: Path, text: str) -> None:

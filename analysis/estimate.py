@@ -1,0 +1,306 @@
+"""Memory per rank for a configuration, before running it: model states and activations.
+
+    python -m analysis.estimate --preset paper --world 8 --config ds_configs/z3.json
+    python -m analysis.estimate --preset small --world 2 --fsdp_config fsdp_configs/shard_grad_op.yaml \\
+        --ckpt_interval 1 --micro_batch 8 --json
+
+DeepSpeed's estimators cover model states only; the peak of a training step is usually set by
+activations. This estimator adds them, from the tensors GPT-lite's forward keeps for backward
+(counted op by op and checked against autograd's saved tensors), and walks backward block by block
+for the peak, where activations are freed while gradients and temporaries appear.
+
+Model states (per rank, fp32 master weights everywhere; c = bytes of the compute dtype):
+- replicated (single, ddp, FSDP NO_SHARD, ZeRO-0): params 4P, grads 4P, Adam state 8P;
+- FSDP FULL_SHARD / HYBRID_SHARD, FSDP2 resharding: everything / shard group, plus (FSDP1) the root
+  unit gathered after forward; SHARD_GRAD_OP / FSDP2 without resharding: all parameters gathered;
+- ZeRO-1/2: parameters whole (c P), gradients partitioned, fp32 master + Adam state partitioned
+  (12 P / world); ZeRO-3: parameters partitioned, gathered from forward until backward while
+  stage3_max_live_parameters allows (DeepSpeed's 1e9 default: the whole model here).
+Offloaded states count the same bytes, in host memory (`host_bytes`).
+
+Activations per block (B micro-batch, T block size, C width, H heads, e bytes per activation,
+m bytes per dropout mask: e on CPU, 1 on CUDA): 12 BTC e (block input, two LayerNorm outputs,
+q, k, v, attention output, FFN input and the 4C-wide ReLU output) + 16 BT (LayerNorm statistics);
+naive attention, or sdpa with dropout on CPU (its math kernel): + B H T^2 e (softmax), + T^2 (the
+causal mask, naive only); with dropout: + 2 BTC m + B H T^2 (e + m). A checkpointed block keeps its input
+(BTC e) and recomputes the rest in backward.
+
+Accuracy: within 5% for model states and 15% for the peak against every fp32 configuration of
+sweeps/cpu_quick.yaml measured on CPU (tests/test_estimate.py). Mixed precision follows the same
+accounting with 16-bit activations where the backend computes in 16 bits; it is not calibrated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from gptlite.model import PRESETS, Block, ConfigError, GPTConfig, GPTLite, preset
+
+F32 = 4
+# DeepSpeed's defaults, when a config does not set them.
+DS_REDUCE_BUCKET = 5e8
+DS_PREFETCH_BUCKET = 5e7
+DS_MAX_LIVE = 1e9
+DS_PERSISTENCE = 1e5
+
+
+@dataclass
+class Counts:
+    """Parameter counts of the model, from the model itself (built on the meta device)."""
+
+    total: int
+    per_block: int
+    root: int  # embeddings, final LayerNorm, lm_head: FSDP's root unit
+    head: int  # final LayerNorm and lm_head: their gradients come first in backward
+    tensors: int
+    small: list[int]  # sizes of every parameter tensor, for ZeRO-3's persistence threshold
+
+    @classmethod
+    def of(cls, cfg: GPTConfig) -> "Counts":
+        with torch.device("meta"):
+            model = GPTLite(cfg)
+        sizes = [p.numel() for p in model.parameters()]
+        block = sum(p.numel() for p in model.blocks[0].parameters())
+        head = sum(p.numel() for p in (*model.ln.parameters(), *model.lm_head.parameters()))
+        return cls(sum(sizes), block, sum(sizes) - cfg.n_layer * block, head, len(sizes), sizes)
+
+
+@dataclass
+class Estimate:
+    params: int
+    params_gathered: int
+    grads: int
+    optimizer: int
+    activation_bytes: int  # what forward keeps for backward, at the peak
+    total_bytes: int  # the peak of a training step per rank
+    host_bytes: int = 0  # of the model states, the part offloaded to host memory
+    terms: dict = field(default_factory=dict)  # the named pieces of the peak
+    assumptions: list[str] = field(default_factory=list)
+
+    @property
+    def model_states_bytes(self) -> int:
+        return self.params + self.params_gathered + self.grads + self.optimizer
+
+
+def activation_per_block(cfg: GPTConfig, micro_batch: int, act_bytes: int, mask_bytes: int, device: str) -> int:
+    B, T, C, H = micro_batch, cfg.block_size, cfg.n_embd, cfg.n_head
+    btc, bht2 = B * T * C, B * H * T * T
+    total = 12 * btc * act_bytes + 16 * B * T
+    materialised = cfg.attention == "naive" or (cfg.dropout > 0 and device == "cpu")
+    if materialised:
+        total += bht2 * act_bytes + (T * T if cfg.attention == "naive" else 0)  # naive's causal mask
+    else:  # fused attention: its log-sum-exp instead of the T x T probabilities
+        total += B * H * T * F32
+    if cfg.dropout > 0:
+        total += 2 * btc * mask_bytes
+        if materialised:
+            total += bht2 * (act_bytes + mask_bytes)
+    return total
+
+
+def backward_transient(cfg: GPTConfig, micro_batch: int, act_bytes: int, device: str) -> int:
+    """The largest short-lived buffers of one block's backward: attention's T x T gradients."""
+    B, T, C, H = micro_batch, cfg.block_size, cfg.n_embd, cfg.n_head
+    materialised = cfg.attention == "naive" or (cfg.dropout > 0 and device == "cpu")
+    return (2 * B * H * T * T + B * T * C) * act_bytes if materialised else 4 * B * T * C * act_bytes
+
+
+@dataclass
+class Layout:
+    """How a backend holds the model: the inputs of the estimate that depend on the backend."""
+
+    kind: str  # replicated | full_shard | shard_grad_op | zero12 | zero3
+    shards: int = 1
+    ddp_bucket: bool = False  # DDP keeps a gradient bucket the size of all gradients
+    fsdp1_root_gathered: bool = False
+    offload: bool = False
+    compute_bytes: int = F32  # bytes of the parameters the forward computes with
+    ds: dict = field(default_factory=dict)
+
+
+def layout_for(backend: str, world: int, precision: str, fsdp_options=None, ds_config: dict | None = None,
+               ranks_per_node: int | None = None) -> Layout:
+    c = 2 if precision in ("bf16", "fp16") else F32
+    if backend in ("single", "ddp"):
+        return Layout("replicated", ddp_bucket=backend == "ddp")
+    if backend == "fsdp":
+        from backends.fsdp_config import FSDPConfig
+
+        o = fsdp_options or FSDPConfig()
+        mp = c if o.mixed_precision else F32
+        if o.sharding_strategy == "NO_SHARD":
+            return Layout("replicated", compute_bytes=mp)
+        shards = world
+        if o.sharding_strategy == "HYBRID_SHARD":
+            shards = o.hybrid_shard_size or ranks_per_node or world
+        kind = "shard_grad_op" if o.sharding_strategy == "SHARD_GRAD_OP" else "full_shard"
+        return Layout(kind, shards, fsdp1_root_gathered=True, offload=o.cpu_offload, compute_bytes=mp)
+    if backend == "fsdp2":
+        from backends.fsdp_config import FSDP2Config
+
+        o = fsdp_options or FSDP2Config()
+        kind = "full_shard" if o.reshard_after_forward else "shard_grad_op"
+        return Layout(kind, world, offload=o.cpu_offload, compute_bytes=c if o.mixed_precision else F32)
+    if backend == "deepspeed":
+        zero = (ds_config or {}).get("zero_optimization") or {}
+        stage = int(zero.get("stage", 0))
+        offload = any(((zero.get(k) or {}).get("device") or "none") != "none"
+                      for k in ("offload_optimizer", "offload_param"))
+        kind = {0: "replicated", 1: "zero12", 2: "zero12", 3: "zero3"}[stage]
+        return Layout(kind, world, offload=offload, compute_bytes=c, ds=zero)
+    raise ConfigError(f"backend must be one of single, ddp, fsdp, fsdp2, deepspeed (got {backend!r})")
+
+
+def estimate(cfg: GPTConfig, backend: str, world: int = 1, micro_batch: int = 1, precision: str = "fp32",
+             ckpt_interval: int = 0, device: str = "cpu", fsdp_options=None, ds_config: dict | None = None,
+             ranks_per_node: int | None = None) -> Estimate:
+    """The per-rank memory of one training step of `cfg` under a backend configuration."""
+    lay = layout_for(backend, world, precision, fsdp_options, ds_config, ranks_per_node)
+    n = Counts.of(cfg)
+    P, W, c = n.total, lay.shards, lay.compute_bytes
+    assumptions = ["fp32 master weights and AdamW state (exp_avg, exp_avg_sq) in every backend"]
+    if precision != "fp32":
+        assumptions.append(f"{precision}: 16-bit activations; not calibrated against measurements")
+
+    # Model states, as the run records count them (model_state_bytes).
+    if lay.kind == "replicated" and backend == "deepspeed" and c != F32:
+        # ZeRO-0 in 16 bits: the module in 16 bits, the fp32 master copy with the optimizer.
+        params, gathered, grads, optimizer = c * P, 0, c * P, 12 * P
+    elif lay.kind == "replicated":
+        params, gathered, grads, optimizer = F32 * P, 0, F32 * P, 8 * P
+    elif lay.kind == "full_shard":
+        params, grads, optimizer = F32 * P // W, F32 * P // W, 8 * P // W
+        gathered = c * n.root if lay.fsdp1_root_gathered else 0
+    elif lay.kind == "shard_grad_op":
+        params, gathered, grads, optimizer = F32 * P // W, c * P, F32 * P // W, 8 * P // W
+    elif lay.kind == "zero12":
+        params, gathered, grads, optimizer = c * P, 0, c * P // W, 12 * P // W
+    else:  # zero3
+        threshold = float(lay.ds.get("stage3_param_persistence_threshold", DS_PERSISTENCE))
+        persistent = sum(s for s in n.small if s < threshold)
+        params = c * ((P - persistent) // W + persistent)
+        gathered = c * min(P - persistent, int(float(lay.ds.get("stage3_max_live_parameters", DS_MAX_LIVE))))
+        grads, optimizer = c * P // W, 12 * P // W
+        if (lay.ds.get("offload_optimizer") or {}).get("device", "none") != "none":
+            grads += F32 * P // W  # the fp32 gradient partition the CPU optimizer steps with
+    optimizer += F32 * n.tensors // (W if lay.kind != "replicated" else 1)  # Adam's step counters
+
+    # Activations and the peak: walk backward from the last block.
+    on_cpu = device == "cpu"
+    act = 2 if precision in ("bf16", "fp16") else F32
+    mask = act if on_cpu else 1
+    full = activation_per_block(cfg, micro_batch, act, mask, device)
+    kept = micro_batch * cfg.block_size * cfg.n_embd * act
+    transient = backward_transient(cfg, micro_batch, act, device)
+    checkpointed = [bool(ckpt_interval) and i % ckpt_interval == 0 for i in range(cfg.n_layer)]
+    per_block = [kept if ck else full for ck in checkpointed]
+
+    # On an accelerator, offloaded states live in host memory, not in the device's.
+    host = 0
+    if lay.offload and device != "cpu":
+        host = optimizer + (params if lay.kind == "zero3" and (lay.ds.get("offload_param") or {}).get(
+            "device", "none") != "none" else 0)
+    resident = params + optimizer - host
+    if lay.kind in ("shard_grad_op", "zero3") or lay.fsdp1_root_gathered:
+        resident += gathered
+    if lay.ddp_bucket:
+        resident += grads
+    if lay.kind == "zero3":
+        resident += grads + c * min(P, int(float(lay.ds.get("reduce_bucket_size", DS_REDUCE_BUCKET))))
+        resident += c * min(P, int(float(lay.ds.get("stage3_prefetch_bucket_size", DS_PREFETCH_BUCKET))))
+    if lay.kind == "zero12":
+        # ZeRO-1/2 reduce gradients through two buckets of reduce_bucket_size elements.
+        transient += 2 * F32 * int(float(lay.ds.get("reduce_bucket_size", DS_REDUCE_BUCKET)))
+    if lay.kind in ("full_shard",):
+        transient += 2 * c * n.per_block  # the unit in backward and the one prefetched
+    grad_bytes = F32 if lay.kind != "zero12" else c
+    peak, where = 0, 0
+    for i in reversed(range(cfg.n_layer)):
+        grads_so_far = 0 if (lay.ddp_bucket or lay.kind in ("zero12", "zero3")) else grad_bytes * (
+            n.head + (cfg.n_layer - 1 - i) * n.per_block + n.per_block // 3) // W
+        # Blocks below i still hold what they kept; block i holds all its activations (kept, or
+        # recomputed if it is checkpointed) while its backward runs.
+        total = resident + grads_so_far + sum(per_block[:i]) + full + transient
+        if total > peak:
+            peak, where = total, i
+    batch = 2 * micro_batch * cfg.block_size * 8  # token ids of inputs and targets
+    activation_at_peak = sum(per_block[:where]) + (0 if checkpointed[where] else full)
+    return Estimate(
+        params=int(params), params_gathered=int(gathered), grads=int(grads), optimizer=int(optimizer),
+        activation_bytes=int(activation_at_peak), total_bytes=int(peak + batch),
+        host_bytes=int(host),
+        terms={"resident_model_states": int(resident), "activation_per_block": int(full),
+               "checkpointed_block_input": int(kept), "backward_transient": int(transient),
+               "peak_in_backward_of_block": where},
+        assumptions=assumptions)
+
+
+def estimate_run(run) -> Estimate:
+    """The estimate for a run record (a row of analysis.load_runs)."""
+    from backends import deepspeed_config, fsdp_config
+
+    types = {"dropout": float, "attention": str}
+    model = GPTConfig(**{k: types.get(k, int)(run[f"config.model.{k}"]) for k in GPTConfig.field_names()})
+    fsdp_path, ds_path = run.get("config.run.fsdp_config"), run.get("config.run.deepspeed_config")
+    options = fsdp_config.load(fsdp_path) if isinstance(fsdp_path, str) else None
+    ds = deepspeed_config.read(ds_path) if isinstance(ds_path, str) else None
+    device = "cuda" if str(run.get("config.environment.device", "cpu")).startswith("cuda") else "cpu"
+    return estimate(model, run["backend"], int(run["world_size"]), int(run["micro_batch"]), run["precision"],
+                    int(run.get("ckpt_interval") or 0), device, options, ds)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m analysis.estimate", description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="\n".join(__doc__.splitlines()[2:5]))
+    p.add_argument("--preset", default="paper", choices=tuple(PRESETS))
+    p.add_argument("--world", type=int, default=1, help="ranks")
+    p.add_argument("--backend", default=None, help="single, ddp, fsdp, fsdp2 (inferred from a config file)")
+    p.add_argument("--config", default=None, help="DeepSpeed JSON (ds_configs/*.json)")
+    p.add_argument("--fsdp_config", default=None, help="FSDP YAML (fsdp_configs/*.yaml)")
+    p.add_argument("--ckpt_interval", type=int, default=0)
+    p.add_argument("--micro_batch", type=int, default=1)
+    p.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp16"))
+    p.add_argument("--attention", default="naive", choices=("naive", "sdpa"))
+    p.add_argument("--dropout", type=float, default=None, help="default: the preset's")
+    p.add_argument("--vocab_size", type=int, default=65)
+    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
+                   help="cuda: dropout masks are bool; cpu: they take the activations' dtype")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    args = p.parse_args(argv)
+    from backends import deepspeed_config, fsdp_config
+
+    try:
+        cfg = preset(args.preset, attention=args.attention, dropout=args.dropout, vocab_size=args.vocab_size)
+        options = fsdp_config.load(args.fsdp_config) if args.fsdp_config else None
+        ds = deepspeed_config.read(args.config) if args.config else None
+        backend = "deepspeed" if ds else (options.backend if options else args.backend or "single")
+        est = estimate(cfg, backend, args.world, args.micro_batch, args.precision, args.ckpt_interval, args.device,
+                       options, ds)
+    except ConfigError as e:
+        print(f"estimate: error: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps({**asdict(est), "model_states_bytes": est.model_states_bytes}, indent=2))
+        return 0
+    gib = 2**30
+    print(f"{args.preset} preset, {backend}, {args.world} rank(s), micro-batch {args.micro_batch}, {args.precision}, "
+          f"checkpoint interval {args.ckpt_interval}, per rank:")
+    for name, value in (("parameters", est.params), ("gathered parameters", est.params_gathered),
+                        ("gradients", est.grads), ("optimizer state", est.optimizer),
+                        ("model states", est.model_states_bytes), ("activations at the peak", est.activation_bytes),
+                        ("peak (total)", est.total_bytes)):
+        print(f"  {name:<26}{value / gib:10.3f} GiB")
+    if est.host_bytes:
+        print(f"  {'of the states, in host memory':<26}{est.host_bytes / gib:10.3f} GiB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""Write a comparison report of the runs under a directory: report.md and its figures.
+
+    python -m analysis.report runs/sweeps/cpu_quick --out reports/cpu_quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from analysis import figures, tables
+from analysis.estimate import estimate_run
+from analysis.runs import load_metrics, load_runs
+
+FIGURES = {
+    "throughput_memory.png": "Throughput, and average and peak memory per rank, per backend configuration",
+    "memory_vs_batch.png": "Peak memory against micro-batch, with and without checkpointing",
+    "throughput_vs_batch.png": "Throughput against micro-batch",
+    "pareto.png": "Peak memory against throughput, and the Pareto frontier",
+    "loss_curves.png": "Loss per step of every run: equal curves, equal training",
+}
+
+
+def with_estimates(runs: pd.DataFrame) -> pd.DataFrame:
+    """`runs` with the memory estimator's numbers for each successful run (estimate.* columns)."""
+    rows = []
+    for _, run in runs.iterrows():
+        try:
+            est = estimate_run(run) if run.get("status") == "ok" else None
+        except (KeyError, ValueError, TypeError) as e:  # a record from another schema: no estimate
+            print(f"no estimate for {run.get('run_name')}: {e}", file=sys.stderr)
+            est = None
+        rows.append({} if est is None else {
+            "estimate.model_states_bytes": est.model_states_bytes,
+            "estimate.activation_bytes": est.activation_bytes,
+            "estimate.total_bytes": est.total_bytes,
+        })
+    return pd.concat([runs.reset_index(drop=True), pd.DataFrame(rows)], axis=1)
+
+
+def memory_limit(runs_dir: Path, runs: pd.DataFrame) -> float | None:
+    """The budget of a largest-batch search, else the CUDA device's memory, else None."""
+    path = runs_dir / "max_batch" / "max_batch.json"
+    if path.exists():
+        budgets = [r["budget_gb"] for r in json.loads(path.read_text()) if r.get("budget_gb")]
+        if budgets:
+            return max(budgets) * 2**30
+    return None
+
+
+def write_report(runs_dir: str | Path, out: str | Path) -> Path:
+    runs_dir, out = Path(runs_dir), Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    runs = with_estimates(load_runs(runs_dir))
+    metrics = load_metrics(runs_dir)
+    if runs.empty:
+        raise SystemExit(f"no run records under {runs_dir}")
+    draw = {
+        "throughput_memory.png": lambda: figures.throughput_and_memory(runs),
+        "memory_vs_batch.png": lambda: figures.memory_vs_batch(runs, memory_limit(runs_dir, runs)),
+        "throughput_vs_batch.png": lambda: figures.throughput_vs_batch(runs),
+        "pareto.png": lambda: figures.pareto(runs),
+        "loss_curves.png": lambda: figures.loss_curves(metrics, runs),
+    }
+    for name, make in draw.items():
+        fig = make()
+        fig.savefig(out / name, dpi=110)
+        plt.close(fig)
+
+    counts = runs["status"].value_counts().to_dict()
+    devices = ", ".join(sorted(set(runs["device_name"].dropna())))
+    lines = [
+        f"# Backend comparison: {runs_dir.name}",
+        "",
+        f"{len(runs)} runs from `{runs_dir}` ({', '.join(f'{n} {s}' for s, n in sorted(counts.items()))}), "
+        f"on {devices or 'unknown device'}. Written {time.strftime('%Y-%m-%d %H:%M')} by `python -m analysis.report`.",
+        "",
+        "Throughput: median over timed steps of global batch / step time (the slowest rank's). Memory: per rank, "
+        "the maximum over ranks; on CUDA the allocator's peak, on CPU the peak of live tensor bytes in the "
+        "profiled step (runs/README.md). The estimate is `python -m analysis.estimate` for the same configuration.",
+        "",
+        "## Runs",
+        "",
+        tables.markdown(tables.main_table(runs)),
+        "## Against DDP (same preset, global batch, precision and ranks)",
+        "",
+        tables.markdown(tables.ddp_ratios(runs)),
+    ]
+    largest = tables.max_batch_table(runs_dir)
+    if not largest.empty:
+        lines += ["## Largest micro-batch", "", tables.markdown(largest)]
+    lines += ["## Runs that did not succeed", "", tables.markdown(tables.failures(runs)), "## Figures", ""]
+    for name, caption in FIGURES.items():
+        lines += [f"### {caption}", "", f"![{caption}]({name})", ""]
+    report = out / "report.md"
+    report.write_text("\n".join(lines))
+    return report
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m analysis.report", description=__doc__.splitlines()[0])
+    parser.add_argument("runs_dir", help="directory of run records (searched recursively)")
+    parser.add_argument("--out", required=True, help="directory for report.md and the figures")
+    args = parser.parse_args(argv)
+    print(write_report(args.runs_dir, args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

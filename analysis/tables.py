@@ -1,0 +1,91 @@
+"""Tables from run records: the main comparison, ratios to DDP, failures, largest batches."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+MIB = 2**20
+# The configuration a run is compared with: same model, batch, precision and ranks.
+GROUP = ["preset", "global_batch", "precision", "world_size"]
+
+
+def ok_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    return runs[runs["status"] == "ok"].copy() if not runs.empty else runs
+
+
+def main_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """One line per successful run: throughput, memory and loss, with the estimate beside it."""
+    ok = ok_runs(runs)
+    if ok.empty:
+        return pd.DataFrame()
+    table = pd.DataFrame({
+        "config": ok["label"],
+        "ckpt": ok["ckpt"],
+        "ranks": ok["world_size"],
+        "micro": ok["micro_batch"],
+        "batch": ok["global_batch"],
+        "samples/s": ok.get("samples_per_s"),
+        "peak MiB": ok.get("mem_peak_bytes") / MIB,
+        "avg MiB": ok.get("mem_avg_bytes") / MIB,
+        "activation MiB": ok.get("mem_breakdown.activation", pd.Series(np.nan, index=ok.index)) / MIB,
+        "model states MiB": ok.get("model_state_bytes.total") / MIB,
+    })
+    if "estimate.total_bytes" in ok:
+        table["estimate MiB"] = ok["estimate.total_bytes"] / MIB
+        table["estimate error"] = ok["estimate.total_bytes"] / ok["mem_peak_bytes"] - 1
+        table["model states est. error"] = ok["estimate.model_states_bytes"] / ok["model_state_bytes.total"] - 1
+    table["final loss"] = ok.get("final_loss")
+    return table.sort_values(["batch", "config", "ckpt"]).reset_index(drop=True)
+
+
+def ddp_ratios(runs: pd.DataFrame) -> pd.DataFrame:
+    """Each run's samples/s and peak memory as ratios to DDP's at the same preset, global batch,
+    precision and world size (DDP without checkpointing where there is one)."""
+    ok = ok_runs(runs)
+    if ok.empty or "ddp" not in set(ok["label"]):
+        return pd.DataFrame()
+    ddp = ok[ok["label"] == "ddp"].sort_values("ckpt_interval").drop_duplicates(GROUP)
+    base = ddp.set_index(GROUP)[["samples_per_s", "mem_peak_bytes"]]
+    joined = ok.merge(base, left_on=GROUP, right_index=True, how="left", suffixes=("", "_ddp"))
+    joined = joined[joined["samples_per_s_ddp"].notna()]
+    return pd.DataFrame({
+        "config": joined["label"],
+        "ckpt": joined["ckpt"],
+        "batch": joined["global_batch"],
+        "ranks": joined["world_size"],
+        "samples/s vs DDP": joined["samples_per_s"] / joined["samples_per_s_ddp"],
+        "peak memory vs DDP": joined["mem_peak_bytes"] / joined["mem_peak_bytes_ddp"],
+    }).sort_values(["batch", "config", "ckpt"]).reset_index(drop=True)
+
+
+def failures(runs: pd.DataFrame) -> pd.DataFrame:
+    if runs.empty:
+        return runs
+    bad = runs[runs["status"] != "ok"]
+    errors = bad["error"].fillna("") if "error" in bad else ""
+    return pd.DataFrame({"run": bad["run_name"], "status": bad["status"], "error": errors})
+
+
+def max_batch_table(runs_dir: str | Path) -> pd.DataFrame:
+    path = Path(runs_dir) / "max_batch" / "max_batch.json"
+    if not path.exists():
+        return pd.DataFrame()
+    rows = json.loads(path.read_text())
+    return pd.DataFrame({
+        "config": [r["config"] for r in rows],
+        "budget GiB": [r["budget_gb"] for r in rows],
+        "largest micro-batch": [r["best_micro_batch"] for r in rows],
+        "samples/s there": [r["samples_per_s"] for r in rows],
+        "peak MiB there": [(r["mem_peak_bytes"] or np.nan) / MIB for r in rows],
+        "probes": [len(r["probes"]) for r in rows],
+    })
+
+
+def markdown(table: pd.DataFrame, floatfmt: str = ".3g") -> str:
+    if table.empty:
+        return "_none_\n"
+    return table.to_markdown(index=False, floatfmt=floatfmt) + "\n"

@@ -1,0 +1,104 @@
+"""The analysis package on real sweep records, plus failed, oom and killed ones."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import nbformat
+import pandas as pd
+import pytest
+from nbclient import NotebookClient
+
+from analysis import figures, load_metrics, load_runs, tables
+from conftest import REPO, base_env
+from training.records import atomic_write_json
+
+pytestmark = pytest.mark.distributed  # the quick sweep is real launches
+
+
+@pytest.fixture(scope="module")
+def mixed(quick_sweep, tmp_path_factory):
+    """The quick sweep's records plus a failed, an oom and a killed (still "running") record."""
+    root = tmp_path_factory.mktemp("mixed")
+    shutil.copytree(quick_sweep, root, dirs_exist_ok=True)
+    for name, status, error in (("broken", "failed", "rank 1: RuntimeError: boom"),
+                                ("too-big", "oom", "rank 0: OutOfMemoryError: CUDA out of memory"),
+                                ("killed", "running", None)):
+        atomic_write_json(root / name / "summary.json", {"schema_version": 1, "run_name": name, "status": status,
+                                                         "backend": "ddp", "world_size": 2, "error": error})
+    return root
+
+
+def test_load_runs_keeps_every_status(mixed):
+    runs = load_runs(mixed)
+    counts = runs["status"].value_counts().to_dict()
+    assert counts == {"ok": 30, "failed": 1, "oom": 1, "running": 1}
+    assert runs.loc[runs["run_name"] == "too-big", "error"].item().startswith("rank 0: OutOfMemoryError")
+    ok = runs[runs["status"] == "ok"]
+    # Summary and config flattened into columns.
+    assert ok["config.run.micro_batch"].eq(ok["micro_batch"]).all() and "mem_breakdown.activation" in runs
+    assert {"single", "ddp", "fsdp.full_shard", "fsdp2.fsdp2", "deepspeed.z3"} <= set(runs["label"])
+
+
+def test_ddp_ratios(mixed):
+    ratios = tables.ddp_ratios(load_runs(mixed))
+    ddp = ratios[(ratios["config"] == "ddp") & (ratios["ckpt"] == "none")]
+    assert ddp["samples/s vs DDP"].tolist() == [1.0] and ddp["peak memory vs DDP"].tolist() == [1.0]
+    assert set(ratios["config"]) >= {"fsdp.full_shard", "deepspeed.z2"}  # single (1 rank) has no DDP twin
+    assert "single" not in set(ratios["config"])
+
+
+def test_pareto_points_are_not_dominated(mixed):
+    runs = tables.ok_runs(load_runs(mixed))
+    front = figures.pareto_points(runs)
+    for _, p in front.iterrows():
+        dominated = runs[(runs["mem_peak_bytes"] <= p["mem_peak_bytes"]) & (runs["samples_per_s"] > p["samples_per_s"])]
+        assert dominated.empty
+
+
+def _is_png(path):
+    return path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
+
+
+def test_report_writes_markdown_and_every_figure(mixed, tmp_path):
+    out = tmp_path / "report"
+    proc = subprocess.run([sys.executable, "-m", "analysis.report", str(mixed), "--out", str(out)], cwd=REPO,
+                          env=base_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    report = (out / "report.md").read_text()
+    for section in ("## Runs", "## Against DDP", "## Runs that did not succeed", "## Figures"):
+        assert section in report
+    assert "rank 1: RuntimeError: boom" in report and "estimate MiB" in report
+    pngs = sorted(out.glob("*.png"))
+    assert len(pngs) == 5 and all(_is_png(p) for p in pngs)
+    for png in pngs:
+        assert f"]({png.name})" in report
+
+
+@pytest.mark.parametrize("draw", ["throughput_and_memory", "memory_vs_batch", "throughput_vs_batch", "pareto",
+                                  "loss_curves"])
+def test_every_figure_renders_to_a_png(mixed, tmp_path, draw):
+    runs = load_runs(mixed)
+    fig = (figures.loss_curves(load_metrics(mixed), runs) if draw == "loss_curves"
+           else getattr(figures, draw)(runs))
+    fig.savefig(tmp_path / "f.png")
+    assert _is_png(tmp_path / "f.png")
+    # Nothing to show still gives a (labelled) figure rather than an error.
+    empty = pd.DataFrame(columns=runs.columns)
+    (figures.loss_curves(pd.DataFrame(), empty) if draw == "loss_curves" else getattr(figures, draw)(empty)).savefig(
+        tmp_path / "e.png")
+    assert _is_png(tmp_path / "e.png")
+
+
+def test_notebook_executes(mixed):
+    nb = nbformat.read(REPO / "analysis" / "compare.ipynb", as_version=4)
+    os.environ["GPTLITE_RUNS_DIR"] = str(mixed)
+    try:
+        NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(REPO)}}).execute()
+    finally:
+        del os.environ["GPTLITE_RUNS_DIR"]
+    outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
+    assert not [o for o in outputs if o.get("output_type") == "error"]
+    assert sum("image/png" in o.get("data", {}) for o in outputs) >= 5

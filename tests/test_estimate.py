@@ -1,0 +1,75 @@
+"""The memory estimator: its activation formula against autograd, and its totals against runs."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from analysis import load_runs
+from analysis.estimate import Counts, activation_per_block, estimate, estimate_run
+from conftest import REPO, base_env
+from gptlite.model import Block, preset
+
+
+@pytest.mark.parametrize("attention", ["naive", "sdpa"])
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_activation_formula_is_what_autograd_saves_for_a_block(attention, dropout):
+    cfg = preset("tiny", dropout=dropout, attention=attention, vocab_size=65)
+    block = Block(cfg).train()
+    params = {p.untyped_storage().data_ptr() for p in block.parameters()}
+    saved = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    x = torch.randn(6, cfg.block_size, cfg.n_embd, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        block(x)
+    assert activation_per_block(cfg, 6, act_bytes=4, mask_bytes=4, device="cpu") == sum(saved.values())
+
+
+def test_counts_are_the_models():
+    counts = Counts.of(preset("paper", vocab_size=65))
+    assert counts.total == 86_701_056
+    assert counts.root + 12 * counts.per_block == counts.total
+
+
+def test_cli_prints_json_with_every_part():
+    proc = subprocess.run([sys.executable, "-m", "analysis.estimate", "--preset", "paper", "--world", "8",
+                           "--config", "ds_configs/z3.json", "--micro_batch", "2", "--precision", "bf16", "--json"],
+                          cwd=REPO, env=base_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["total_bytes"] > out["model_states_bytes"] > 0 and out["activation_bytes"] > 0
+    assert out["model_states_bytes"] == out["params"] + out["params_gathered"] + out["grads"] + out["optimizer"]
+
+
+def test_sharding_and_checkpointing_move_the_estimate_the_right_way():
+    cfg = preset("small", vocab_size=65)
+    ddp = estimate(cfg, "ddp", world=4, micro_batch=4)
+    z3 = estimate(cfg, "deepspeed", world=4, micro_batch=4, ds_config={"zero_optimization": {
+        "stage": 3, "stage3_param_persistence_threshold": 0, "stage3_max_live_parameters": 0}})
+    assert z3.params == ddp.params // 4  # nothing persists whole: every parameter is sharded
+    assert z3.optimizer < ddp.optimizer / 2  # fp32 master and Adam state, a quarter each: 12 P / 4 < 8 P / 2
+    assert estimate(cfg, "ddp", world=4, micro_batch=4, ckpt_interval=1).activation_bytes < ddp.activation_bytes / 5
+
+
+@pytest.mark.distributed
+def test_estimate_against_every_backend_of_the_quick_matrix(quick_sweep):
+    runs = load_runs(quick_sweep)
+    ok = runs[runs["status"] == "ok"]
+    assert len(ok) == len(runs) == 30, runs[runs["status"] != "ok"][["run_name", "error"]]
+    errors = []
+    for _, run in ok.iterrows():
+        est = estimate_run(run)
+        measured_states = sum(run[f"model_state_bytes.{k}"] for k in ("params", "params_gathered", "grads", "optimizer"))
+        states_error = est.model_states_bytes / measured_states - 1
+        peak_error = est.total_bytes / run["mem_peak_bytes"] - 1
+        errors.append((run["run_name"], states_error, peak_error))
+    bad = [e for e in errors if abs(e[1]) > 0.05 or abs(e[2]) > 0.15]
+    assert not bad, "\n".join(f"{n}: model states {s:+.1%}, peak {p:+.1%}" for n, s, p in bad)

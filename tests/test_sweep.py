@@ -1,0 +1,94 @@
+"""sweep.py: specs, the runner (real launches), failures, timeouts, reruns."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from conftest import REPO, base_env
+from training.sweep import expand, load_spec
+
+SWEEP = REPO / "sweep.py"
+
+
+def _spec(tmp_path, **spec) -> str:
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump({"name": "t", "runs_dir": str(tmp_path / "runs"), **spec}))
+    return str(path)
+
+
+def _sweep(*args, timeout=900):
+    return subprocess.run([sys.executable, str(SWEEP), *args], cwd=REPO, env=base_env(), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({"matrix": {"backend": ["ddp"], "micro_btch": [2]}}, "unknown key 'matrix.micro_btch'"),
+    ({"matrix": {"backend": ["fsdp_configs/nope.yaml"]}}, "neither a backend"),
+    ({"matrix": {"backend": ["ddp"], "precision": ["fp8"]}}, "matrix.precision values must be among"),
+    ({"matrix": {"backend": []}}, "matrix.backend must list at least one value"),
+    ({"matrix": {"backend": ["ddp"]}, "train_args": {"steps": 3}}, "'steps' is set by the sweep"),
+    ({"matrix": {"backend": ["ddp"]}, "train_args": {"learning_rate": 3}}, "unknown train.py flag 'learning_rate'"),
+    ({"matrix": {"backend": ["deepspeed"]}}, "deepspeed needs a config file"),
+])
+def test_bad_specs_fail_in_one_line(tmp_path, spec, message):
+    proc = _sweep(_spec(tmp_path, **spec))
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_expansion_rules(tmp_path):
+    spec = load_spec(_spec(tmp_path, matrix={
+        "backend": ["single", "ddp", "fsdp_configs/full_shard.yaml", "ds_configs/z3.json"],
+        "ckpt_interval": [0, 2], "ckpt_impl": ["torch_reentrant", "deepspeed"], "world_size": [2]}))
+    runs, skipped = expand(spec)
+    names = {r.name for r in runs}
+    # single runs in one process; ckpt_impl only matters with checkpointing; deepspeed's impls
+    # only under DeepSpeed.
+    assert "single-w1-tiny-mb8-fp32-ckpt0" in names and not any(n.startswith("single-w2") for n in names)
+    assert sum(n.endswith("ckpt0") for n in names) == 4
+    assert "deepspeed.z3-w2-tiny-mb8-fp32-ckpt2-deepspeed" in names
+    assert not any(n.startswith("ddp") and n.endswith("-deepspeed") for n in names)
+    assert len(runs) == 4 + 4 + 1 and len(skipped) == 3
+    command = next(r for r in runs if r.backend == "deepspeed").command(spec.directory)
+    assert command[0].endswith("deepspeed") and "--num_gpus" in command and "--master_port" in command
+
+
+@pytest.mark.distributed
+def test_a_sweep_records_a_failure_goes_on_and_a_rerun_skips_what_is_done(tmp_path):
+    spec = _spec(tmp_path, steps=3, matrix={"backend": ["single", "ddp", "fsdp_configs/full_shard.yaml"],
+                                            "micro_batch": [2], "world_size": [2]},
+                 train_args={"warmup_steps": 1, "mem_profile_steps": 0, "eval_batches": 1},
+                 env={"GPTLITE_FAULT": "kind=error,step=1,rank=1,backend=ddp"})
+    first = _sweep(spec)
+    assert first.returncode == 0, first.stderr
+    runs = tmp_path / "runs"
+    summaries = {p.parent.name: json.loads(p.read_text()) for p in runs.glob("*/summary.json")}
+    assert {name: s["status"] for name, s in summaries.items()} == {
+        "single-w1-tiny-mb2-fp32-ckpt0": "ok", "ddp-w2-tiny-mb2-fp32-ckpt0": "failed",
+        "fsdp.full_shard-w2-tiny-mb2-fp32-ckpt0": "ok"}
+    assert "injected fault" in summaries["ddp-w2-tiny-mb2-fp32-ckpt0"]["error"]
+    assert "1 failed, 2 ok" in first.stdout
+    assert (runs / ".logs" / "ddp-w2-tiny-mb2-fp32-ckpt0.log").stat().st_size > 0
+
+    before = {p: p.stat().st_mtime_ns for p in runs.glob("*/summary.json")}
+    again = _sweep(spec)
+    assert again.stdout.count("(already done)") == 3
+    assert before == {p: p.stat().st_mtime_ns for p in runs.glob("*/summary.json")}
+
+    retried = _sweep(spec, "--retry_failed")
+    assert retried.stdout.count("(already done)") == 2 and "ddp-w2-tiny-mb2-fp32-ckpt0: failed" in retried.stdout
+
+
+@pytest.mark.distributed
+def test_a_run_past_its_timeout_is_killed_and_recorded(tmp_path):
+    spec = _spec(tmp_path, steps=3, timeout_s=30, matrix={"backend": ["ddp"], "micro_batch": [2], "world_size": [2]},
+                 train_args={"mem_profile_steps": 0}, env={"GPTLITE_FAULT": "kind=hang,step=1"})
+    proc = _sweep(spec, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((tmp_path / "runs" / "ddp-w2-tiny-mb2-fp32-ckpt0" / "summary.json").read_text())
+    assert summary["status"] == "timeout" and "timed out after 30 s" in summary["error"]
+    leftovers = subprocess.run(["pgrep", "-f", str(tmp_path / "runs")], capture_output=True, text=True)
+    assert leftovers.stdout.strip() == ""  # the launcher and both ranks are gone
