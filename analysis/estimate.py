@@ -34,13 +34,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from dataclasses import asdict, dataclass, field
 
 import torch
 
-from gptlite.model import PRESETS, Block, ConfigError, GPTConfig, GPTLite, preset
+from gptlite.model import PRESETS, ConfigError, GPTConfig, GPTLite, preset
 
 F32 = 4
 # DeepSpeed's defaults, when a config does not set them.

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import matplotlib
+# No backend is chosen here: the report CLI picks Agg (files only), a notebook keeps its inline one.
+import matplotlib.pyplot as plt
+import pandas as pd
+import seaborn as sns
 
-matplotlib.use("Agg")  # files only; no display needed
-
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-import seaborn as sns  # noqa: E402
-
-from analysis.tables import MIB, ok_runs  # noqa: E402
+from analysis.tables import MIB, ok_runs
 
 sns.set_theme(style="whitegrid", context="notebook")
 

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import matplotlib
 import matplotlib.pyplot as plt
 import pandas as pd
 
@@ -108,6 +109,7 @@ def main(argv=None) -> int:
     parser.add_argument("runs_dir", help="directory of run records (searched recursively)")
     parser.add_argument("--out", required=True, help="directory for report.md and the figures")
     args = parser.parse_args(argv)
+    matplotlib.use("Agg")  # the report only writes files (a notebook importing this module keeps its backend)
     print(write_report(args.runs_dir, args.out))
     return 0
 

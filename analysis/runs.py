@@ -28,12 +28,25 @@ def config_label(backend: str, fsdp_config: str | None = None, deepspeed_config:
     return f"{backend}.{Path(path).stem}" if isinstance(path, str) and path else backend
 
 
+def ckpt_label(row: dict) -> str:
+    """"none", "every 2 (torch_nonreentrant)", "every 1 (torch_nonreentrant, torch offload)",
+    "every 1 (torch_nonreentrant, prefetch offload H=2)"."""
+    interval, impl = row.get("ckpt_interval") or 0, row.get("config.run.ckpt_impl")
+    if not interval:
+        return "none"
+    if row.get("config.run.offload_activations"):
+        impl = f"{impl}, prefetch offload H={row.get('config.run.activation_loading_horizon')}"
+    elif row.get("config.run.ckpt_offload"):
+        impl = f"{impl}, torch offload"
+    return f"every {interval} ({impl})"
+
+
 def load_runs(path: str | Path) -> pd.DataFrame:
     """One row per run: the summary's fields, then the config's flattened under `config.`.
 
     Failed, out-of-memory, timed-out and still-running (or killed) runs are included with their
     status. Derived columns: `label` (the backend configuration's short name, see config_label)
-    and `ckpt` ("none", or "every k (impl)").
+    and `ckpt` ("none", or "every k (impl)", plus the activation offload if any).
     """
     rows = []
     for run_dir in run_dirs(path):
@@ -44,8 +57,7 @@ def load_runs(path: str | Path) -> pd.DataFrame:
             _flatten("config", json.loads(config_path.read_text()), row)
         row["label"] = config_label(row.get("backend", "?"), row.get("config.run.fsdp_config"),
                                     row.get("config.run.deepspeed_config"))
-        interval, impl = row.get("ckpt_interval") or 0, row.get("config.run.ckpt_impl")
-        row["ckpt"] = f"every {interval} ({impl})" if interval else "none"
+        row["ckpt"] = ckpt_label(row)
         rows.append(row)
     return pd.DataFrame(rows)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from backends.accelerate import AccelerateBackend
 from backends.base import Backend
 from backends.ddp import DDPBackend
 from backends.deepspeed import DeepSpeedBackend
@@ -10,7 +11,8 @@ from backends.fsdp2 import FSDP2Backend
 from backends.single import SingleBackend
 
 BACKENDS: dict[str, type[Backend]] = {
-    cls.name: cls for cls in (SingleBackend, DDPBackend, FSDPBackend, FSDP2Backend, DeepSpeedBackend)
+    cls.name: cls
+    for cls in (SingleBackend, DDPBackend, FSDPBackend, FSDP2Backend, DeepSpeedBackend, AccelerateBackend)
 }
 
 

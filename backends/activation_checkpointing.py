@@ -44,19 +44,25 @@ def torch_wrapper(impl: str, offload: bool):
 
 
 def apply_ac(model: nn.Module, blocks: Sequence[nn.Module], interval: int, impl: str, offload: bool,
-             wrapper=None) -> dict:
+             wrapper=None, offloader=None) -> dict:
     """Checkpoint blocks[i] for i % interval == 0, wherever they sit inside `model`.
 
     `blocks` are the model's Block modules as they were before the backend wrapped the model
-    (wrappers keep the same module objects inside). Returns what was done, for the run record.
+    (wrappers keep the same module objects inside). With an `offloader`
+    (backends/activation_offload.py) each checkpointed block's saved inputs go through it.
+    Returns what was done, for the run record.
     """
     indices = checkpointed_indices(len(blocks), interval)
     if not indices:
-        return {"interval": 0, "impl": None, "offload": False, "blocks": []}
-    chosen = {id(blocks[i]) for i in indices}
-    apply_activation_checkpointing(
-        model,
-        checkpoint_wrapper_fn=wrapper or torch_wrapper(impl, offload),
-        check_fn=lambda module: id(module) in chosen,
-    )
-    return {"interval": interval, "impl": impl, "offload": offload, "blocks": indices}
+        return {"interval": 0, "impl": None, "offload": False, "prefetch_offload": None, "blocks": []}
+    index_of = {id(blocks[i]): i for i in indices}
+    checkpoint = wrapper or torch_wrapper(impl, offload)
+    if offloader is not None:
+        inner = checkpoint
+
+        def checkpoint(module):
+            return offloader.wrap(inner(module), index_of[id(module)])
+
+    apply_activation_checkpointing(model, checkpoint_wrapper_fn=checkpoint, check_fn=lambda m: id(m) in index_of)
+    return {"interval": interval, "impl": impl, "offload": offload,
+            "prefetch_offload": offloader.describe() if offloader is not None else None, "blocks": indices}

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from pathlib import Path
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, ClassVar
 
@@ -56,6 +57,9 @@ class Backend(ABC):
     summary: ClassVar[str]  # one line for --help
     # Whether the backend needs a torch.distributed process group (even for a world of one).
     needs_process_group: ClassVar[bool] = True
+    # How save_checkpoint writes: "torch" (state dicts), "dcp" (torch.distributed.checkpoint) or
+    # "deepspeed" (the engine's own); training/export.py reads each back into one state dict.
+    checkpoint_format: ClassVar[str] = "torch"
 
     def __init__(self, cfg: RunConfig, env: DistEnv):
         self.cfg = cfg
@@ -140,6 +144,17 @@ class Backend(ABC):
             if device == "cpu" and self.env.device.type != "cpu":
                 out["offloaded"] += size
         return out
+
+    @abstractmethod
+    def save_checkpoint(self, directory: Path) -> None:
+        """Write model, optimizer, LR schedule (and loss scaler) state under `directory`.
+
+        Collective: every rank calls it. The loop saves the step and the RNG states itself.
+        """
+
+    @abstractmethod
+    def load_checkpoint(self, directory: Path) -> None:
+        """Restore what save_checkpoint wrote (after setup, before the first step)."""
 
     def eval_mode(self) -> contextlib.AbstractContextManager:
         """Context for evaluation: no grad, dropout off, training mode restored after."""

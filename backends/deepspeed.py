@@ -13,12 +13,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.nn as nn
 
 from backends import deepspeed_config
 from backends.activation_checkpointing import apply_ac
+from backends.activation_offload import make_offloader
 from backends.base import Backend
 from backends.deepspeed_support import deepspeed_wrapper, import_deepspeed, model_state_estimate
 from training.dist import ensure_rendezvous_env
@@ -28,6 +30,8 @@ from training.memory import storage_roles
 class DeepSpeedBackend(Backend):
     name = "deepspeed"
     summary = "DeepSpeed ZeRO 0-3, ZeRO-Offload, ZeRO-Infinity (CPU/NVMe), ZeRO++ (--deepspeed_config)"
+    checkpoint_format = "deepspeed"
+    CHECKPOINT_TAG = "ckpt"
 
     @classmethod
     def resolve(cls, cfg, env):
@@ -54,8 +58,9 @@ class DeepSpeedBackend(Backend):
         else:
             wrapper = None
         # Before initialize: ZeRO-3 partitions the parameters, the wrappers only move modules.
+        self.offloader = make_offloader(cfg, self.env.device, model)
         self.activation_checkpointing = apply_ac(model, blocks, cfg.ckpt_interval, cfg.ckpt_impl, cfg.ckpt_offload,
-                                                 wrapper=wrapper)
+                                                 wrapper=wrapper, offloader=self.offloader)
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=model, model_parameters=[p for p in model.parameters() if p.requires_grad], config=plan.config)
         self.model = self.engine
@@ -151,6 +156,17 @@ class DeepSpeedBackend(Backend):
                 plan.stage, n_params, self.largest_layer_params, self.env.world_size, self.env.local_world_size,
                 plan.offload_optimizer, plan.offload_param),
         }
+
+    def save_checkpoint(self, directory: Path) -> None:
+        # The engine's own format: module, ZeRO partitions (optimizer state, fp32 master weights)
+        # and LR scheduler; deepspeed.utils.zero_to_fp32 consolidates it (training/export.py).
+        self.engine.save_checkpoint(str(directory), tag=self.CHECKPOINT_TAG)
+
+    def load_checkpoint(self, directory: Path) -> None:
+        path, _ = self.engine.load_checkpoint(str(directory), tag=self.CHECKPOINT_TAG, load_optimizer_states=True,
+                                              load_lr_scheduler_states=True)
+        if path is None:
+            raise FileNotFoundError(f"no DeepSpeed checkpoint in {directory}")
 
     def teardown(self) -> None:
         if getattr(self, "engine", None) is not None:

@@ -106,17 +106,57 @@ def _validate_with_deepspeed(where: str, config: dict) -> None:
     try:
         DeepSpeedConfig(probe)
     except Exception as e:  # noqa: BLE001 - pydantic, assertions, ValueError: all mean a bad config
-        raise ConfigError(f"{where}: DeepSpeed rejects it: {_one_line(e)}") from None
+        unknown = _unknown_field(e, config)
+        if unknown:
+            path, allowed = unknown
+            close = difflib.get_close_matches(path[-1], allowed, n=1)
+            hint = f"did you mean '{close[0]}'?" if close else f"allowed: {', '.join(allowed)}"
+            raise ConfigError(f"{where}: unknown key '{'.'.join(path)}' ({hint})") from None
+        raise ConfigError(f"{where}: DeepSpeed rejects it: {_one_line(e, config)}") from None
 
 
-def _one_line(error: Exception) -> str:
+def _unknown_field(error: Exception, config: dict) -> tuple[list[str], list[str]] | None:
+    """(path of the key, the keys its section allows) when pydantic refused an unknown key."""
     errors = getattr(error, "errors", None)
-    if callable(errors):  # pydantic ValidationError
+    if not callable(errors) or errors()[0].get("type") != "extra_forbidden":
+        return None
+    from deepspeed.runtime.config_utils import DeepSpeedConfigModel
+
+    loc = [str(part) for part in errors()[0].get("loc", ())]
+    path = _path_of(config, loc) if loc else None
+    models, found = [DeepSpeedConfigModel], None
+    while models and found is None:  # the section's model, by the name pydantic gives it
+        model = models.pop()
+        found = model if model.__name__ == getattr(error, "title", None) else None
+        models.extend(model.__subclasses__())
+    if path is None or found is None:
+        return None
+    return path, sorted(found.model_fields)
+
+
+def _one_line(error: Exception, config: dict) -> str:
+    errors = getattr(error, "errors", None)
+    if callable(errors):  # pydantic ValidationError: name the field by its path in the file
         first = error.errors()[0]
-        model = getattr(error, "title", "")
-        location = ".".join(str(part) for part in first.get("loc", ()))
-        return f"{model} {location}: {first.get('msg')}".strip()
+        loc = [str(part) for part in first.get("loc", ())]
+        path = _path_of(config, loc) if loc else None
+        location = ".".join(path) if path else f"{getattr(error, 'title', '')} {'.'.join(loc)}".strip()
+        return f"{location}: {first.get('msg')}"
     return " ".join(str(error).split()) or type(error).__name__
+
+
+def _path_of(config: dict, loc: list[str]) -> list[str] | None:
+    """Where in the config file pydantic's location (relative to one section) is: the section's keys
+    prepended (DeepSpeed validates each section with its own model, so the error omits them)."""
+    if not isinstance(config, dict):
+        return None
+    if loc[0] in config:
+        return loc
+    for key, value in config.items():
+        inner = _path_of(value, loc)
+        if inner:
+            return [key, *inner]
+    return None
 
 
 def resolve_batch(config: dict, micro: int | None, accum: int | None, world: int, where: str) -> tuple[int, int, int]:

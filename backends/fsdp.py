@@ -24,6 +24,7 @@ from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 from backends import fsdp_config
+from backends.dcp_checkpoint import DCPCheckpointMixin
 from backends.torch_backend import TorchBackend
 from gptlite.model import Block, ConfigError
 
@@ -31,7 +32,7 @@ from gptlite.model import Block, ConfigError
 warnings.filterwarnings("ignore", message=".*NO_SHARD.*deprecated", category=FutureWarning)
 
 
-class FSDPBackend(TorchBackend):
+class FSDPBackend(DCPCheckpointMixin, TorchBackend):
     name = "fsdp"
     summary = "torch FullyShardedDataParallel: FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD (--fsdp_config)"
 

@@ -15,10 +15,11 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
 from backends import fsdp_config
+from backends.dcp_checkpoint import DCPCheckpointMixin
 from backends.torch_backend import TorchBackend
 
 
-class FSDP2Backend(TorchBackend):
+class FSDP2Backend(DCPCheckpointMixin, TorchBackend):
     name = "fsdp2"
     summary = "torch fully_shard (FSDP2) per block and root; reshard_after_forward true/false (--fsdp_config)"
 

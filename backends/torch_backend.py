@@ -8,10 +8,13 @@ synchronisation on non-final micro-steps (`micro_step`).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 import torch.nn as nn
 
 from backends.activation_checkpointing import DEEPSPEED_IMPLS, TORCH_IMPLS, apply_ac
+from backends.activation_offload import make_offloader
 from backends.base import ADAM_BETAS, ADAM_EPS, WEIGHT_DECAY, Backend, local_tensor, warmup_factor
 from gptlite.model import ConfigError
 
@@ -28,10 +31,12 @@ class TorchBackend(Backend):
 
     def setup(self, model: nn.Module) -> None:
         blocks = list(model.blocks)
+        self.offloader = make_offloader(self.cfg, self.env.device, model)
         self.model = self.wrap(model.to(self.env.device))
         # After wrapping, as the FSDP tutorial does; see backends/activation_checkpointing.py.
         self.activation_checkpointing = apply_ac(
-            self.model, blocks, self.cfg.ckpt_interval, self.cfg.ckpt_impl, self.cfg.ckpt_offload)
+            self.model, blocks, self.cfg.ckpt_interval, self.cfg.ckpt_impl, self.cfg.ckpt_offload,
+            offloader=self.offloader)
         self.optimizer = self.build_optimizer(self.model.parameters())
         warmup = self.cfg.lr_warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: warmup_factor(s, warmup))
@@ -86,6 +91,25 @@ class TorchBackend(Backend):
     def extra_parameter_storage(self) -> list[torch.Tensor]:
         """Parameter storage that model.parameters() does not reach (a wrapper's own shards)."""
         return []
+
+    def unwrapped(self) -> nn.Module:
+        """The model without the data-parallel wrapper (checkpoint wrappers strip their own
+        prefixes from state dicts)."""
+        return getattr(self.model, "module", self.model)
+
+    def save_checkpoint(self, directory: Path) -> None:
+        if self.env.is_main:  # every rank holds the same state: one copy
+            directory.mkdir(parents=True, exist_ok=True)
+            torch.save({"model": self.unwrapped().state_dict(), "optimizer": self.optimizer.state_dict(),
+                        "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict()},
+                       directory / "state.pt")
+
+    def load_checkpoint(self, directory: Path) -> None:
+        state = torch.load(directory / "state.pt", map_location=self.env.device)
+        self.unwrapped().load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.scaler.load_state_dict(state["scaler"])
 
     def teardown(self) -> None:
         self.model = self.optimizer = self.scheduler = self.scaler = None

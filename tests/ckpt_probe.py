@@ -4,7 +4,9 @@ activation-checkpointing settings, in one launch (python or torchrun).
     python -m torch.distributed.run --nproc_per_node 2 tests/ckpt_probe.py OUT_DIR BACKEND [CONFIG_FILE] \\
         --case 0:torch_nonreentrant:0 --case 1:torch_reentrant:0 ...
 
-Each case is interval:impl:offload. For every case the real backend is set up on a fresh model
+Each case is interval:impl:offload, offload being 0 (none), 1 (torch's, --ckpt_offload) or pH
+(--offload_activations with horizon H; the offloader's schedule of the first step is recorded).
+For every case the real backend is set up on a fresh model
 (same seed) and trained for a few steps through training.loop.accumulate_gradients; each rank
 writes OUT_DIR/rank<k>.pt with, per case, the losses, this rank's local gradients after the first
 backward (by parameter name, wrapper prefixes removed) and the printed model.
@@ -37,9 +39,15 @@ def clean_name(name: str) -> str:
     return ".".join(part for part in name.split(".") if part + "." not in WRAPPER_PREFIXES)
 
 
-def run_case(base: dict, interval: int, impl: str, offload: bool, env: DistEnv, data: CharDataset,
+def offload_fields(offload: str) -> dict:
+    if offload.startswith("p"):
+        return {"offload_activations": True, "activation_loading_horizon": int(offload[1:])}
+    return {"ckpt_offload": offload == "1"}
+
+
+def run_case(base: dict, interval: int, impl: str, offload: str, env: DistEnv, data: CharDataset,
              freeze_embeddings: bool) -> dict:
-    cfg = RunConfig(**base, ckpt_interval=interval, ckpt_impl=impl, ckpt_offload=offload)
+    cfg = RunConfig(**base, ckpt_interval=interval, ckpt_impl=impl, **offload_fields(offload))
     backend_cls = get_backend(cfg.backend)
     cfg = backend_cls.resolve(cfg, env)
     backend = backend_cls(cfg, env)
@@ -48,6 +56,10 @@ def run_case(base: dict, interval: int, impl: str, offload: bool, env: DistEnv, 
         for p in (*model.token_embedding.parameters(), *model.position_embedding.parameters()):
             p.requires_grad_(False)
     backend.setup(model)
+    offloader = getattr(backend, "offloader", None)
+    if offloader is not None:
+        offloader.record = True
+    schedule = None
     layout = BatchLayout(cfg.micro_batch, cfg.grad_accum, env.world_size, env.rank)
     losses, grads = [], None
     for step in range(STEPS):
@@ -61,11 +73,15 @@ def run_case(base: dict, interval: int, impl: str, offload: bool, env: DistEnv, 
             if not grads:
                 grads = {f"gradient buffer {i}": g.detach().clone()
                          for i, g in enumerate(backend.state_tensors()["gradient"])}
+            if offloader is not None:  # what the offloader did in the first step's (last) backward
+                schedule = {"events": [(e.kind, e.block, e.during, e.saved_id) for e in offloader.events],
+                            "left": sum(len(v) for v in offloader.saved.values()),
+                            "checkpointed": list(offloader.checkpointed), "horizon": offloader.horizon}
         backend.step()
         losses.append(sum(r[0] for r in gather_floats([loss.item()], env.device)) / env.world_size)
     wrappers = collections.Counter(type(m).__name__ for m in backend.model.modules())
     result = {"losses": losses, "grads": grads, "model": str(backend.model), "modules": dict(wrappers),
-              "record": backend.describe()["activation_checkpointing"]}
+              "record": backend.describe()["activation_checkpointing"], "schedule": schedule}
     backend.teardown()
     return result
 
@@ -75,16 +91,18 @@ def main() -> None:
     parser.add_argument("out_dir")
     parser.add_argument("backend")
     parser.add_argument("config", nargs="?", help="--fsdp_config or --deepspeed_config file")
-    parser.add_argument("--case", action="append", required=True, help="interval:impl:offload(0/1)")
+    parser.add_argument("--case", action="append", required=True, help="interval:impl:offload (0, 1 or pH)")
     parser.add_argument("--micro_batch", type=int, default=4)
+    parser.add_argument("--grad_accum", type=int, default=1)
+    parser.add_argument("--local_rank", type=int, help="passed by the deepspeed launcher (LOCAL_RANK is used)")
     parser.add_argument("--freeze_embeddings", action="store_true",
                         help="embeddings without gradients: block 0's input then needs none")
     args = parser.parse_args()
 
     env = DistEnv.from_environment("cpu")
     config_flag = "deepspeed_config" if args.backend == "deepspeed" else "fsdp_config"
-    base = dict(backend=args.backend, preset="tiny", dropout=0.0, micro_batch=args.micro_batch, lr_warmup_steps=0,
-                seed=7, **({config_flag: args.config} if args.config else {}))
+    base = dict(backend=args.backend, preset="tiny", dropout=0.0, micro_batch=args.micro_batch,
+                grad_accum=args.grad_accum, lr_warmup_steps=0, seed=7, **({config_flag: args.config} if args.config else {}))
     backend_cls = get_backend(args.backend)
     if backend_cls.needs_process_group:
         backend_cls.init_distributed(env, timeout_s=120)
@@ -92,7 +110,7 @@ def main() -> None:
     results = {}
     for case in args.case:
         interval, impl, offload = case.split(":")
-        results[case] = run_case(base, int(interval), impl, offload == "1", env, data, args.freeze_embeddings)
+        results[case] = run_case(base, int(interval), impl, offload, env, data, args.freeze_embeddings)
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     torch.save(results, out / f"rank{env.rank}.pt")

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -49,6 +51,31 @@ class Run:
         return self
 
 
+def process_tree(root: int) -> list[int]:
+    """`root` and every process descended from it. Launchers do not keep their ranks in their own
+    process group (torchrun starts each rank in a session of its own), so killpg misses them."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo.extend(children.get(pid, ()))
+    return tree
+
+
+def kill_tree(root: int, sig: int = signal.SIGKILL) -> None:
+    """Send `sig` to a launcher and all its ranks at once."""
+    for pid in process_tree(root):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
 def base_env() -> dict:
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
@@ -84,6 +111,13 @@ def train(runs_dir: Path, name: str, *args: str, launcher: str = "python", nproc
 # Small, fast and exact: no dropout, fp32, a learning rate that moves the weights from step 0.
 PARITY_ARGS = ("--preset", "tiny", "--dropout", "0", "--precision", "fp32", "--lr_warmup_steps", "0",
                "--mem_profile_steps", "0", "--warmup_steps", "0", "--eval_batches", "1")
+
+
+def assert_losses_close(actual: list[float], expected: list[float], steps: int, rtol: float) -> None:
+    """Per-step losses of two runs agree within a relative tolerance, over all `steps` steps."""
+    assert len(actual) == len(expected) == steps
+    worst = max(abs(a - e) / abs(e) for a, e in zip(actual, expected))
+    assert worst <= rtol, f"max relative deviation {worst:.2e} > {rtol:g}\n{actual}\n{expected}"
 
 
 @pytest.fixture

@@ -1,8 +1,6 @@
 """Activation checkpointing every k-th block under single, ddp, fsdp and fsdp2."""
 
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch

@@ -1,6 +1,5 @@
 """The analysis package on real sweep records, plus failed, oom and killed ones."""
 
-import json
 import os
 import shutil
 import subprocess
@@ -102,3 +101,15 @@ def test_notebook_executes(mixed):
     outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
     assert not [o for o in outputs if o.get("output_type") == "error"]
     assert sum("image/png" in o.get("data", {}) for o in outputs) >= 5
+
+
+def test_checkpointing_label_names_the_activation_offload():
+    from analysis.runs import ckpt_label
+
+    base = {"ckpt_interval": 1, "config.run.ckpt_impl": "torch_nonreentrant"}
+    assert ckpt_label({"ckpt_interval": 0}) == "none"
+    assert ckpt_label(base) == "every 1 (torch_nonreentrant)"
+    assert ckpt_label({**base, "config.run.ckpt_offload": True}) == "every 1 (torch_nonreentrant, torch offload)"
+    assert ckpt_label({**base, "config.run.offload_activations": True,
+                       "config.run.activation_loading_horizon": 4}) == (
+        "every 1 (torch_nonreentrant, prefetch offload H=4)")

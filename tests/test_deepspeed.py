@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from backends.deepspeed_support import async_io_available
-from conftest import LAUNCH_TIMEOUT_S, PARITY_ARGS, REPO, base_env, launch_command, train
+from conftest import PARITY_ARGS, REPO, base_env, launch_command, train
 
 STEPS = 10
 RTOL = 1e-5

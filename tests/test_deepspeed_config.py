@@ -2,15 +2,13 @@
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from backends import deepspeed_config
 from backends.base import ADAM_BETAS, ADAM_EPS, WEIGHT_DECAY
-from conftest import REPO, TRAIN, base_env
+from conftest import REPO
 from gptlite.model import ConfigError
 from training.config import DEFAULT_GRAD_CLIP, DEFAULT_LR, DEFAULT_LR_WARMUP_STEPS, RunConfig
 
@@ -86,8 +84,8 @@ def _with(**changes):
     (_with(optimizer={"type": "SGD", "params": {"lr": 0.1}}), "optimizer.type must be AdamW"),
     (_with(optimizer__params__betas=[0.9, 0.95]), "optimizer.params.betas is [0.9, 0.95]; every backend uses [0.8, 0.999]"),
     (_with(scheduler__params__warmup_type="log"), "scheduler must be WarmupLR with warmup_type linear"),
-    (_with(zero_optimization__overlap_com=True), "DeepSpeed rejects it: DeepSpeedZeroConfig overlap_com: Extra inputs"),
-    (_with(bf16={"enable": True}), "DeepSpeed rejects it: DeepSpeedBF16Config enable: Extra inputs"),
+    (_with(zero_optimization__overlap_com=True), "unknown key 'zero_optimization.overlap_com' (did you mean 'overlap_comm'?)"),
+    (_with(bf16={"enable": True}), "unknown key 'bf16.enable' (did you mean 'enabled'?)"),
     (_with(train_batch_size=16, train_micro_batch_size_per_gpu=4, gradient_accumulation_steps=1),
      "train_batch_size 16 != train_micro_batch_size_per_gpu 4 x gradient_accumulation_steps 1 x world size 2 (= 8)"),
     (_with(train_micro_batch_size_per_gpu=0), "train_micro_batch_size_per_gpu must be a positive integer (got 0)"),
@@ -191,18 +189,3 @@ def test_checkpointing_options(tmp_path):
     plan = _plan(z3, ckpt_interval=2, ckpt_impl="deepspeed", ckpt_offload=True)
     section = plan.config["activation_checkpointing"]
     assert section["cpu_checkpointing"] is True and section["partition_activations"] is True
-
-
-@pytest.mark.parametrize("args, message", [
-    (["--deepspeed_config", "ds_configs/missing.json"], "--deepspeed_config: file not found"),
-    (["--backend", "deepspeed"], "backend deepspeed needs --deepspeed_config"),
-    (["--deepspeed"], "backend deepspeed needs --deepspeed_config"),
-    (["--backend", "ddp", "--deepspeed_config", "ds_configs/z2.json"], "deepspeed_config applies to backend deepspeed"),
-    (["--deepspeed_config", "ds_configs/z3_infinity_nvme.json"], "pass --nvme_path DIR"),
-    (["--nvme_path", "/tmp"], "nvme_path applies to backend deepspeed"),
-])
-def test_bad_deepspeed_flags_fail_in_one_line(tmp_path, args, message):
-    proc = subprocess.run([sys.executable, str(TRAIN), *args, "--runs_dir", str(tmp_path)], cwd=REPO,
-                          env=base_env(), capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2, proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1 and message in proc.stderr, proc.stderr

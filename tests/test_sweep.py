@@ -24,21 +24,6 @@ def _sweep(*args, timeout=900):
                           text=True, timeout=timeout)
 
 
-@pytest.mark.parametrize("spec, message", [
-    ({"matrix": {"backend": ["ddp"], "micro_btch": [2]}}, "unknown key 'matrix.micro_btch'"),
-    ({"matrix": {"backend": ["fsdp_configs/nope.yaml"]}}, "neither a backend"),
-    ({"matrix": {"backend": ["ddp"], "precision": ["fp8"]}}, "matrix.precision values must be among"),
-    ({"matrix": {"backend": []}}, "matrix.backend must list at least one value"),
-    ({"matrix": {"backend": ["ddp"]}, "train_args": {"steps": 3}}, "'steps' is set by the sweep"),
-    ({"matrix": {"backend": ["ddp"]}, "train_args": {"learning_rate": 3}}, "unknown train.py flag 'learning_rate'"),
-    ({"matrix": {"backend": ["deepspeed"]}}, "deepspeed needs a config file"),
-])
-def test_bad_specs_fail_in_one_line(tmp_path, spec, message):
-    proc = _sweep(_spec(tmp_path, **spec))
-    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-    assert message in proc.stderr and "Traceback" not in proc.stderr
-
-
 def test_expansion_rules(tmp_path):
     spec = load_spec(_spec(tmp_path, matrix={
         "backend": ["single", "ddp", "fsdp_configs/full_shard.yaml", "ds_configs/z3.json"],
@@ -54,6 +39,20 @@ def test_expansion_rules(tmp_path):
     assert len(runs) == 4 + 4 + 1 and len(skipped) == 3
     command = next(r for r in runs if r.backend == "deepspeed").command(spec.directory)
     assert command[0].endswith("deepspeed") and "--num_gpus" in command and "--master_port" in command
+
+
+def test_activation_offload_dimension(tmp_path):
+    spec = load_spec(_spec(tmp_path, matrix={"backend": ["ddp"], "ckpt_interval": [0, 1],
+                                             "activation_offload": ["none", "torch", "prefetch2"]}))
+    runs = {r.name: dict(r.flags) for r in expand(spec)[0]}
+    # Nothing checkpointed, nothing to offload: one run without checkpointing, three with.
+    assert sorted(runs) == ["ddp-w2-tiny-mb8-fp32-ckpt0", "ddp-w2-tiny-mb8-fp32-ckpt1-torch_nonreentrant",
+                            "ddp-w2-tiny-mb8-fp32-ckpt1-torch_nonreentrant-offload_prefetch2",
+                            "ddp-w2-tiny-mb8-fp32-ckpt1-torch_nonreentrant-offload_torch"]
+    assert runs["ddp-w2-tiny-mb8-fp32-ckpt1-torch_nonreentrant-offload_torch"]["ckpt_offload"] is True
+    prefetch = runs["ddp-w2-tiny-mb8-fp32-ckpt1-torch_nonreentrant-offload_prefetch2"]
+    assert prefetch["offload_activations"] is True and prefetch["activation_loading_horizon"] == 2
+    assert not {"ckpt_offload", "offload_activations"} & set(runs["ddp-w2-tiny-mb8-fp32-ckpt0"])
 
 
 @pytest.mark.distributed

@@ -2,16 +2,14 @@
 
 import pytest
 
-from conftest import PARITY_ARGS, train
+from conftest import PARITY_ARGS, assert_losses_close, train
 
 STEPS = 10
 RTOL = 1e-5
 
 
-def _assert_losses_close(actual, expected, rtol=RTOL):
-    assert len(actual) == len(expected) == STEPS
-    worst = max(abs(a - e) / abs(e) for a, e in zip(actual, expected))
-    assert worst <= rtol, f"max relative deviation {worst:.2e} > {rtol:g}\n{actual}\n{expected}"
+def _assert_losses_close(actual, expected):
+    assert_losses_close(actual, expected, STEPS, RTOL)
 
 
 @pytest.fixture(scope="module")

@@ -45,6 +45,10 @@ class RunConfig:
     local_rank: int | None = _flag(
         "Set by the deepspeed launcher; the rank's LOCAL_RANK environment variable is what counts.",
         None, group="backend")
+    accelerate_plugin: str = _flag(
+        "With --backend accelerate: Accelerator-managed DDP (none), or accelerate's FSDP or DeepSpeed "
+        "plugin (GPUs only: accelerate supports neither on CPU).", "none",
+        choices=("none", "fsdp", "deepspeed"), group="backend")
     nvme_path: str | None = _flag(
         "Directory on the NVMe drive for ZeRO-Infinity NVMe offload (ds_configs/z3_infinity_nvme.json).",
         None, group="backend", metavar="DIR")
@@ -114,6 +118,28 @@ class RunConfig:
         "Validation loss every N steps (0: only at the end).", 0, group="measurement")
     eval_batches: int = _flag(
         "Global batches of the validation split per evaluation.", 4, group="measurement")
+    offload_activations: bool = _flag(
+        "Keep the checkpointed blocks' saved inputs in (pinned) host memory, copied out asynchronously "
+        "on a side stream and fetched back ahead of backward (--activation_loading_horizon).",
+        False, group="activation checkpointing")
+    activation_loading_horizon: int = _flag(
+        "With --offload_activations: how many checkpointed blocks ahead backward fetches saved inputs "
+        "(0: when backward asks for them, like --ckpt_offload).", 2, group="activation checkpointing")
+    # Checkpoints.
+    save_dir: str | None = _flag(
+        "Directory of training checkpoints (model, optimizer, schedule, RNG; each backend's own "
+        "format).", None, group="checkpoints", metavar="DIR")
+    save_every: int = _flag("Save a checkpoint every N steps (0: never).", 0, group="checkpoints")
+    keep_checkpoints: int = _flag("Keep the newest K checkpoints, delete older ones (0: keep all).", 2,
+                                  group="checkpoints")
+    resume: bool = _flag(
+        "Continue from the latest checkpoint in --save_dir, into the same run record (start fresh "
+        "if there is none: what restarted workers of torchrun --max-restarts need).",
+        False, group="checkpoints")
+    init_from: str | None = _flag(
+        "Start from a consolidated fp32 state dict (python -m training.export), e.g. one written by "
+        "another backend: the weights and the step position, with a fresh optimizer.", None,
+        group="checkpoints", metavar="FILE")
     # Where things go and how much is said.
     runs_dir: str = _flag("Directory for run records.", "runs", group="output", metavar="DIR")
     run_name: str | None = _flag(
@@ -147,10 +173,27 @@ class RunConfig:
             raise ConfigError(f"deepspeed_config applies to backend deepspeed (got backend {self.backend!r})")
         if self.backend == "deepspeed" and self.deepspeed_config is None:
             raise ConfigError("backend deepspeed needs --deepspeed_config (a JSON file; see ds_configs/)")
+        if (self.save_every or self.resume) and not self.save_dir:
+            raise ConfigError("save_every and resume need --save_dir")
+        if self.resume and self.init_from:
+            raise ConfigError("resume and init_from exclude each other: resume continues a run, init_from "
+                              "starts one from exported weights")
+        if self.accelerate_plugin != "none" and self.backend != "accelerate":
+            raise ConfigError(f"accelerate_plugin applies to backend accelerate (got backend {self.backend!r})")
         if self.nvme_path is not None and self.backend != "deepspeed":
             raise ConfigError("nvme_path applies to backend deepspeed (NVMe offload configs)")
         _at_least(self, 0, "warmup_steps", "mem_profile_steps", "eval_every", "lr_warmup_steps", "seed",
-                  "ckpt_interval")
+                  "ckpt_interval", "save_every", "keep_checkpoints", "activation_loading_horizon")
+        if self.offload_activations and not self.ckpt_interval:
+            raise ConfigError("offload_activations requires ckpt_interval > 0 (it offloads the checkpointed "
+                              "blocks' inputs)")
+        if self.offload_activations and self.ckpt_impl.startswith("deepspeed"):
+            raise ConfigError(f"offload_activations with ckpt_impl {self.ckpt_impl}: DeepSpeed's checkpoint keeps a "
+                              "block's inputs outside autograd's saved tensors, where the offloader cannot reach them; "
+                              "use ckpt_impl torch_nonreentrant or torch_reentrant (they run under DeepSpeed too), or "
+                              "--ckpt_offload for DeepSpeed's cpu_checkpointing")
+        if self.offload_activations and self.ckpt_offload:
+            raise ConfigError("offload_activations and ckpt_offload are two ways of doing the same: choose one")
         if self.ckpt_offload and not self.ckpt_interval:
             raise ConfigError("ckpt_offload requires ckpt_interval > 0 (it offloads the checkpointed blocks' inputs)")
         if self.fsdp_config is not None and self.backend not in ("fsdp", "fsdp2"):

@@ -61,7 +61,8 @@ def from_dict(cls, data, where: str, section: str = ""):
     try:
         return cls(**values)
     except ConfigError as e:
-        raise ConfigError(f"{where}: {section}{e}") from None
+        message = str(e)  # the section's name once, whether or not the dataclass's own check gave it
+        raise ConfigError(f"{where}: {message if message.startswith(section) else section + message}") from None
 
 
 def _convert(hint, value, where: str, key: str):

@@ -8,6 +8,8 @@ same environment variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PO
 from __future__ import annotations
 
 import os
+import signal
+import sys
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
@@ -52,13 +54,34 @@ class DistEnv:
 
 
 def _launcher(env) -> str:
+    if "ACCELERATE_MIXED_PRECISION" in env:  # every `accelerate launch` path sets it (it runs torchrun inside)
+        return "accelerate"
     if "TORCHELASTIC_RUN_ID" in env:
         return "torchrun"
-    if "ACCELERATE_MIXED_PRECISION" in env or "ACCELERATE_DYNAMO_BACKEND" in env:
-        return "accelerate"
     if "CROSS_RANK" in env or "LOCAL_SIZE" in env:  # set by deepspeed's launcher for each rank
         return "deepspeed"
     return "env" if "WORLD_SIZE" in env else "python"
+
+
+def stop_with_launcher() -> None:
+    """Under a launcher, have the kernel send this rank SIGTERM if the launcher dies.
+
+    torchrun starts each rank in a session of its own, so a launcher killed outright (SIGKILL, an
+    OOM kill) would leave its ranks training with nobody to stop them. With this, they get
+    SIGTERM instead, record the failure and exit. Linux only; elsewhere a no-op.
+    """
+    if not sys.platform.startswith("linux") or "LOCAL_RANK" not in os.environ:
+        return
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # the launcher was already gone before the request took effect
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def free_port() -> int:

@@ -29,10 +29,10 @@ from backends import get_backend
 from backends.base import Backend
 from gptlite.data import BatchLayout, CharDataset, DataError
 from gptlite.model import ConfigError, GPTConfig, build_model, count_parameters
-from training import flops
+from training import checkpoint, flops
 from training.config import RunConfig
 from training.dist import (DistEnv, broadcast_object, destroy_process_group, gather_floats, set_cpu_threads,
-                           synchronize)
+                           stop_with_launcher, synchronize)
 from training.environment import device_name, environment
 from training.faults import Fault
 from training.memory import AllocatorMeter, ProfiledWindow, current_rss_bytes, peak_rss_bytes, phase
@@ -50,7 +50,8 @@ class Terminated(Exception):
 
 
 def _raise_terminated(signum, frame):
-    raise Terminated(f"terminated by signal {signal.Signals(signum).name}")
+    raise Terminated(f"terminated by signal {signal.Signals(signum).name} (launchers stop every rank when one "
+                     "fails or dies)")
 
 
 def is_oom(error: BaseException) -> bool:
@@ -95,10 +96,13 @@ def resolve(cfg: RunConfig) -> Setup:
     env = DistEnv.from_environment(cfg.device)
     backend_cls = get_backend(cfg.backend)
     cfg = backend_cls.resolve(cfg, env)
-    if cfg.run_name is not None and not cfg.overwrite and (Path(cfg.runs_dir) / cfg.run_name).exists():
+    if cfg.init_from is not None and not Path(cfg.init_from).is_file():
+        raise ConfigError(f"init_from: file not found: {cfg.init_from}")
+    if (cfg.run_name is not None and not cfg.overwrite and not cfg.resume
+            and (Path(cfg.runs_dir) / cfg.run_name).exists()):
         raise ConfigError(
             f"run_name: {Path(cfg.runs_dir) / cfg.run_name} already exists "
-            "(choose another --run_name or pass --overwrite)")
+            "(choose another --run_name, pass --overwrite, or --resume it)")
     Fault.from_environment(cfg.backend, env.rank)  # a malformed GPTLITE_FAULT is bad input
     data = CharDataset.load(cfg.data, cfg.model_config().block_size)
     model_cfg = cfg.model_config(vocab_size=data.vocab_size)
@@ -161,15 +165,20 @@ class Trainer:
         self.record: RunRecord | None = None
         self.backend: Backend | None = None
         self.summary: dict = {}
+        self.resume_from: tuple[Path, dict] | None = None
+        self.start_step = 0
 
     # ----------------------------------------------------------------------------------- run
     def run(self) -> int:
         signal.signal(signal.SIGTERM, _raise_terminated)
+        stop_with_launcher()
         started = time.time()
         try:
             threads = set_cpu_threads(self.env)
             if self.s.backend_cls.needs_process_group:
                 self.s.backend_cls.init_distributed(self.env, self.cfg.dist_timeout_s)
+            self.resume_from = checkpoint.latest(self.cfg.save_dir) if self.cfg.resume else None
+            self.start_step = self.resume_from[1]["step"] + 1 if self.resume_from else 0
             self.record = self._create_record()
             self._train(threads, started)
             if torch.distributed.is_initialized():
@@ -199,19 +208,37 @@ class Trainer:
             f"{self.cfg.backend}-{self.cfg.preset}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}")
         record = RunRecord(Path(self.cfg.runs_dir) / name)
         if self.env.is_main:
-            record.create(overwrite=self.cfg.overwrite)
+            if self.resume_from is not None and record.dir.exists():
+                record.continue_after(self.start_step - 1)
+            else:
+                record.create(overwrite=self.cfg.overwrite or self.cfg.resume)
         # The broadcast also makes the other ranks wait until the directory exists.
-        return RunRecord(Path(self.cfg.runs_dir) / broadcast_object(name))
+        name = broadcast_object(name)
+        return record if self.env.is_main else RunRecord(Path(self.cfg.runs_dir) / name)
 
     # ------------------------------------------------------------------------------ training
     def _train(self, threads: int, started: float) -> None:
         cfg, env, layout = self.cfg, self.env, self.s.layout
+        # Each rank's own dropout stream, the same in every run of this configuration.
+        torch.manual_seed(cfg.seed * 1000 + env.rank)
         model = build_model(self.s.model_cfg, cfg.seed)
+        if cfg.init_from:
+            exported = torch.load(cfg.init_from, map_location="cpu")
+            model.load_state_dict(exported["model"])
+            self.start_step = exported["step"] + 1
         self.backend = backend = self.s.backend_cls(cfg, env)
         backend.setup(model)
+        if self.resume_from is not None:
+            checkpoint.load(backend, self.resume_from[0], env.rank)
+        start = self.start_step
+        if start >= cfg.steps:
+            raise ConfigError(f"steps {cfg.steps}: the run starts at step {start} (from "
+                              f"{cfg.init_from or self.resume_from[0]}); ask for more steps")
         if env.is_main:
             self.record.write_config({
                 **self.s.resolved(),
+                "start_step": start,
+                "resumed_from": str(self.resume_from[0]) if self.resume_from else None,
                 "backend": backend.describe(),
                 "threads_per_rank": threads,
                 "environment": environment(self.device),
@@ -232,10 +259,10 @@ class Trainer:
         final_loss = val_loss = None
         state_bytes = {}
 
-        for step in range(cfg.steps):
+        for step in range(start, cfg.steps):
             if fault is not None:
                 fault.maybe_fire(step)
-            if step == cfg.warmup_steps:
+            if step == start + cfg.warmup_steps:
                 meter.start()
             profiling = window is not None and step >= timed_end
             if profiling and step == timed_end:
@@ -255,7 +282,7 @@ class Trainer:
                 window.snapshot(backend.memory_roles())
             synchronize(self.device)
             dt = time.perf_counter() - t0
-            timed = cfg.warmup_steps <= step < timed_end
+            timed = start + cfg.warmup_steps <= step < timed_end
             allocated = meter.sample() if timed else None
 
             ranks = gather_floats([loss.item(), dt, current_rss_bytes(), allocated or 0.0], self.device)
@@ -288,6 +315,10 @@ class Trainer:
                     line["val_loss"] = val_loss
                 self.record.log(line)
                 progress.update(step, line)
+            if cfg.save_every and (step + 1) % cfg.save_every == 0:
+                checkpoint.save(backend, cfg.save_dir, step, env.rank, {
+                    "backend": cfg.backend, "world_size": env.world_size, "global_batch": layout.global_batch,
+                    "run_name": self.record.dir.name}, keep=cfg.keep_checkpoints)
 
         progress.close()
         self._finish(final_loss, val_loss, timed_rates, meter, window, state_bytes, started)
@@ -387,14 +418,17 @@ class Trainer:
             return
         try:
             self.record.write_rank_error(self.env.rank, status, message)
-            if not self.env.is_main:
-                return
             errors = self.record.rank_errors()
             cause = errors[0] if errors else {"rank": self.env.rank, "status": status, "error": message}
-            if self.record.metrics:
+            if self.env.is_main and self.record.metrics:
                 self.record.flush()
-            summary = self.summary or {"run_name": self.record.dir.name, "backend": self.cfg.backend,
-                                       "world_size": self.env.world_size}
+            # Every rank that gets here writes the failure, built from what is on disk (the
+            # running summary, the earliest rank error), so the record says failed even when
+            # rank 0 itself was killed; the writes are atomic and carry the same cause.
+            summary = self.summary or self.record.read_summary() or {
+                "run_name": self.record.dir.name, "backend": self.cfg.backend, "world_size": self.env.world_size}
+            if self.env.rank and isinstance(error, Terminated) and summary.get("status") not in (None, "running"):
+                return  # rank 0 already recorded the failure that made the launcher stop us
             self.record.write_summary({
                 **summary,
                 "status": "oom" if any(e["status"] == "oom" for e in errors) else cause["status"],

@@ -99,6 +99,15 @@ class RunRecord:
             shutil.rmtree(self.dir)
         self.dir.mkdir(parents=True)
 
+    def continue_after(self, step: int) -> None:
+        """Reuse this run's directory for a resumed run: keep the metric lines up to `step`."""
+        if self.metrics_path.exists():
+            for line in read_jsonl(self.metrics_path):
+                if line["step"] <= step:
+                    self._metrics.append(line)
+                    self._metrics_text.append(json.dumps(_clean(line), allow_nan=False))
+        self.flush()
+
     def write_config(self, config: dict) -> None:
         atomic_write_json(self.config_path, {"schema_version": SCHEMA_VERSION, **config})
 
@@ -119,6 +128,12 @@ class RunRecord:
     def write_summary(self, summary: dict) -> None:
         assert summary["status"] in STATUSES, summary["status"]
         atomic_write_json(self.summary_path, {"schema_version": SCHEMA_VERSION, **summary})
+
+    def read_summary(self) -> dict:
+        try:
+            return read_json(self.summary_path)
+        except (OSError, ValueError):
+            return {}
 
     def write_rank_error(self, rank: int, status: str, error: str) -> None:
         atomic_write_json(self.errors_dir / f"rank{rank}.json",

@@ -32,7 +32,8 @@ DONE = ("ok", "oom", "failed", "timeout")
 RETRYABLE = ("failed", "timeout")
 # Flags the sweep sets itself for every run; a spec cannot set them in train_args.
 SWEEP_OWNED = {"backend", "fsdp_config", "deepspeed_config", "runs_dir", "run_name", "overwrite", "quiet",
-               "dry_run", "local_rank", "preset", "micro_batch", "precision", "ckpt_interval", "ckpt_impl", "steps"}
+               "dry_run", "local_rank", "preset", "micro_batch", "precision", "ckpt_interval", "ckpt_impl", "steps",
+               "ckpt_offload", "offload_activations", "activation_loading_horizon"}
 
 
 def _non_empty(name: str, values: list) -> None:
@@ -50,10 +51,16 @@ class Matrix:
     precision: list[str] = field(default_factory=lambda: ["fp32"])
     world_size: list[int] = field(default_factory=lambda: [2])
     preset: list[str] = field(default_factory=lambda: ["tiny"])
+    # What happens to the checkpointed blocks' saved inputs: "none" (kept in place), "torch"
+    # (--ckpt_offload: torch's offload, fetched on demand) or "prefetch<H>" (--offload_activations
+    # with --activation_loading_horizon H). Only with ckpt_interval > 0.
+    activation_offload: list[str] = field(default_factory=lambda: ["none"])
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
             _non_empty(f.name, getattr(self, f.name))
+        for value in self.activation_offload:
+            offload_flags(value)
         for entry in self.backend:
             backend_of(entry)
         for name, allowed in (("precision", PRECISIONS), ("preset", tuple(PRESETS))):
@@ -65,6 +72,19 @@ class Matrix:
             for value in getattr(self, name):
                 if value < minimum:
                     raise ConfigError(f"matrix.{name} values must be >= {minimum} (got {value})")
+
+
+def offload_flags(value: str) -> dict:
+    """train.py flags of a matrix.activation_offload value."""
+    if value == "none":
+        return {}
+    if value == "torch":
+        return {"ckpt_offload": True}
+    horizon = value.removeprefix("prefetch")
+    if value.startswith("prefetch") and horizon.isdigit():
+        return {"offload_activations": True, "activation_loading_horizon": int(horizon)}
+    raise ConfigError(f"matrix.activation_offload values must be none, torch or prefetch<H> such as prefetch2 "
+                      f"(got {value!r})")
 
 
 @dataclass
@@ -165,20 +185,24 @@ def expand(spec: SweepSpec) -> tuple[list[PlannedRun], list[str]]:
     m = spec.matrix
     runs: dict[str, PlannedRun] = {}
     skipped: list[str] = []
-    for entry, interval, impl, micro, precision, world, preset in itertools.product(
-            m.backend, m.ckpt_interval, m.ckpt_impl, m.micro_batch, m.precision, m.world_size, m.preset):
+    for entry, interval, impl, offload, micro, precision, world, preset in itertools.product(
+            m.backend, m.ckpt_interval, m.ckpt_impl, m.activation_offload, m.micro_batch, m.precision, m.world_size,
+            m.preset):
         backend, config_file, label = backend_of(entry)
         if backend == "single":
             world = 1  # one process by definition
         if not interval:
-            impl = "none"
+            impl, offload = "none", "none"  # nothing checkpointed: nothing to offload
         elif impl.startswith("deepspeed") and backend != "deepspeed":
             skipped.append(f"{label} with ckpt_impl {impl}: needs the deepspeed backend")
             continue
         ckpt = f"ckpt{interval}-{impl}" if interval else "ckpt0"
+        if offload != "none":
+            ckpt += f"-offload_{offload}"
         name = f"{label}-w{world}-{preset}-mb{micro}-{precision}-{ckpt}"
         flags = {"preset": preset, "micro_batch": micro, "precision": precision, "steps": spec.steps,
-                 "ckpt_interval": interval, **({"ckpt_impl": impl} if interval else {}), **spec.train_args}
+                 "ckpt_interval": interval, **({"ckpt_impl": impl} if interval else {}), **offload_flags(offload),
+                 **spec.train_args}
         if config_file and backend == "deepspeed":
             from backends import deepspeed_config
 
