@@ -99,5 +99,6 @@ def test_interval_1_at_least_halves_activation_bytes_at_the_peak(small_runs):
 
 def test_run_record_says_which_blocks_were_checkpointed_and_how(small_runs):
     record = small_runs[1].config["backend"]["activation_checkpointing"]
-    assert record == {"interval": 1, "impl": "torch_nonreentrant", "offload": False, "blocks": [0, 1, 2, 3, 4, 5]}
+    assert record == {"interval": 1, "impl": "torch_nonreentrant", "offload": False, "prefetch_offload": None,
+                      "blocks": [0, 1, 2, 3, 4, 5]}
     assert small_runs[0].config["backend"]["activation_checkpointing"]["blocks"] == []
