@@ -22,7 +22,8 @@ from backends import deepspeed_config
 from backends.activation_checkpointing import apply_ac
 from backends.activation_offload import make_offloader
 from backends.base import Backend
-from backends.deepspeed_support import deepspeed_wrapper, import_deepspeed, model_state_estimate
+from backends.deepspeed_support import (deepspeed_wrapper, import_deepspeed, model_state_estimate,
+                                        unlink_shm_allreduce_buffer)
 from training.dist import ensure_rendezvous_env
 from training.memory import storage_roles
 
@@ -45,6 +46,10 @@ class DeepSpeedBackend(Backend):
         ensure_rendezvous_env()  # plain `python train.py`: a world of one, not MPI discovery
         import_deepspeed().init_distributed(dist_backend=env.comm_backend, auto_mpi_discovery=False,
                                             timeout=timedelta(seconds=timeout_s))
+        if env.device.type == "cpu":
+            # Every rank has mapped every rank's shared-memory allreduce buffer once all are here.
+            torch.distributed.barrier()
+            unlink_shm_allreduce_buffer(env.rank)
 
     def setup(self, model: nn.Module) -> None:
         deepspeed = import_deepspeed()

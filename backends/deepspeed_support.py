@@ -6,6 +6,7 @@ Importing deepspeed is deferred to these functions: the torch backends run witho
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import io
 import logging
@@ -71,6 +72,24 @@ class DeepSpeedCheckpointed(nn.Module):
             x = x.detach().requires_grad_()
         run = checkpointing.non_reentrant_checkpoint if self.non_reentrant else checkpointing.checkpoint
         return run(self.module, x)
+
+
+def unlink_shm_allreduce_buffer(rank: int) -> None:
+    """Remove this rank's /dev/shm file of DeepSpeed's CPU shared-memory allreduce, once every
+    rank has mapped it.
+
+    DeepSpeed 0.19.8's shm comm op (csrc/cpu/comm/shm.cpp) creates a 66 MB
+    `/dev/shm/deepspeed_allreduce_buffer_<uid>_<addr>_<port>_<rank>` per rank and never unlinks
+    it: every CPU run left its buffers behind, until /dev/shm (RAM) was full. Unlinking after
+    the mappings exist is safe: the memory stays mapped in every rank until they exit, and
+    nothing is left behind even when a rank is killed later.
+    """
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if not addr or not port:
+        return
+    path = f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_{addr}_{port}_{rank}"
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
 
 
 def deepspeed_wrapper(impl: str):

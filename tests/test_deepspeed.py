@@ -65,6 +65,18 @@ def test_config_matches_single_process_losses(name, ds_runs, reference):
     assert len(run.losses) == STEPS and worst <= RTOL, f"max relative deviation {worst:.2e}"
 
 
+def test_no_shared_memory_buffers_are_left_behind(ds_runs):
+    # DeepSpeed's CPU shm allreduce never unlinks its 66 MB /dev/shm buffers; the backend does.
+    import os
+
+    run = ds_runs("z2")
+    args = run.proc.args
+    port = args[args.index("--master_port") + 1] if "--master_port" in args else None
+    assert port, args
+    left = [p for p in os.listdir("/dev/shm") if p.startswith("deepspeed_allreduce_buffer_") and f"_{port}_" in p]
+    assert left == []
+
+
 def test_deepspeed_as_one_process_without_a_launcher(runs_dir, reference):
     run = train(runs_dir, "z2-python", *PARITY_ARGS, "--deepspeed_config", "ds_configs/z2.json",
                 "--steps", str(STEPS), "--micro_batch", "8", timeout=DS_TIMEOUT_S).check_ok()
