@@ -123,9 +123,30 @@ class Backend(ABC):
         """This rank's model state as it is right now, by role: "parameter", "gradient",
         "optimizer_state" (local shards; views and aliases are fine, storage is counted once)."""
 
-    def gathered_param_bytes(self) -> int:
-        """Unsharded parameter bytes still allocated after the last forward (sharded backends)."""
+    # Unsharded parameters a sharded backend holds from forward until backward frees them: measured
+    # by a forward hook, armed by the loop for the last step only (model_state_bytes reads it).
+    _gathered_bytes = 0
+    _gathered_hook = None
+
+    def measure_gathered(self) -> int:
+        """Unsharded parameter bytes allocated right now (sharded backends override)."""
         return 0
+
+    def gathered_root(self) -> nn.Module:
+        """The module whose forward hook sees the parameters still gathered."""
+        return self.model
+
+    def watch_gathered_params(self) -> None:
+        """From now on, measure after each forward what `measure_gathered` reports."""
+        if self._gathered_hook is None and type(self).measure_gathered is not Backend.measure_gathered:
+            def hook(module, args, output):
+                self._gathered_bytes = self.measure_gathered()
+
+            self._gathered_hook = self.gathered_root().register_forward_hook(hook)
+
+    def gathered_param_bytes(self) -> int:
+        """Unsharded parameter bytes still allocated after the last watched forward."""
+        return self._gathered_bytes
 
     def memory_roles(self) -> dict[int, tuple[str, int, str]]:
         """The storages of `state_tensors`, for the memory breakdown (training.memory)."""

@@ -70,9 +70,6 @@ class DeepSpeedBackend(Backend):
             model=model, model_parameters=[p for p in model.parameters() if p.requires_grad], config=plan.config)
         self.model = self.engine
         self._last_micro_step = True
-        self._gathered_bytes = 0
-        if plan.stage == 3:
-            self.engine.module.register_forward_hook(self._measure_gathered)
 
     def micro_step(self, sync: bool):
         # The engine accumulates by itself (gradient_accumulation_steps); it only needs to know
@@ -116,7 +113,10 @@ class DeepSpeedBackend(Backend):
             "gradient": [g for g in grads if torch.is_tensor(g)],
         }
 
-    def _measure_gathered(self, module, args, output) -> None:
+    def gathered_root(self) -> nn.Module:
+        return self.engine.module
+
+    def measure_gathered(self) -> int:
         """After forward: ZeRO-3 parameters still gathered (with stage3_max_live_parameters and
         max_reuse_distance at their 1e9 defaults, DeepSpeed keeps them until backward reuses them).
         Parameters under stage3_param_persistence_threshold stay whole on every rank and are
@@ -126,10 +126,7 @@ class DeepSpeedBackend(Backend):
             if hasattr(p, "ds_tensor") and not getattr(p, "ds_persist", False) and p.data.numel():
                 storage = p.data.untyped_storage()
                 storages[storage.data_ptr()] = storage.nbytes()
-        self._gathered_bytes = sum(storages.values())
-
-    def gathered_param_bytes(self) -> int:
-        return self._gathered_bytes
+        return sum(storages.values())
 
     def memory_roles(self):
         # Gathered ZeRO-3 parameters are parameters too, for the memory breakdown (model state

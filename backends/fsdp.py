@@ -53,8 +53,6 @@ class FSDPBackend(DCPCheckpointMixin, TorchBackend):
         super().setup(model)
         # FSDP casts parameters itself; autocast on top would change what mixed precision means.
         self.autocast_dtype = None
-        self._gathered_bytes = 0
-        self.model.register_forward_hook(self._measure_gathered)
 
     def wrap(self, model: nn.Module) -> nn.Module:
         o = self.options
@@ -102,18 +100,15 @@ class FSDPBackend(DCPCheckpointMixin, TorchBackend):
     def _handles(self):
         return [m._handle for m in FullyShardedDataParallel.fsdp_modules(self.model) if m._handle is not None]
 
-    def _measure_gathered(self, module, args, output) -> None:
+    def measure_gathered(self) -> int:
         """After the root's forward: unsharded parameters still allocated (freed in backward)."""
-        self._gathered_bytes = sum(
+        return sum(
             h.flat_param._full_param_padded.untyped_storage().nbytes()
             for h in self._handles() if h.uses_sharded_strategy and hasattr(h.flat_param, "_full_param_padded"))
 
     def extra_parameter_storage(self) -> list[torch.Tensor]:
         # While a unit is gathered, its parameters point into the full buffer; the shard stays.
         return [getattr(h.flat_param, "_local_shard", h.flat_param) for h in self._handles()]
-
-    def gathered_param_bytes(self) -> int:
-        return self._gathered_bytes
 
     def describe(self) -> dict:
         o = self.options

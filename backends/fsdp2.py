@@ -32,8 +32,6 @@ class FSDP2Backend(DCPCheckpointMixin, TorchBackend):
         self.options = fsdp_config.resolve_options(self.cfg, self.name)
         super().setup(model)
         self.autocast_dtype = None  # the MixedPrecisionPolicy casts; no autocast on top
-        self._gathered_bytes = 0
-        self.model.register_forward_hook(self._measure_gathered)
 
     def wrap(self, model: nn.Module) -> nn.Module:
         o = self.options
@@ -57,9 +55,9 @@ class FSDP2Backend(DCPCheckpointMixin, TorchBackend):
         self.model.set_requires_gradient_sync(sync)
         return super().micro_step(sync)
 
-    def _measure_gathered(self, module, args, output) -> None:
+    def measure_gathered(self) -> int:
         """After the root's forward: all-gathered parameters still allocated (freed in backward)."""
-        self._gathered_bytes = sum(t.untyped_storage().nbytes() for p in self._fsdp_params()
+        return sum(t.untyped_storage().nbytes() for p in self._fsdp_params()
                                    for t in p.all_gather_outputs)
 
     def _fsdp_params(self):
@@ -72,9 +70,6 @@ class FSDP2Backend(DCPCheckpointMixin, TorchBackend):
     def extra_parameter_storage(self) -> list:
         # While gathered, the module's parameters are the unsharded ones; the shards stay.
         return [p._sharded_param_data for p in self._fsdp_params()]
-
-    def gathered_param_bytes(self) -> int:
-        return self._gathered_bytes
 
     def describe(self) -> dict:
         mp = self.options.mixed_precision

@@ -29,14 +29,10 @@ from gptlite.data import BatchLayout, CharDataset  # noqa: E402
 from gptlite.model import build_model  # noqa: E402
 from training.config import RunConfig  # noqa: E402
 from training.dist import DistEnv, destroy_process_group, gather_floats  # noqa: E402
+from training.export import plain_name  # noqa: E402
 from training.loop import accumulate_gradients  # noqa: E402
 
-WRAPPER_PREFIXES = ("module.", "_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_offload_wrapped_module.")
 STEPS = 3
-
-
-def clean_name(name: str) -> str:
-    return ".".join(part for part in name.split(".") if part + "." not in WRAPPER_PREFIXES)
 
 
 def offload_fields(offload: str) -> dict:
@@ -68,7 +64,7 @@ def run_case(base: dict, interval: int, impl: str, offload: str, env: DistEnv, d
         if grads is None:
             # By parameter name where parameters carry their gradients; DeepSpeed ZeRO keeps them
             # in its own partition buffers instead, listed by state_tensors in a fixed order.
-            grads = {clean_name(n): local_tensor(p.grad).detach().clone()
+            grads = {plain_name(n): local_tensor(p.grad).detach().clone()
                      for n, p in backend.model.named_parameters() if p.grad is not None}
             if not grads:
                 grads = {f"gradient buffer {i}": g.detach().clone()

@@ -26,10 +26,6 @@ def accelerate_launch(runs_dir: Path, name: str, *args: str) -> Run:
     return Run(proc, Path(runs_dir) / name)
 
 
-def assert_same_training(actual, expected):
-    assert_losses_close(actual, expected, STEPS, RTOL)
-
-
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     runs = tmp_path_factory.mktemp("runs")
@@ -43,7 +39,7 @@ ARGS = (*PARITY_ARGS, "--steps", str(STEPS), "--micro_batch", "4")
 def test_accelerate_launch_starts_the_torch_backends(runs_dir, reference):
     run = accelerate_launch(runs_dir, "ddp", *ARGS, "--backend", "ddp").check_ok()
     assert run.config["launcher"] == "accelerate" and run.summary["world_size"] == 2
-    assert_same_training(run.losses, reference.losses)
+    assert_losses_close(run.losses, reference.losses, STEPS, RTOL)
 
 
 @pytest.mark.distributed
@@ -52,7 +48,7 @@ def test_accelerate_backend_under_accelerate_launch_matches_single(runs_dir, ref
     assert run.config["launcher"] == "accelerate"
     backend = run.config["backend"]
     assert backend["accelerate_plugin"] == "none" and backend["wrapper"] == "DistributedDataParallel"
-    assert_same_training(run.losses, reference.losses)
+    assert_losses_close(run.losses, reference.losses, STEPS, RTOL)
 
 
 @pytest.mark.distributed
@@ -62,4 +58,4 @@ def test_accelerate_backend_under_torchrun_with_accumulation_matches_single(runs
     run = train(runs_dir, "acc-accum", *PARITY_ARGS, "--steps", str(STEPS), "--backend", "accelerate",
                 "--micro_batch", "2", "--grad_accum", "2", launcher="torchrun").check_ok()
     assert run.config["launcher"] == "torchrun" and run.summary["global_batch"] == 8
-    assert_same_training(run.losses, reference.losses)
+    assert_losses_close(run.losses, reference.losses, STEPS, RTOL)

@@ -3,7 +3,7 @@
 import pytest
 
 from backends import fsdp_config
-from conftest import PARITY_ARGS, train
+from conftest import PARITY_ARGS, assert_losses_close, train
 
 STEPS = 10
 RTOL = 1e-5
@@ -43,10 +43,7 @@ def test_fp32_config_matches_single_process_losses(config, fsdp_runs, reference)
     run = fsdp_runs(config.stem)
     assert run.summary["backend"] == fsdp_config.load(str(config)).backend
     assert run.summary["world_size"] == 2 and run.summary["global_batch"] == 8
-    losses, expected = run.losses, reference.losses
-    assert len(losses) == len(expected) == STEPS
-    worst = max(abs(a - e) / abs(e) for a, e in zip(losses, expected))
-    assert worst <= RTOL, f"max relative deviation {worst:.2e}\n{losses}\n{expected}"
+    assert_losses_close(run.losses, reference.losses, STEPS, RTOL)
 
 
 def _param_bytes(run):

@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from conftest import LAUNCH_TIMEOUT_S, PARITY_ARGS, REPO, TRAIN, Run, base_env, train
+from conftest import LAUNCH_TIMEOUT_S, PARITY_ARGS, REPO, TRAIN, Run, assert_losses_close, base_env, train
 from training.dist import free_port
 
 pytestmark = pytest.mark.distributed
@@ -33,5 +33,4 @@ def test_two_node_launchers_train_like_one_process(tmp_path, reference, backend_
     assert [n.returncode for n in nodes] == [0, 0], outputs[0][1][-2000:] + outputs[1][1][-2000:]
     run = Run(subprocess.CompletedProcess([], 0, "", ""), tmp_path / "two-nodes").check_ok()
     assert run.summary["world_size"] == 2 and run.config["launcher"] == "torchrun"
-    worst = max(abs(a - e) / abs(e) for a, e in zip(run.losses, reference.losses))
-    assert worst <= 1e-5, f"max relative deviation {worst:.2e}"
+    assert_losses_close(run.losses, reference.losses, STEPS, 1e-5)

@@ -8,10 +8,6 @@ STEPS = 10
 RTOL = 1e-5
 
 
-def _assert_losses_close(actual, expected):
-    assert_losses_close(actual, expected, STEPS, RTOL)
-
-
 @pytest.fixture(scope="module")
 def single_reference(tmp_path_factory):
     """single, micro-batch 8: the reference losses every parity test compares against."""
@@ -36,7 +32,7 @@ def test_ddp_on_two_processes_matches_single(runs_dir, single_reference, micro, 
                 "--micro_batch", str(micro), "--grad_accum", str(accum), launcher="torchrun").check_ok()
     assert run.summary["world_size"] == 2 and run.summary["global_batch"] == 8
     assert run.config["launcher"] == "torchrun"
-    _assert_losses_close(run.losses, single_reference.losses)
+    assert_losses_close(run.losses, single_reference.losses, STEPS, RTOL)
     assert run.summary["val_loss"] == pytest.approx(single_reference.summary["val_loss"], rel=RTOL)
 
 
@@ -45,7 +41,7 @@ def test_accumulation_equals_a_larger_micro_batch(runs_dir):
     big = train(runs_dir, "m4x1", *args, "--micro_batch", "4", "--grad_accum", "1").check_ok()
     accumulated = train(runs_dir, "m2x2", *args, "--micro_batch", "2", "--grad_accum", "2").check_ok()
     assert accumulated.summary["global_batch"] == big.summary["global_batch"] == 4
-    _assert_losses_close(accumulated.losses, big.losses)
+    assert_losses_close(accumulated.losses, big.losses, STEPS, RTOL)
 
 
 def test_ddp_runs_as_a_world_of_one_under_plain_python(runs_dir):

@@ -68,6 +68,7 @@ class Setup:
     data: CharDataset
     model_cfg: GPTConfig
     n_params: int
+    fault: Fault | None = None  # an injected fault (GPTLITE_FAULT), for the fault tests
     layout: BatchLayout = field(init=False)
 
     def __post_init__(self):
@@ -103,14 +104,14 @@ def resolve(cfg: RunConfig) -> Setup:
         raise ConfigError(
             f"run_name: {Path(cfg.runs_dir) / cfg.run_name} already exists "
             "(choose another --run_name, pass --overwrite, or --resume it)")
-    Fault.from_environment(cfg.backend, env.rank)  # a malformed GPTLITE_FAULT is bad input
+    fault = Fault.from_environment(cfg.backend, env.rank)  # a malformed GPTLITE_FAULT is bad input
     data = CharDataset.load(cfg.data, cfg.model_config().block_size)
     model_cfg = cfg.model_config(vocab_size=data.vocab_size)
     with torch.device("meta"):  # count parameters without allocating them
         from gptlite.model import GPTLite
 
         n_params = count_parameters(GPTLite(model_cfg))
-    return Setup(cfg, env, backend_cls, data, model_cfg, n_params)
+    return Setup(cfg, env, backend_cls, data, model_cfg, n_params, fault)
 
 
 def main(cfg: RunConfig) -> int:
@@ -250,7 +251,7 @@ class Trainer:
         if cfg.mem_budget_gb and self.device.type == "cuda":
             total = torch.cuda.get_device_properties(self.device).total_memory
             torch.cuda.set_per_process_memory_fraction(min(1.0, cfg.mem_budget_gb * 2**30 / total), self.device)
-        fault = Fault.from_environment(cfg.backend, env.rank)
+        fault = self.s.fault
         timed_end = max(0, cfg.steps - cfg.mem_profile_steps)
         meter = AllocatorMeter(self.device)
         window = ProfiledWindow(self.device) if cfg.mem_profile_steps else None
@@ -270,6 +271,8 @@ class Trainer:
             if profiling:
                 window.snapshot(backend.memory_roles())
             lr = backend.lr()
+            if step == cfg.steps - 1:
+                backend.watch_gathered_params()  # for model_state_bytes below
             synchronize(self.device)
             t0 = time.perf_counter()
             loss = accumulate_gradients(backend, layout.micro_batches(self.s.data, "train", cfg.seed, step),
