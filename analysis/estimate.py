@@ -25,9 +25,15 @@ naive attention, or sdpa with dropout on CPU (its math kernel): + B H T^2 e (sof
 causal mask, naive only); with dropout: + 2 BTC m + B H T^2 (e + m). A checkpointed block keeps its input
 (BTC e) and recomputes the rest in backward.
 
+Mixed precision: 16-bit activations where the backend computes in 16 bits (FSDP and DeepSpeed
+cast the module); under autocast (single, ddp) the residual stream and LayerNorm outputs stay fp32
+and q, k, v each save their own 16-bit cast. On CUDA the activations of the head (final LayerNorm,
+lm_head, log-softmax) count at the start of backward, and one block's backward with fused
+attention holds about 10 B T C elements of gradients at once. Offloaded states are on the host.
+
 Accuracy: within 5% for model states and 15% for the peak against every fp32 configuration of
-sweeps/cpu_quick.yaml measured on CPU (tests/test_estimate.py). Mixed precision follows the same
-accounting with 16-bit activations where the backend computes in 16 bits; it is not calibrated.
+sweeps/cpu_quick.yaml measured on CPU; within 10% of the allocator's peak for every bf16 run on the
+H100 in runs/reference/ (tests/test_estimate.py checks both).
 """
 
 from __future__ import annotations
@@ -87,10 +93,15 @@ class Estimate:
         return self.params + self.params_gathered + self.grads + self.optimizer
 
 
-def activation_per_block(cfg: GPTConfig, micro_batch: int, act_bytes: int, mask_bytes: int, device: str) -> int:
+def activation_per_block(cfg: GPTConfig, micro_batch: int, act_bytes: int, mask_bytes: int, device: str,
+                         autocast: bool = False) -> int:
     B, T, C, H = micro_batch, cfg.block_size, cfg.n_embd, cfg.n_head
     btc, bht2 = B * T * C, B * H * T * T
     total = 12 * btc * act_bytes + 16 * B * T
+    if autocast:
+        # The residual stream stays fp32 (block input and the mid-block sum, which the LayerNorms
+        # save), and the LayerNorm outputs are fp32: q, k and v each save their own 16-bit cast.
+        total += 2 * btc * (F32 - act_bytes) + 2 * btc * act_bytes
     materialised = cfg.attention == "naive" or (cfg.dropout > 0 and device == "cpu")
     if materialised:
         total += bht2 * act_bytes + (T * T if cfg.attention == "naive" else 0)  # naive's causal mask
@@ -103,11 +114,19 @@ def activation_per_block(cfg: GPTConfig, micro_batch: int, act_bytes: int, mask_
     return total
 
 
+def head_activations(cfg: GPTConfig, micro_batch: int, act_bytes: int, residual_bytes: int) -> int:
+    """What the final LayerNorm, lm_head and the loss keep: alive until backward leaves the head."""
+    B, T, C, V = micro_batch, cfg.block_size, cfg.n_embd, cfg.vocab_size
+    return B * T * C * (residual_bytes + act_bytes) + 8 * B * T + B * T * V * F32  # LN input, lm_head input, log-softmax
+
+
 def backward_transient(cfg: GPTConfig, micro_batch: int, act_bytes: int, device: str) -> int:
     """The largest short-lived buffers of one block's backward: attention's T x T gradients."""
     B, T, C, H = micro_batch, cfg.block_size, cfg.n_embd, cfg.n_head
     materialised = cfg.attention == "naive" or (cfg.dropout > 0 and device == "cpu")
-    return (2 * B * H * T * T + B * T * C) * act_bytes if materialised else 4 * B * T * C * act_bytes
+    # Fused attention: measured on an H100 (runs/reference/), about 10 B T C elements at once,
+    # the feed-forward's two 4C-wide gradients and the block's input and output gradients.
+    return (2 * B * H * T * T + B * T * C) * act_bytes if materialised else 10 * B * T * C * act_bytes
 
 
 @dataclass
@@ -133,8 +152,9 @@ def layout_for(backend: str, world: int, precision: str, fsdp_options=None, ds_c
 
         o = fsdp_options or FSDPConfig()
         mp = c if o.mixed_precision else F32
-        if o.sharding_strategy == "NO_SHARD":
-            return Layout("replicated", compute_bytes=mp)
+        if o.sharding_strategy == "NO_SHARD" or world == 1:
+            # FSDP1 runs every strategy as NO_SHARD on one rank (it switches and warns).
+            return Layout("replicated", offload=o.cpu_offload, compute_bytes=mp)
         shards = world
         if o.sharding_strategy == "HYBRID_SHARD":
             shards = o.hybrid_shard_size or ranks_per_node or world
@@ -165,7 +185,8 @@ def estimate(cfg: GPTConfig, backend: str, world: int = 1, micro_batch: int = 1,
     P, W, c = n.total, lay.shards, lay.compute_bytes
     assumptions = ["fp32 master weights and AdamW state (exp_avg, exp_avg_sq) in every backend"]
     if precision != "fp32":
-        assumptions.append(f"{precision}: 16-bit activations; not calibrated against measurements")
+        assumptions.append(f"{precision}: 16-bit activations (an fp32 residual stream under autocast); calibrated "
+                           "against the H100 reference runs (runs/reference/)")
 
     # Model states, as the run records count them (model_state_bytes).
     if lay.kind == "replicated" and backend == "deepspeed" and c != F32:
@@ -193,25 +214,34 @@ def estimate(cfg: GPTConfig, backend: str, world: int = 1, micro_batch: int = 1,
     # Activations and the peak: walk backward from the last block.
     on_cpu = device == "cpu"
     act = 2 if precision in ("bf16", "fp16") else F32
+    # single and ddp run mixed precision as autocast over fp32 weights (backends/torch_backend.py);
+    # FSDP and DeepSpeed cast the module's parameters, so every activation is 16-bit there.
+    autocast = act != F32 and backend in ("single", "ddp", "accelerate")
+    residual = F32 if autocast else act
     mask = act if on_cpu else 1
-    full = activation_per_block(cfg, micro_batch, act, mask, device)
-    kept = micro_batch * cfg.block_size * cfg.n_embd * act
+    full = activation_per_block(cfg, micro_batch, act, mask, device, autocast=autocast)
+    kept = micro_batch * cfg.block_size * cfg.n_embd * residual
     transient = backward_transient(cfg, micro_batch, act, device)
+    head = head_activations(cfg, micro_batch, act, residual)
     checkpointed = [bool(ckpt_interval) and i % ckpt_interval == 0 for i in range(cfg.n_layer)]
     per_block = [kept if ck else full for ck in checkpointed]
 
-    # On an accelerator, offloaded states live in host memory, not in the device's.
-    host = 0
-    if lay.offload and device != "cpu":
-        host = optimizer + (params if lay.kind == "zero3" and (lay.ds.get("offload_param") or {}).get(
-            "device", "none") != "none" else 0)
-    resident = params + optimizer - host
+    # On an accelerator, offloaded states live in host memory, not in the device's: the optimizer
+    # state always; the parameter shards under FSDP's CPU offload and ZeRO-Infinity's offload_param;
+    # ZeRO-3's gradient partitions under ZeRO-Offload.
+    offloading = lay.offload and device != "cpu"
+    params_host = offloading and (backend in ("fsdp", "fsdp2")
+                                  or (lay.ds.get("offload_param") or {}).get("device", "none") != "none")
+    grads_host = offloading and lay.kind == "zero3"
+    host = (optimizer if offloading else 0) + (params if params_host else 0) + (grads if grads_host else 0)
+    resident = (0 if params_host else params) + (0 if offloading else optimizer)
     if lay.kind in ("shard_grad_op", "zero3") or lay.fsdp1_root_gathered:
         resident += gathered
     if lay.ddp_bucket:
         resident += grads
     if lay.kind == "zero3":
-        resident += grads + c * min(P, int(float(lay.ds.get("reduce_bucket_size", DS_REDUCE_BUCKET))))
+        resident += 0 if grads_host else grads
+        resident += c * min(P, int(float(lay.ds.get("reduce_bucket_size", DS_REDUCE_BUCKET))))
         resident += c * min(P, int(float(lay.ds.get("stage3_prefetch_bucket_size", DS_PREFETCH_BUCKET))))
     if lay.kind == "zero12":
         # ZeRO-1/2 reduce gradients through two buckets of reduce_bucket_size elements.
@@ -219,7 +249,11 @@ def estimate(cfg: GPTConfig, backend: str, world: int = 1, micro_batch: int = 1,
     if lay.kind in ("full_shard",):
         transient += 2 * c * n.per_block  # the unit in backward and the one prefetched
     grad_bytes = F32 if lay.kind != "zero12" else c
-    peak, where = 0, 0
+    # FSDP's CPU offload copies each gradient shard to host memory asynchronously and waits for
+    # the copies at the end of backward: until then the fp32 shards stay on the device as well.
+    # Backward starts in the head: every block's activations and the head's are alive.
+    logits_grad = micro_batch * cfg.block_size * cfg.vocab_size * F32
+    peak, where = resident + sum(per_block) + head + logits_grad, cfg.n_layer
     for i in reversed(range(cfg.n_layer)):
         grads_so_far = 0 if (lay.ddp_bucket or lay.kind in ("zero12", "zero3")) else grad_bytes * (
             n.head + (cfg.n_layer - 1 - i) * n.per_block + n.per_block // 3) // W
@@ -229,14 +263,18 @@ def estimate(cfg: GPTConfig, backend: str, world: int = 1, micro_batch: int = 1,
         if total > peak:
             peak, where = total, i
     batch = 2 * micro_batch * cfg.block_size * 8  # token ids of inputs and targets
-    activation_at_peak = sum(per_block[:where]) + (0 if checkpointed[where] else full)
+    if where == cfg.n_layer:
+        activation_at_peak = sum(per_block) + head
+    else:
+        activation_at_peak = sum(per_block[:where]) + (0 if checkpointed[where] else full)
     return Estimate(
         params=int(params), params_gathered=int(gathered), grads=int(grads), optimizer=int(optimizer),
         activation_bytes=int(activation_at_peak), total_bytes=int(peak + batch),
         host_bytes=int(host),
         terms={"resident_model_states": int(resident), "activation_per_block": int(full),
                "checkpointed_block_input": int(kept), "backward_transient": int(transient),
-               "peak_in_backward_of_block": where},
+               "head_activations": int(head),
+               "peak_in_backward_of_block": where},  # n_layer: at the start of backward, in the head
         assumptions=assumptions)
 
 

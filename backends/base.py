@@ -160,10 +160,14 @@ class Backend(ABC):
         out = {"params": 0, "params_gathered": self.gathered_param_bytes(), "grads": 0, "optimizer": 0,
                "offloaded": 0}
         field = {"parameter": "params", "gradient": "grads", "optimizer_state": "optimizer"}
-        for role, size, device in storage_roles(self.state_tensors()).values():
+        tensors = self.state_tensors()
+        for role, size, device in storage_roles(tensors).values():
             out[field[role]] += size
-            if device == "cpu" and self.env.device.type != "cpu":
-                out["offloaded"] += size
+        if self.env.device.type != "cpu":
+            # Host-resident state; 0-dim tensors are host scalars (AdamW's step counters), not offload.
+            host = {role: [t for t in ts if t is not None and t.device.type == "cpu" and t.dim() > 0]
+                    for role, ts in tensors.items()}
+            out["offloaded"] = sum(size for _, size, _ in storage_roles(host).values())
         return out
 
     @abstractmethod

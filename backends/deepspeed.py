@@ -44,6 +44,10 @@ class DeepSpeedBackend(Backend):
     @classmethod
     def init_distributed(cls, env, timeout_s: float) -> None:
         ensure_rendezvous_env()  # plain `python train.py`: a world of one, not MPI discovery
+        if env.device.type == "cuda":
+            # Before any collective: NCCL binds each rank's communicator to its current device,
+            # and the loop's first broadcast comes before deepspeed.initialize would set it.
+            torch.cuda.set_device(env.device)
         import_deepspeed().init_distributed(dist_backend=env.comm_backend, auto_mpi_discovery=False,
                                             timeout=timedelta(seconds=timeout_s))
         if env.device.type == "cpu":

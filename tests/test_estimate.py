@@ -73,3 +73,29 @@ def test_estimate_against_every_backend_of_the_quick_matrix(quick_sweep):
         errors.append((run["run_name"], states_error, peak_error))
     bad = [e for e in errors if abs(e[1]) > 0.05 or abs(e[2]) > 0.15]
     assert not bad, "\n".join(f"{n}: model states {s:+.1%}, peak {p:+.1%}" for n, s, p in bad)
+
+
+GPU_REFERENCE = REPO / "runs" / "reference"
+
+
+def test_estimate_against_the_gpu_reference_runs():
+    """The committed CUDA records (runs/reference/<device>/): the estimated peak within 10% of the
+    allocator's measured peak for every run, and above the device's memory for every run that ran
+    out of it."""
+    import re
+
+    runs = load_runs(GPU_REFERENCE)
+    runs = runs[runs["config.environment.device"].astype(str).str.startswith("cuda")]
+    assert len(runs) >= 40, f"expected the committed GPU reference records under {GPU_REFERENCE}"
+    bad = []
+    for _, run in runs.iterrows():
+        est = estimate_run(run)
+        if run["status"] == "ok":
+            error = est.total_bytes / run["mem_peak_bytes"] - 1
+            if abs(error) > 0.10:
+                bad.append(f"{run['run_dir']}: peak {error:+.1%}")
+        elif run["status"] == "oom":
+            capacity = float(re.search(r"total capacity of ([\d.]+) GiB", run["error"]).group(1)) * 2**30
+            if est.total_bytes <= capacity:
+                bad.append(f"{run['run_dir']}: ran out of memory, estimated {est.total_bytes / 2**30:.1f} GiB")
+    assert not bad, "\n".join(bad)

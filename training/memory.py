@@ -207,8 +207,8 @@ class ProfiledWindow:
             block.size = max(block.size, size)
 
         # Blocks from before the window: the backend's own tensors at the first snapshot...
-        for ptr, (_, size, _) in (self.snapshots[0].items() if self.snapshots else ()):
-            if ptr not in first_allocation:
+        for ptr, (_, size, where) in (self.snapshots[0].items() if self.snapshots else ()):
+            if where == device.type and ptr not in first_allocation:  # offloaded state is not on the device
                 note_early(ptr, size)
         # ...and every tensor an op read whose storage was not allocated in the window before.
         for e in events:
