@@ -14,7 +14,7 @@ import collections
 import sys
 import textwrap
 
-from gptlite.model import ConfigError
+from gptlite.errors import ConfigError
 
 EPILOG = textwrap.dedent("""\
     A spec (see sweeps/README.md) is a matrix over backend configs (single, ddp, fsdp_configs/*.yaml,
@@ -25,13 +25,10 @@ EPILOG = textwrap.dedent("""\
     skips runs already done (--retry_failed reruns failed and timed-out ones).""")
 
 
-class _OneLineParser(argparse.ArgumentParser):
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _OneLineParser(prog="sweep.py", description=__doc__.splitlines()[0], epilog=EPILOG,
+    from training.cli import OneLineParser
+
+    p = OneLineParser(prog="sweep.py", description=__doc__.splitlines()[0], epilog=EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("spec", help="sweep spec (YAML), e.g. sweeps/cpu_quick.yaml")
     p.add_argument("--dry_run", action="store_true", help="list the planned runs and their commands; run nothing")
@@ -104,7 +101,7 @@ def _max_batch(args, spec, runs, runner) -> int:
 
     configs = {}
     for run in runs:  # one search per configuration: the micro_batch dimension is searched instead
-        configs.setdefault(run.name.replace(f"-mb{dict(run.flags)['micro_batch']}-", "-"), run)
+        configs.setdefault(run.config_key, run)
     probe_runner = Runner(spec.directory / "max_batch", spec.timeout_s, retry_failed=args.retry_failed)
     results, failures = [], 0
     with _progress(len(configs), f"{spec.name} max batch") as bar:

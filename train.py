@@ -10,8 +10,8 @@ Every flag is explained by `python train.py --help`.
 
 import sys
 
-from training.config import build_parser, parse_args
-from training.loop import main
+from training.cli import build_parser, parse_args
+from training.run import main
 
 DESCRIPTION = (
     "Train the GPT-lite model under one distributed-training backend, with the same data, "

@@ -34,7 +34,7 @@ def with_estimates(runs: pd.DataFrame) -> pd.DataFrame:
     for _, run in runs.iterrows():
         try:
             est = estimate_run(run) if run.get("status") == "ok" else None
-        except (KeyError, ValueError, TypeError) as e:  # a record from another schema: no estimate
+        except (OSError, KeyError, ValueError, TypeError) as e:  # no config.json, or another schema: no estimate
             print(f"no estimate for {run.get('run_name')}: {e}", file=sys.stderr)
             est = None
         rows.append({} if est is None else {

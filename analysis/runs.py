@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from core.summary import RunSummary
+
 
 def _flatten(prefix: str, obj, out: dict) -> None:
     if isinstance(obj, dict):
@@ -42,7 +44,8 @@ def ckpt_label(row: dict) -> str:
 
 
 def load_runs(path: str | Path) -> pd.DataFrame:
-    """One row per run: the summary's fields, then the config's flattened under `config.`.
+    """One row per run: the summary's fields (core.summary.RunSummary, every field present), then
+    the config's flattened under `config.`.
 
     Failed, out-of-memory, timed-out and still-running (or killed) runs are included with their
     status. Derived columns: `label` (the backend configuration's short name, see config_label)
@@ -51,7 +54,7 @@ def load_runs(path: str | Path) -> pd.DataFrame:
     rows = []
     for run_dir in run_dirs(path):
         row = {"run_dir": str(run_dir)}
-        _flatten("", json.loads((run_dir / "summary.json").read_text()), row)
+        _flatten("", RunSummary.from_dict(json.loads((run_dir / "summary.json").read_text())).to_dict(), row)
         config_path = run_dir / "config.json"
         if config_path.exists():
             _flatten("config", json.loads(config_path.read_text()), row)

@@ -12,7 +12,7 @@ Three of accelerate's defaults would silently change the training, so the backen
 - the LR scheduler is not passed to prepare(): accelerate's wrapper steps it once per process per
   optimizer step;
 - fp16 on CPU is refused: accelerate would run it as fp32 without saying so.
-The process group is created by the suite beforehand (training/dist.py), which Accelerator accepts.
+The process group is created by the suite beforehand (core/dist.py), which Accelerator accepts.
 """
 
 from __future__ import annotations
@@ -24,14 +24,14 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from backends.torch_backend import TorchBackend
-from gptlite.model import ConfigError
+from gptlite.errors import ConfigError
 
 PLUGINS = ("none", "fsdp", "deepspeed")
 
 
 class AccelerateBackend(TorchBackend):
     name = "accelerate"
-    summary = "Hugging Face accelerate's Accelerator (DDP; its FSDP or DeepSpeed plugin on GPUs)"
+    uses_autocast = False  # the prepared model autocasts itself
 
     @classmethod
     def resolve(cls, cfg, env):
@@ -66,7 +66,6 @@ class AccelerateBackend(TorchBackend):
                                f"{dist.get_world_size()}")
         super().setup(model)
         self.model, self.optimizer = self.accelerator.prepare(self.model, self.optimizer)
-        self.autocast_dtype = None  # the prepared model autocasts itself
 
     def build_scaler(self, enabled: bool):
         return torch.amp.GradScaler(self.env.device.type, enabled=False)  # accelerate scales fp16 itself

@@ -18,12 +18,9 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (Checkpo
                                                                          apply_activation_checkpointing,
                                                                          checkpoint_wrapper, offload_wrapper)
 
-TORCH_IMPLS = {
-    "torch_nonreentrant": CheckpointImpl.NO_REENTRANT,
-    "torch_reentrant": CheckpointImpl.REENTRANT,
-}
-DEEPSPEED_IMPLS = ("deepspeed", "deepspeed_nonreentrant")
-CKPT_IMPLS = (*TORCH_IMPLS, *DEEPSPEED_IMPLS)
+from core.config import TORCH_CKPT_IMPLS
+
+TORCH_IMPLS = dict(zip(TORCH_CKPT_IMPLS, (CheckpointImpl.NO_REENTRANT, CheckpointImpl.REENTRANT)))
 
 
 def checkpointed_indices(n_layer: int, interval: int) -> list[int]:

@@ -21,7 +21,7 @@ H = 0 fetches each block's inputs when its backward asks for them, as torch's ow
 (offload_wrapper, save_on_cpu) does. On a CPU-only machine the copies are host to host: the
 mechanics run, the memory does not move (tests check the mechanics, not the speed).
 DeepSpeed's checkpoints keep their inputs on the autograd context outside autograd's saved tensors,
-out of the hooks' reach: with them the run is refused (training/config.py); the torch checkpoints
+out of the hooks' reach: with them the run is refused (core/config.py); the torch checkpoints
 run under the DeepSpeed backend instead.
 SageMaker's model-parallel library had this (`activation_loading_horizon`); it is tied to SageMaker.
 """

@@ -9,26 +9,29 @@ The loop (training/loop.py) never branches on the backend. For each optimizer st
     backend.step()
 
 A backend owns the wrapped model, the optimizer, the learning-rate schedule and the precision
-handling, and reports what it holds per rank (`model_state_bytes`) and how it is set up
-(`describe`, recorded in the run's config.json).
+handling. Before any process exists, `resolve` completes the run configuration and freezes the
+backend's plan (its config file, read once: FSDPConfig, FSDP2Config, the DeepSpeed plan), which
+the backend keeps and the record stores whole. What it holds per rank it reports through a small
+separate interface (`accounting()`, core/memory.py); how it is set up through `describe`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-from pathlib import Path
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, ClassVar
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
 
 import torch
 import torch.nn as nn
 
-from training.dist import DistEnv, init_process_group
-from training.memory import storage_roles
-
-if TYPE_CHECKING:  # training.config imports the backend registry
-    from training.config import RunConfig
+from core.config import (DEFAULT_GRAD_ACCUM, DEFAULT_GRAD_CLIP, DEFAULT_LR, DEFAULT_LR_WARMUP_STEPS,
+                         DEFAULT_MICRO_BATCH, RunConfig)
+from core.dist import DistEnv, init_process_group
+from core.memory import MemoryAccounting
+from gptlite.errors import ConfigError
 
 # The article's DeepSpeed optimizer, used by every backend: AdamW with these constants.
 ADAM_BETAS = (0.8, 0.999)
@@ -52,42 +55,68 @@ def warmup_factor(step: int, warmup_steps: int) -> float:
     return iteration / warmup if iteration < warmup else 1.0
 
 
+@dataclass(frozen=True)
+class Resolved:
+    """What `Backend.resolve` decided: the backend, the completed run configuration, and the
+    backend's frozen plan (None for backends without options: single, ddp, accelerate)."""
+
+    backend: type["Backend"]
+    cfg: RunConfig
+    plan: Any = None
+
+    def plan_record(self) -> dict | None:
+        """The plan as the record stores it (config.json's `plan`)."""
+        return dataclasses.asdict(self.plan) if self.plan is not None else None
+
+    def build(self, env: DistEnv) -> "Backend":
+        return self.backend(self.cfg, env, self.plan)
+
+
 class Backend(ABC):
     name: ClassVar[str]
-    summary: ClassVar[str]  # one line for --help
     # Whether the backend needs a torch.distributed process group (even for a world of one).
     needs_process_group: ClassVar[bool] = True
     # How save_checkpoint writes: "torch" (state dicts), "dcp" (torch.distributed.checkpoint) or
     # "deepspeed" (the engine's own); training/export.py reads each back into one state dict.
     checkpoint_format: ClassVar[str] = "torch"
 
-    def __init__(self, cfg: RunConfig, env: DistEnv):
+    def __init__(self, cfg: RunConfig, env: DistEnv, plan: Any = None):
         self.cfg = cfg
         self.env = env
+        self.plan = plan
         self.model: nn.Module | None = None
 
     @classmethod
-    def resolve(cls, cfg: RunConfig, env: DistEnv) -> RunConfig:
-        """`cfg` with this backend's defaults filled in (precision, config files read).
+    def resolve(cls, cfg: RunConfig, env: DistEnv) -> Resolved:
+        """`cfg` completed with this backend's defaults, and its plan.
 
         Raises ConfigError for what this backend cannot run (world size, options); called before
-        any process group exists, so bad input fails fast with a one-line error.
+        any process group exists, so bad input fails fast with a one-line error. Subclasses with
+        a config file read it here, once, and pass the result on as the plan.
         """
-        from training.config import (DEFAULT_GRAD_ACCUM, DEFAULT_GRAD_CLIP, DEFAULT_LR, DEFAULT_LR_WARMUP_STEPS,
-                                     DEFAULT_MICRO_BATCH)
+        return cls.resolved(cfg, env)
+
+    @classmethod
+    def resolved(cls, cfg: RunConfig, env: DistEnv, plan: Any = None) -> Resolved:
+        """The checks and defaults every backend shares: options other backends own are refused."""
+        for name, owners in cfg.backend_specific().items():
+            if cls.name not in owners:
+                which = f"backends {' and '.join(owners)}" if len(owners) > 1 else f"backend {owners[0]}"
+                raise ConfigError(f"{name} applies to {which} (got backend {cls.name!r})")
 
         def default(value, fallback):
             return fallback if value is None else value
 
-        return dataclasses.replace(
+        return Resolved(cls, dataclasses.replace(
             cfg,
+            backend=cls.name,
             precision=default(cfg.precision, "fp32"),
             micro_batch=default(cfg.micro_batch, DEFAULT_MICRO_BATCH),
             grad_accum=default(cfg.grad_accum, DEFAULT_GRAD_ACCUM),
             lr=default(cfg.lr, DEFAULT_LR),
             lr_warmup_steps=default(cfg.lr_warmup_steps, DEFAULT_LR_WARMUP_STEPS),
             grad_clip=default(cfg.grad_clip, DEFAULT_GRAD_CLIP),
-        )
+        ), plan)
 
     @classmethod
     def init_distributed(cls, env: DistEnv, timeout_s: float) -> None:
@@ -119,56 +148,8 @@ class Backend(ABC):
         """The learning rate the next `step` applies."""
 
     @abstractmethod
-    def state_tensors(self) -> dict[str, list[torch.Tensor]]:
-        """This rank's model state as it is right now, by role: "parameter", "gradient",
-        "optimizer_state" (local shards; views and aliases are fine, storage is counted once)."""
-
-    # Unsharded parameters a sharded backend holds from forward until backward frees them: measured
-    # by a forward hook, armed by the loop for the last step only (model_state_bytes reads it).
-    _gathered_bytes = 0
-    _gathered_hook = None
-
-    def measure_gathered(self) -> int:
-        """Unsharded parameter bytes allocated right now (sharded backends override)."""
-        return 0
-
-    def gathered_root(self) -> nn.Module:
-        """The module whose forward hook sees the parameters still gathered."""
-        return self.model
-
-    def watch_gathered_params(self) -> None:
-        """From now on, measure after each forward what `measure_gathered` reports."""
-        if self._gathered_hook is None and type(self).measure_gathered is not Backend.measure_gathered:
-            def hook(module, args, output):
-                self._gathered_bytes = self.measure_gathered()
-
-            self._gathered_hook = self.gathered_root().register_forward_hook(hook)
-
-    def gathered_param_bytes(self) -> int:
-        """Unsharded parameter bytes still allocated after the last watched forward."""
-        return self._gathered_bytes
-
-    def memory_roles(self) -> dict[int, tuple[str, int, str]]:
-        """The storages of `state_tensors`, for the memory breakdown (training.memory)."""
-        return storage_roles(self.state_tensors())
-
-    def model_state_bytes(self) -> dict[str, int]:
-        """Bytes of model state this rank holds: see runs/README.md, `model_state_bytes`.
-
-        Called by the loop after the last backward of a step, before `step`, so gradients exist.
-        """
-        out = {"params": 0, "params_gathered": self.gathered_param_bytes(), "grads": 0, "optimizer": 0,
-               "offloaded": 0}
-        field = {"parameter": "params", "gradient": "grads", "optimizer_state": "optimizer"}
-        tensors = self.state_tensors()
-        for role, size, device in storage_roles(tensors).values():
-            out[field[role]] += size
-        if self.env.device.type != "cpu":
-            # Host-resident state; 0-dim tensors are host scalars (AdamW's step counters), not offload.
-            host = {role: [t for t in ts if t is not None and t.device.type == "cpu" and t.dim() > 0]
-                    for role, ts in tensors.items()}
-            out["offloaded"] = sum(size for _, size, _ in storage_roles(host).values())
-        return out
+    def accounting(self) -> MemoryAccounting:
+        """What this rank holds, by role, for the memory measurements (after setup)."""
 
     @abstractmethod
     def save_checkpoint(self, directory: Path) -> None:

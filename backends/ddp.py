@@ -10,7 +10,6 @@ from backends.torch_backend import TorchBackend
 
 class DDPBackend(TorchBackend):
     name = "ddp"
-    summary = "torch DistributedDataParallel (full replica per rank)"
 
     def wrap(self, model: nn.Module) -> nn.Module:
         device_ids = [self.env.device.index] if self.env.device.type == "cuda" else None

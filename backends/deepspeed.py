@@ -18,28 +18,81 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from backends import deepspeed_config
+from backends import deepspeed_plan
 from backends.activation_checkpointing import apply_ac
 from backends.activation_offload import make_offloader
-from backends.base import Backend
+from backends.base import Backend, Resolved
 from backends.deepspeed_support import (deepspeed_wrapper, import_deepspeed, model_state_estimate,
                                         unlink_shm_allreduce_buffer)
-from training.dist import ensure_rendezvous_env
-from training.memory import storage_roles
+from core.dist import ensure_rendezvous_env
+from core.memory import MemoryAccounting
+from gptlite.errors import ConfigError
+
+
+class DeepSpeedAccounting(MemoryAccounting):
+    """The engine's fp32 master partitions and Adam state, its gradient buffers, and the module's
+    (ZeRO-3: partitioned) parameters."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def state_tensors(self) -> dict[str, list[torch.Tensor]]:
+        engine, opt = self.engine, self.engine.optimizer
+        inner = getattr(opt, "optimizer", opt)  # the optimizer that steps, under the ZeRO wrapper
+        module_params = list(engine.module.parameters())
+        masters = [*getattr(opt, "single_partition_of_fp32_groups", []),  # ZeRO-1/2
+                   *getattr(opt, "fp32_partitioned_groups_flat", []),  # ZeRO-3
+                   *(q for g in inner.param_groups for q in g["params"])]
+        averaged = getattr(opt, "averaged_gradients", None) or {}
+        grads = [p.grad for p in module_params] + [q.grad for q in masters]
+        grads += [getattr(opt, "grad_partitions_flat_buffer", None), getattr(opt, "grads_in_partition", None)]
+        for value in averaged.values():
+            grads += value if isinstance(value, list) else [value]
+        return {
+            # ZeRO-3 keeps each parameter's local partition in ds_tensor (the parameter itself is
+            # empty between uses); ZeRO-1/2 parameters are views into one flat 16/32-bit buffer.
+            "parameter": [p if getattr(p, "ds_persist", False) else getattr(p, "ds_tensor", p) for p in module_params],
+            "optimizer_state": masters + [v for state in inner.state.values() for v in state.values()
+                                          if torch.is_tensor(v)],
+            "gradient": [g for g in grads if torch.is_tensor(g)],
+        }
+
+    def gathered_root(self) -> nn.Module:
+        return self.engine.module
+
+    def gathered_bytes(self) -> int:
+        """After forward: ZeRO-3 parameters still gathered (with stage3_max_live_parameters and
+        max_reuse_distance at their 1e9 defaults, DeepSpeed keeps them until backward reuses them).
+        Parameters under stage3_param_persistence_threshold stay whole on every rank and are
+        counted with `params` instead."""
+        storages = {}
+        for p in self.engine.module.parameters():
+            if hasattr(p, "ds_tensor") and not getattr(p, "ds_persist", False) and p.data.numel():
+                storage = p.data.untyped_storage()
+                storages[storage.data_ptr()] = storage.nbytes()
+        return sum(storages.values())
+
+    def breakdown_tensors(self) -> dict[str, list[torch.Tensor]]:
+        # Gathered ZeRO-3 parameters are parameters too, for the memory breakdown (model state
+        # at rest stays the shards: state_tensors).
+        tensors = self.state_tensors()
+        tensors["parameter"] = tensors["parameter"] + [p.data for p in self.engine.module.parameters()]
+        return tensors
 
 
 class DeepSpeedBackend(Backend):
     name = "deepspeed"
-    summary = "DeepSpeed ZeRO 0-3, ZeRO-Offload, ZeRO-Infinity (CPU/NVMe), ZeRO++ (--deepspeed_config)"
     checkpoint_format = "deepspeed"
     CHECKPOINT_TAG = "ckpt"
 
     @classmethod
-    def resolve(cls, cfg, env):
-        plan = deepspeed_config.plan(cfg, env.world_size, env.device.type)
-        return super().resolve(dataclasses.replace(
+    def resolve(cls, cfg, env) -> Resolved:
+        if cfg.deepspeed_config is None:
+            raise ConfigError("backend deepspeed needs --deepspeed_config (a JSON file; see ds_configs/)")
+        plan = deepspeed_plan.plan(cfg, env.world_size, env.device.type)
+        return cls.resolved(dataclasses.replace(
             cfg, micro_batch=plan.micro_batch, grad_accum=plan.grad_accum, precision=plan.precision, lr=plan.lr,
-            lr_warmup_steps=plan.lr_warmup_steps, grad_clip=plan.grad_clip), env)
+            lr_warmup_steps=plan.lr_warmup_steps, grad_clip=plan.grad_clip), env, plan=plan)
 
     @classmethod
     def init_distributed(cls, env, timeout_s: float) -> None:
@@ -57,8 +110,7 @@ class DeepSpeedBackend(Backend):
 
     def setup(self, model: nn.Module) -> None:
         deepspeed = import_deepspeed()
-        cfg = self.cfg
-        self.plan = plan = deepspeed_config.plan(cfg, self.env.world_size, self.env.device.type)
+        cfg, plan = self.cfg, self.plan
         blocks = list(model.blocks)
         self.largest_layer_params = max(p.numel() for p in model.parameters())
         if cfg.ckpt_impl.startswith("deepspeed"):
@@ -96,48 +148,8 @@ class DeepSpeedBackend(Backend):
     def lr(self) -> float:
         return self.engine.get_lr()[0]
 
-    def state_tensors(self) -> dict[str, list[torch.Tensor]]:
-        engine, opt = self.engine, self.engine.optimizer
-        inner = getattr(opt, "optimizer", opt)  # the optimizer that steps, under the ZeRO wrapper
-        module_params = list(engine.module.parameters())
-        masters = [*getattr(opt, "single_partition_of_fp32_groups", []),  # ZeRO-1/2
-                   *getattr(opt, "fp32_partitioned_groups_flat", []),  # ZeRO-3
-                   *(q for g in inner.param_groups for q in g["params"])]
-        averaged = getattr(opt, "averaged_gradients", None) or {}
-        grads = [p.grad for p in module_params] + [q.grad for q in masters]
-        grads += [getattr(opt, "grad_partitions_flat_buffer", None), getattr(opt, "grads_in_partition", None)]
-        for value in averaged.values():
-            grads += value if isinstance(value, list) else [value]
-        return {
-            # ZeRO-3 keeps each parameter's local partition in ds_tensor (the parameter itself is
-            # empty between uses); ZeRO-1/2 parameters are views into one flat 16/32-bit buffer.
-            "parameter": [p if getattr(p, "ds_persist", False) else getattr(p, "ds_tensor", p) for p in module_params],
-            "optimizer_state": masters + [v for state in inner.state.values() for v in state.values()
-                                          if torch.is_tensor(v)],
-            "gradient": [g for g in grads if torch.is_tensor(g)],
-        }
-
-    def gathered_root(self) -> nn.Module:
-        return self.engine.module
-
-    def measure_gathered(self) -> int:
-        """After forward: ZeRO-3 parameters still gathered (with stage3_max_live_parameters and
-        max_reuse_distance at their 1e9 defaults, DeepSpeed keeps them until backward reuses them).
-        Parameters under stage3_param_persistence_threshold stay whole on every rank and are
-        counted with `params` instead."""
-        storages = {}
-        for p in self.engine.module.parameters():
-            if hasattr(p, "ds_tensor") and not getattr(p, "ds_persist", False) and p.data.numel():
-                storage = p.data.untyped_storage()
-                storages[storage.data_ptr()] = storage.nbytes()
-        return sum(storages.values())
-
-    def memory_roles(self):
-        # Gathered ZeRO-3 parameters are parameters too, for the memory breakdown (model state
-        # at rest stays the shards: state_tensors).
-        tensors = self.state_tensors()
-        tensors["parameter"] = tensors["parameter"] + [p.data for p in self.engine.module.parameters()]
-        return storage_roles(tensors)
+    def accounting(self) -> MemoryAccounting:
+        return DeepSpeedAccounting(self.engine)
 
     def describe(self) -> dict:
         plan = self.plan
@@ -156,8 +168,6 @@ class DeepSpeedBackend(Backend):
             "compute_dtype": plan.precision,
             "reduce_dtype": plan.config.get("communication_data_type") or plan.precision,
             "loss_scaling": "dynamic (DeepSpeed)" if plan.precision == "fp16" else None,
-            "config": plan.config,
-            "notes": plan.notes,
             "model_state_estimate": model_state_estimate(
                 plan.stage, n_params, self.largest_layer_params, self.env.world_size, self.env.local_world_size,
                 plan.offload_optimizer, plan.offload_param),

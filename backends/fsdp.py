@@ -25,34 +25,50 @@ from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 from backends import fsdp_config
 from backends.dcp_checkpoint import DCPCheckpointMixin
-from backends.torch_backend import TorchBackend
-from gptlite.model import Block, ConfigError
+from backends.torch_backend import TorchAccounting, TorchBackend
+from gptlite.errors import ConfigError
+from gptlite.model import Block
 
 # FSDP1 warns that NO_SHARD is deprecated in favour of DDP; the suite runs it on purpose.
 warnings.filterwarnings("ignore", message=".*NO_SHARD.*deprecated", category=FutureWarning)
 
 
+class FSDPAccounting(TorchAccounting):
+    def gathered_root(self) -> nn.Module:
+        return self.backend.model
+
+    def gathered_bytes(self) -> int:
+        """After the root's forward: unsharded parameters still allocated (freed in backward)."""
+        return sum(
+            h.flat_param._full_param_padded.untyped_storage().nbytes()
+            for h in self.backend.handles() if h.uses_sharded_strategy and hasattr(h.flat_param, "_full_param_padded"))
+
+    def extra_parameter_storage(self) -> list[torch.Tensor]:
+        # While a unit is gathered, its parameters point into the full buffer; the shard stays.
+        return [getattr(h.flat_param, "_local_shard", h.flat_param) for h in self.backend.handles()]
+
+
 class FSDPBackend(DCPCheckpointMixin, TorchBackend):
     name = "fsdp"
-    summary = "torch FullyShardedDataParallel: FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD (--fsdp_config)"
+    uses_autocast = False  # FSDP casts parameters itself; autocast on top would change what mixed precision means
 
     @classmethod
-    def resolve(cls, cfg, env):
-        options = fsdp_config.resolve_options(cfg, cls.name)
+    def resolve(cls, cfg, env, options: fsdp_config.FSDPConfig | None = None):
+        options = fsdp_config.resolve_options(cfg, cls.name, options)
         if options.sharding_strategy == "HYBRID_SHARD":
             size = options.hybrid_shard_size or env.local_world_size
             if size < 2 or env.world_size % size:
                 raise ConfigError(
                     f"hybrid_shard_size {size} must be >= 2 and divide the world size {env.world_size} "
                     "(HYBRID_SHARD shards within groups of that many ranks and replicates across them)")
-        return super().resolve(dataclasses.replace(cfg, precision=fsdp_config.precision_of(options)), env)
+        cfg = dataclasses.replace(cfg, precision=fsdp_config.precision_of(options))
+        super().resolve(cfg, env)  # the torch backends' checks
+        return cls.resolved(cfg, env, plan=options)
 
     def setup(self, model: nn.Module) -> None:
-        self.options = fsdp_config.resolve_options(self.cfg, self.name)
+        self.options = self.plan
         self.notes: list[str] = []
         super().setup(model)
-        # FSDP casts parameters itself; autocast on top would change what mixed precision means.
-        self.autocast_dtype = None
 
     def wrap(self, model: nn.Module) -> nn.Module:
         o = self.options
@@ -97,18 +113,11 @@ class FSDPBackend(DCPCheckpointMixin, TorchBackend):
     def micro_step(self, sync: bool):
         return super().micro_step(sync) if sync else self.model.no_sync()
 
-    def _handles(self):
+    def handles(self):
         return [m._handle for m in FullyShardedDataParallel.fsdp_modules(self.model) if m._handle is not None]
 
-    def measure_gathered(self) -> int:
-        """After the root's forward: unsharded parameters still allocated (freed in backward)."""
-        return sum(
-            h.flat_param._full_param_padded.untyped_storage().nbytes()
-            for h in self._handles() if h.uses_sharded_strategy and hasattr(h.flat_param, "_full_param_padded"))
-
-    def extra_parameter_storage(self) -> list[torch.Tensor]:
-        # While a unit is gathered, its parameters point into the full buffer; the shard stays.
-        return [getattr(h.flat_param, "_local_shard", h.flat_param) for h in self._handles()]
+    def accounting(self) -> FSDPAccounting:
+        return FSDPAccounting(self)
 
     def describe(self) -> dict:
         o = self.options
@@ -116,7 +125,6 @@ class FSDPBackend(DCPCheckpointMixin, TorchBackend):
         return {
             **super().describe(),
             "wrapper": "FullyShardedDataParallel",
-            "options": dataclasses.asdict(o),
             "compute_dtype": mp.param_dtype if mp else "fp32",
             "reduce_dtype": mp.reduce_dtype if mp else "fp32",
             "cpu_offload_applied": self.offload_applied,

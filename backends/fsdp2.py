@@ -16,22 +16,36 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 
 from backends import fsdp_config
 from backends.dcp_checkpoint import DCPCheckpointMixin
-from backends.torch_backend import TorchBackend
+from backends.torch_backend import TorchAccounting, TorchBackend
+
+
+class FSDP2Accounting(TorchAccounting):
+    def gathered_root(self) -> nn.Module:
+        return self.backend.model
+
+    def gathered_bytes(self) -> int:
+        """After the root's forward: all-gathered parameters still allocated (freed in backward)."""
+        return sum(t.untyped_storage().nbytes() for p in self.backend.fsdp_params() for t in p.all_gather_outputs)
+
+    def extra_parameter_storage(self) -> list:
+        # While gathered, the module's parameters are the unsharded ones; the shards stay.
+        return [p._sharded_param_data for p in self.backend.fsdp_params()]
 
 
 class FSDP2Backend(DCPCheckpointMixin, TorchBackend):
     name = "fsdp2"
-    summary = "torch fully_shard (FSDP2) per block and root; reshard_after_forward true/false (--fsdp_config)"
+    uses_autocast = False  # the MixedPrecisionPolicy casts; no autocast on top
 
     @classmethod
-    def resolve(cls, cfg, env):
-        options = fsdp_config.resolve_options(cfg, cls.name)
-        return super().resolve(dataclasses.replace(cfg, precision=fsdp_config.precision_of(options)), env)
+    def resolve(cls, cfg, env, options: fsdp_config.FSDP2Config | None = None):
+        options = fsdp_config.resolve_options(cfg, cls.name, options)
+        cfg = dataclasses.replace(cfg, precision=fsdp_config.precision_of(options))
+        super().resolve(cfg, env)  # the torch backends' checks
+        return cls.resolved(cfg, env, plan=options)
 
     def setup(self, model: nn.Module) -> None:
-        self.options = fsdp_config.resolve_options(self.cfg, self.name)
+        self.options = self.plan
         super().setup(model)
-        self.autocast_dtype = None  # the MixedPrecisionPolicy casts; no autocast on top
 
     def wrap(self, model: nn.Module) -> nn.Module:
         o = self.options
@@ -55,28 +69,21 @@ class FSDP2Backend(DCPCheckpointMixin, TorchBackend):
         self.model.set_requires_gradient_sync(sync)
         return super().micro_step(sync)
 
-    def measure_gathered(self) -> int:
-        """After the root's forward: all-gathered parameters still allocated (freed in backward)."""
-        return sum(t.untyped_storage().nbytes() for p in self._fsdp_params()
-                                   for t in p.all_gather_outputs)
-
-    def _fsdp_params(self):
+    def fsdp_params(self):
         for m in self.model.modules():
             if isinstance(m, FSDPModule):
                 group = m._get_fsdp_state()._fsdp_param_group
                 if group is not None:
                     yield from group.fsdp_params
 
-    def extra_parameter_storage(self) -> list:
-        # While gathered, the module's parameters are the unsharded ones; the shards stay.
-        return [p._sharded_param_data for p in self._fsdp_params()]
+    def accounting(self) -> FSDP2Accounting:
+        return FSDP2Accounting(self)
 
     def describe(self) -> dict:
         mp = self.options.mixed_precision
         return {
             **super().describe(),
             "wrapper": "fully_shard (FSDP2)",
-            "options": dataclasses.asdict(self.options),
             "compute_dtype": mp.param_dtype if mp else "fp32",
             "reduce_dtype": mp.reduce_dtype if mp else "fp32",
             "cpu_offload_applied": self.options.cpu_offload,

@@ -7,15 +7,14 @@ it. Keys are FSDP's own option names; see fsdp_configs/README.md for each.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
 import torch
 
-from gptlite.model import ConfigError
-from training.configfile import from_dict, read_yaml
+from gptlite.errors import ConfigError
+from core.configfile import from_dict, read_yaml
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD")
@@ -27,7 +26,7 @@ def _check_choice(name: str, value, allowed) -> None:
         raise ConfigError(f"{name} must be one of {', '.join(map(str, allowed))} (got {value!r})")
 
 
-@dataclass
+@dataclass(frozen=True)
 class MixedPrecisionConfig:
     """Dtypes of FSDP's mixed precision. The sharded master parameters stay fp32 either way."""
 
@@ -50,7 +49,7 @@ class MixedPrecisionConfig:
         return None if precision == "fp32" else cls(precision, "fp32", precision)
 
 
-@dataclass
+@dataclass(frozen=True)
 class FSDPConfig:
     """FSDP1 (torch.distributed.fsdp.FullyShardedDataParallel), auto-wrapped on GPT-lite's Block."""
 
@@ -84,7 +83,7 @@ class FSDPConfig:
                                   "never syncs gradients between replicas with shard groups of one rank")
 
 
-@dataclass
+@dataclass(frozen=True)
 class MixedPrecisionPolicyConfig:
     """FSDP2's MixedPrecisionPolicy."""
 
@@ -104,7 +103,7 @@ class MixedPrecisionPolicyConfig:
         return None if precision == "fp32" else cls(precision, "fp32")
 
 
-@dataclass
+@dataclass(frozen=True)
 class FSDP2Config:
     """FSDP2 (torch.distributed.fsdp.fully_shard) on each Block, then the root."""
 
@@ -124,7 +123,6 @@ class FSDP2Config:
 CONFIG_CLASSES = {"fsdp": FSDPConfig, "fsdp2": FSDP2Config}
 
 
-@functools.lru_cache(maxsize=16)
 def load(path: str) -> FSDPConfig | FSDP2Config:
     """The config in `path`; its `backend` key picks the dataclass (default fsdp)."""
     raw = read_yaml(path, flag="--fsdp_config")
@@ -143,10 +141,11 @@ def precision_of(options: FSDPConfig | FSDP2Config) -> str:
     return options.mixed_precision.precision if options.mixed_precision else "fp32"
 
 
-def resolve_options(cfg, backend: str) -> FSDPConfig | FSDP2Config:
-    """The options a run of `backend` uses: its --fsdp_config file (or the default), with
-    --precision, when given, replacing the file's mixed precision."""
-    options = load(cfg.fsdp_config) if cfg.fsdp_config else default(backend)
+def resolve_options(cfg, backend: str, loaded: FSDPConfig | FSDP2Config | None = None) -> FSDPConfig | FSDP2Config:
+    """The options a run of `backend` uses: its --fsdp_config file (`loaded` when the caller has
+    read it already; else read now) or the default, with --precision, when given, replacing the
+    file's mixed precision."""
+    options = loaded or (load(cfg.fsdp_config) if cfg.fsdp_config else default(backend))
     if options.backend != backend:
         raise ConfigError(f"--fsdp_config {cfg.fsdp_config} is for backend {options.backend}, not {backend}")
     if cfg.precision is not None and cfg.precision != precision_of(options):
@@ -157,3 +156,9 @@ def resolve_options(cfg, backend: str) -> FSDPConfig | FSDP2Config:
 
 def shipped_configs() -> list[Path]:
     return sorted((Path(__file__).resolve().parent.parent / "fsdp_configs").glob("*.yaml"))
+
+
+def from_record(plan: dict) -> FSDPConfig | FSDP2Config:
+    """The options as a run record's `plan` holds them (what the estimator reads back)."""
+    cls = FSDP2Config if plan.get("backend") == "fsdp2" else FSDPConfig
+    return from_dict(cls, plan, where="the run record's plan")

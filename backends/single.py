@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from backends.torch_backend import TorchBackend
-from gptlite.model import ConfigError
-from training.dist import DistEnv
+from gptlite.errors import ConfigError
+from core.dist import DistEnv
 
 
 class SingleBackend(TorchBackend):
     name = "single"
-    summary = "one process, no wrapper (the reference)"
     needs_process_group = False
 
     @classmethod

@@ -8,25 +8,59 @@ synchronisation on non-final micro-steps (`micro_step`).
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import torch
 import torch.nn as nn
 
-from backends.activation_checkpointing import DEEPSPEED_IMPLS, TORCH_IMPLS, apply_ac
+from backends.activation_checkpointing import apply_ac
 from backends.activation_offload import make_offloader
 from backends.base import ADAM_BETAS, ADAM_EPS, WEIGHT_DECAY, Backend, local_tensor, warmup_factor
-from gptlite.model import ConfigError
+from core.config import DEEPSPEED_CKPT_IMPLS, TORCH_CKPT_IMPLS
+from core.memory import MemoryAccounting
+from gptlite.errors import ConfigError
 
 AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+class TorchAccounting(MemoryAccounting):
+    """A torch backend's parameters (plus any shard storage a wrapper keeps aside), their
+    gradients and the optimizer's state."""
+
+    def __init__(self, backend: "TorchBackend"):
+        self.backend = backend
+
+    def state_tensors(self) -> dict[str, list[torch.Tensor]]:
+        model, optimizer = self.backend.model, self.backend.optimizer
+        params = list(model.parameters())
+        with warnings.catch_warnings():
+            # FSDP1's unsharded parameters are views (not leaves) between forward and backward: their
+            # .grad is None, with a warning; their gradients live in the flat parameter's.
+            warnings.simplefilter("ignore", UserWarning)
+            grads = [local_tensor(p.grad) for p in params if p.grad is not None]
+        return {
+            "parameter": [local_tensor(p) for p in params] + self.extra_parameter_storage(),
+            "gradient": grads,
+            "optimizer_state": [local_tensor(v) for state in optimizer.state.values() for v in state.values()
+                                if torch.is_tensor(v)],
+        }
+
+    def extra_parameter_storage(self) -> list[torch.Tensor]:
+        """Parameter storage that model.parameters() does not reach (a wrapper's own shards)."""
+        return []
+
+
 class TorchBackend(Backend):
+    # Mixed precision by autocast over fp32 weights; backends that cast the module's parameters
+    # themselves (FSDP's MixedPrecision, FSDP2's policy, accelerate's prepared model) turn it off.
+    uses_autocast = True
+
     @classmethod
     def resolve(cls, cfg, env):
-        if cfg.ckpt_impl in DEEPSPEED_IMPLS:
+        if cfg.ckpt_impl in DEEPSPEED_CKPT_IMPLS:
             raise ConfigError(f"ckpt_impl {cfg.ckpt_impl} needs the deepspeed backend; "
-                              f"backend {cls.name} supports {', '.join(TORCH_IMPLS)}")
+                              f"backend {cls.name} supports {', '.join(TORCH_CKPT_IMPLS)}")
         return super().resolve(cfg, env)
 
     def setup(self, model: nn.Module) -> None:
@@ -40,7 +74,7 @@ class TorchBackend(Backend):
         self.optimizer = self.build_optimizer(self.model.parameters())
         warmup = self.cfg.lr_warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: warmup_factor(s, warmup))
-        self.autocast_dtype = AUTOCAST_DTYPES[self.cfg.precision]
+        self.autocast_dtype = AUTOCAST_DTYPES[self.cfg.precision] if self.uses_autocast else None
         self.scaler = self.build_scaler(enabled=self.cfg.precision == "fp16")
 
     def wrap(self, model: nn.Module) -> nn.Module:
@@ -79,18 +113,8 @@ class TorchBackend(Backend):
     def lr(self) -> float:
         return self.optimizer.param_groups[0]["lr"]
 
-    def state_tensors(self) -> dict[str, list[torch.Tensor]]:
-        params = list(self.model.parameters())
-        return {
-            "parameter": [local_tensor(p) for p in params] + self.extra_parameter_storage(),
-            "gradient": [local_tensor(p.grad) for p in params if p.grad is not None],
-            "optimizer_state": [local_tensor(v) for state in self.optimizer.state.values() for v in state.values()
-                                if torch.is_tensor(v)],
-        }
-
-    def extra_parameter_storage(self) -> list[torch.Tensor]:
-        """Parameter storage that model.parameters() does not reach (a wrapper's own shards)."""
-        return []
+    def accounting(self) -> MemoryAccounting:
+        return TorchAccounting(self)
 
     def unwrapped(self) -> nn.Module:
         """The model without the data-parallel wrapper (checkpoint wrappers strip their own

@@ -6,7 +6,7 @@
 A benchmark, not a test: it times; it asserts nothing. It runs eager, compiled, eager again (the
 two eager runs give the spread), each on its own freshly built model with torch's AdamW (the
 suite's constants) under bf16 autocast, and prints one line per run. The first step of the
-compiled run includes compilation. MFU: model FLOPs (training/flops.py) over the device's dense
+compiled run includes compilation. MFU: model FLOPs (core/flops.py) over the device's dense
 bf16 peak. This is how the README's compile figure for the H100 was measured; `--compile` inside
 train.py is the compiled-training issue's work.
 """
@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from gptlite.model import build_model, preset  # noqa: E402
-from training.flops import flops_per_token, peak_flops  # noqa: E402
+from core.flops import flops_per_token, peak_flops  # noqa: E402
 
 
 def run(cfg, compiled: bool, micro_batch: int, steps: int, warmup: int, device: str) -> str:

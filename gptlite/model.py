@@ -21,11 +21,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from gptlite.errors import ConfigError
+
 ATTENTION_IMPLS = ("naive", "sdpa")
-
-
-class ConfigError(ValueError):
-    """A configuration value is invalid. The message names the field and what is allowed."""
 
 
 @dataclass(frozen=True)
@@ -59,6 +57,14 @@ class GPTConfig:
     @property
     def head_size(self) -> int:
         return self.n_embd // self.n_head
+
+    @property
+    def n_params(self) -> int:
+        """Parameters of GPTLite(self), by formula (tests check it against the built model): per
+        block two LayerNorms (4C), q, k, v (3C^2), proj (C^2 + C), the feed-forward (8C^2 + 5C);
+        token and position embeddings, the final LayerNorm and lm_head (no bias)."""
+        C = self.n_embd
+        return self.n_layer * (12 * C * C + 10 * C) + 2 * self.vocab_size * C + self.block_size * C + 2 * C
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -148,7 +154,9 @@ class Block(nn.Module):
 
 
 class GPTLite(nn.Module):
-    def __init__(self, cfg: GPTConfig):
+    def __init__(self, cfg: GPTConfig, init_weights: bool = True):
+        # init_weights=False: for counting and shapes on the meta device, where initialising costs
+        # torch's reference-op machinery (about 1 s of imports) for nothing.
         super().__init__()
         self.config = cfg
         self.token_embedding = nn.Embedding(cfg.vocab_size, cfg.n_embd)
@@ -158,7 +166,8 @@ class GPTLite(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.ln = nn.LayerNorm(cfg.n_embd)
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
-        self.apply(_init_weights)
+        if init_weights:
+            self.apply(_init_weights)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
         """Logits (B, T, vocab) and, given targets, the mean cross-entropy loss."""
@@ -188,6 +197,12 @@ def _init_weights(module: nn.Module) -> None:
 
 def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+def meta_model(cfg: GPTConfig) -> GPTLite:
+    """The model's structure without memory or initialisation: for counting parameters."""
+    with torch.device("meta"):
+        return GPTLite(cfg, init_weights=False)
 
 
 def build_model(cfg: GPTConfig, seed: int) -> GPTLite:

@@ -27,8 +27,8 @@ from backends import get_backend  # noqa: E402
 from backends.base import local_tensor  # noqa: E402
 from gptlite.data import BatchLayout, CharDataset  # noqa: E402
 from gptlite.model import build_model  # noqa: E402
-from training.config import RunConfig  # noqa: E402
-from training.dist import DistEnv, destroy_process_group, gather_floats  # noqa: E402
+from core.config import RunConfig  # noqa: E402
+from core.dist import DistEnv, destroy_process_group, gather_floats  # noqa: E402
 from training.export import plain_name  # noqa: E402
 from training.loop import accumulate_gradients  # noqa: E402
 
@@ -44,9 +44,8 @@ def offload_fields(offload: str) -> dict:
 def run_case(base: dict, interval: int, impl: str, offload: str, env: DistEnv, data: CharDataset,
              freeze_embeddings: bool) -> dict:
     cfg = RunConfig(**base, ckpt_interval=interval, ckpt_impl=impl, **offload_fields(offload))
-    backend_cls = get_backend(cfg.backend)
-    cfg = backend_cls.resolve(cfg, env)
-    backend = backend_cls(cfg, env)
+    resolved = get_backend(cfg.backend).resolve(cfg, env)
+    cfg, backend = resolved.cfg, resolved.build(env)
     model = build_model(cfg.model_config(vocab_size=data.vocab_size), cfg.seed)
     if freeze_embeddings:
         for p in (*model.token_embedding.parameters(), *model.position_embedding.parameters()):
@@ -68,7 +67,7 @@ def run_case(base: dict, interval: int, impl: str, offload: str, env: DistEnv, d
                      for n, p in backend.model.named_parameters() if p.grad is not None}
             if not grads:
                 grads = {f"gradient buffer {i}": g.detach().clone()
-                         for i, g in enumerate(backend.state_tensors()["gradient"])}
+                         for i, g in enumerate(backend.accounting().state_tensors()["gradient"])}
             if offloader is not None:  # what the offloader did in the first step's (last) backward
                 schedule = {"events": [(e.kind, e.block, e.during, e.saved_id) for e in offloader.events],
                             "left": sum(len(v) for v in offloader.saved.values()),

@@ -13,10 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from training.dist import free_port
+from training.launch import REPO, TRAIN, launch_command, launch_env  # noqa: F401 (TRAIN: for the tests)
 
-REPO = Path(__file__).resolve().parent.parent
-TRAIN = REPO / "train.py"
 SHAKESPEARE = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"
 # A launch that takes longer than this is hung: fail fast instead of waiting for pytest's timeout.
 LAUNCH_TIMEOUT_S = 240
@@ -77,26 +75,10 @@ def kill_tree(root: int, sig: int = signal.SIGKILL) -> None:
 
 
 def base_env() -> dict:
-    env = dict(os.environ)
+    """A launch's environment (training/launch.py), one CPU thread per rank unless told otherwise."""
+    env = launch_env()
     env.setdefault("OMP_NUM_THREADS", "1")
-    env["PYTHONPATH"] = str(REPO)
-    # The environment's own tools first: the deepspeed launcher, and the ninja that builds
-    # DeepSpeed's ops (another ninja on PATH would make it rebuild them).
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     return env
-
-
-def launch_command(launcher: str, nproc: int) -> list[str]:
-    if launcher == "python":
-        return [sys.executable, str(TRAIN)]
-    if launcher == "deepspeed":
-        return [str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", str(nproc), "--master_port",
-                str(free_port()), str(TRAIN)]
-    if launcher == "torchrun":
-        # A free port per launch: fixed ports collide between back-to-back runs.
-        return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(nproc),
-                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", str(TRAIN)]
-    raise ValueError(launcher)
 
 
 def train(runs_dir: Path, name: str, *args: str, launcher: str = "python", nproc: int = 2,
@@ -123,6 +105,17 @@ def assert_losses_close(actual: list[float], expected: list[float], steps: int, 
 @pytest.fixture
 def runs_dir(tmp_path: Path) -> Path:
     return tmp_path / "runs"
+
+
+REFERENCE_STEPS = 10
+
+
+@pytest.fixture(scope="session")
+def single_reference(tmp_path_factory) -> Run:
+    """The single-process reference every parity test compares against: PARITY_ARGS, micro-batch 8
+    (global batch 8), REFERENCE_STEPS steps, the last one profiled for memory. Run once per session."""
+    return train(tmp_path_factory.mktemp("reference"), "single", *PARITY_ARGS, "--steps", str(REFERENCE_STEPS),
+                 "--micro_batch", "8", "--mem_profile_steps", "1").check_ok()
 
 
 QUICK_SPEC = REPO / "sweeps" / "cpu_quick.yaml"

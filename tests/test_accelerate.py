@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import LAUNCH_TIMEOUT_S, PARITY_ARGS, REPO, TRAIN, Run, assert_losses_close, base_env, train
-from training.dist import free_port
+from core.dist import free_port
 
 STEPS = 6
 RTOL = 1e-5
@@ -26,10 +26,10 @@ def accelerate_launch(runs_dir: Path, name: str, *args: str) -> Run:
     return Run(proc, Path(runs_dir) / name)
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    runs = tmp_path_factory.mktemp("runs")
-    return train(runs, "single", *PARITY_ARGS, "--steps", str(STEPS), "--micro_batch", "8").check_ok()
+@pytest.fixture
+def reference(single_reference):
+    """The shared reference's first STEPS steps."""
+    return single_reference.losses[:STEPS]
 
 
 ARGS = (*PARITY_ARGS, "--steps", str(STEPS), "--micro_batch", "4")
@@ -39,7 +39,7 @@ ARGS = (*PARITY_ARGS, "--steps", str(STEPS), "--micro_batch", "4")
 def test_accelerate_launch_starts_the_torch_backends(runs_dir, reference):
     run = accelerate_launch(runs_dir, "ddp", *ARGS, "--backend", "ddp").check_ok()
     assert run.config["launcher"] == "accelerate" and run.summary["world_size"] == 2
-    assert_losses_close(run.losses, reference.losses, STEPS, RTOL)
+    assert_losses_close(run.losses, reference, STEPS, RTOL)
 
 
 @pytest.mark.distributed
@@ -48,7 +48,7 @@ def test_accelerate_backend_under_accelerate_launch_matches_single(runs_dir, ref
     assert run.config["launcher"] == "accelerate"
     backend = run.config["backend"]
     assert backend["accelerate_plugin"] == "none" and backend["wrapper"] == "DistributedDataParallel"
-    assert_losses_close(run.losses, reference.losses, STEPS, RTOL)
+    assert_losses_close(run.losses, reference, STEPS, RTOL)
 
 
 @pytest.mark.distributed
@@ -58,4 +58,4 @@ def test_accelerate_backend_under_torchrun_with_accumulation_matches_single(runs
     run = train(runs_dir, "acc-accum", *PARITY_ARGS, "--steps", str(STEPS), "--backend", "accelerate",
                 "--micro_batch", "2", "--grad_accum", "2", launcher="torchrun").check_ok()
     assert run.config["launcher"] == "torchrun" and run.summary["global_batch"] == 8
-    assert_losses_close(run.losses, reference.losses, STEPS, RTOL)
+    assert_losses_close(run.losses, reference, STEPS, RTOL)

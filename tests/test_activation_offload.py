@@ -12,7 +12,7 @@ from backends.activation_checkpointing import checkpointed_indices
 from ckpt_probe import run_case
 from conftest import LAUNCH_TIMEOUT_S, REPO, base_env, launch_command
 from gptlite.data import CharDataset
-from training.dist import DistEnv
+from core.dist import DistEnv
 
 PROBE = REPO / "tests" / "ckpt_probe.py"
 N_LAYER = 4  # the tiny preset

@@ -12,7 +12,7 @@ from nbclient import NotebookClient
 
 from analysis import figures, load_metrics, load_runs, tables
 from conftest import REPO, base_env
-from training.records import atomic_write_json
+from core.records import atomic_write_json
 
 pytestmark = pytest.mark.distributed  # the quick sweep is real launches
 

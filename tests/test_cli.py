@@ -7,7 +7,7 @@ from dataclasses import fields
 
 
 from conftest import REPO, TRAIN, base_env
-from training.config import RunConfig
+from core.config import RunConfig
 
 
 def _train(*args, cwd=REPO):
@@ -43,3 +43,18 @@ def test_existing_run_name_is_refused_without_overwrite(tmp_path):
     (tmp_path / "taken").mkdir()
     proc = _train("--runs_dir", str(tmp_path), "--run_name", "taken")
     assert proc.returncode == 2 and "--overwrite" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_the_articles_flag_name_sets_the_checkpoint_interval(tmp_path):
+    proc = _train("--dry_run", "--preset", "tiny", "--activation_checkpoint_interval", "2",
+                  "--runs_dir", str(tmp_path / "runs"))
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["run"]["ckpt_interval"] == 2
+
+
+def test_dry_run_records_the_backends_plan(tmp_path):
+    proc = _train("--dry_run", "--preset", "tiny", "--fsdp_config", "fsdp_configs/full_shard.yaml",
+                  "--precision", "bf16", "--runs_dir", str(tmp_path / "runs"))
+    assert proc.returncode == 0, proc.stderr
+    plan = json.loads(proc.stdout)["plan"]
+    assert plan["sharding_strategy"] == "FULL_SHARD" and plan["mixed_precision"]["param_dtype"] == "bf16"

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from backends import deepspeed_config
+from backends import deepspeed_config, deepspeed_plan
 from backends.base import ADAM_BETAS, ADAM_EPS, WEIGHT_DECAY
 from conftest import REPO
-from gptlite.model import ConfigError
-from training.config import DEFAULT_GRAD_CLIP, DEFAULT_LR, DEFAULT_LR_WARMUP_STEPS, RunConfig
+from gptlite.errors import ConfigError
+from core.config import DEFAULT_GRAD_CLIP, DEFAULT_LR, DEFAULT_LR_WARMUP_STEPS, RunConfig
 
 SHIPPED = deepspeed_config.shipped_configs()
 REQUIRED = {"z0", "z1", "z2", "z3", "z2_offload", "z3_infinity", "z3_infinity_nvme", "zeropp"}
@@ -19,7 +19,7 @@ REQUIRED = {"z0", "z1", "z2", "z3", "z2_offload", "z3_infinity", "z3_infinity_nv
 def _plan(path, tmp_path=None, world=2, device="cpu", **flags):
     if "nvme" in Path(path).stem:
         flags.setdefault("nvme_path", str(tmp_path))
-    return deepspeed_config.plan(RunConfig(deepspeed_config=str(path), **flags), world, device)
+    return deepspeed_plan.plan(RunConfig(deepspeed_config=str(path), **flags), world, device)
 
 
 def test_required_configs_are_shipped():
@@ -132,9 +132,9 @@ def test_batch_arithmetic(file_values, flags, world, expected):
                                     "gradient_accumulation_steps"), file_values) if v is not None}
     if isinstance(expected, str):
         with pytest.raises(ConfigError, match=re.escape(expected)):
-            deepspeed_config.resolve_batch(config, *flags, world, "cfg.json")
+            deepspeed_plan.resolve_batch(config, *flags, world, "cfg.json")
     else:
-        assert deepspeed_config.resolve_batch(config, *flags, world, "cfg.json") == expected
+        assert deepspeed_plan.resolve_batch(config, *flags, world, "cfg.json") == expected
         micro, accum, train_batch = expected
         assert micro * accum * world == train_batch
 
@@ -162,7 +162,7 @@ def test_nvme_needs_a_directory_and_libaio(tmp_path, monkeypatch):
     nvme = REPO / "ds_configs" / "z3_infinity_nvme.json"
     monkeypatch.setattr("backends.deepspeed_support.async_io_available", lambda: True)
     with pytest.raises(ConfigError, match="pass --nvme_path DIR"):
-        deepspeed_config.plan(RunConfig(deepspeed_config=str(nvme)), 2, "cpu")
+        deepspeed_plan.plan(RunConfig(deepspeed_config=str(nvme)), 2, "cpu")
     plan = _plan(nvme, tmp_path)
     zero = plan.config["zero_optimization"]
     assert zero["offload_param"]["nvme_path"] == zero["offload_optimizer"]["nvme_path"] == str(tmp_path)

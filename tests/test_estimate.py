@@ -8,7 +8,10 @@ import pytest
 import torch
 
 from analysis import load_runs
-from analysis.estimate import Counts, activation_per_block, estimate, estimate_run
+from analysis.estimate import Counts, activation_per_block, estimate, estimate_from_record, estimate_run
+from backends.fsdp import FSDPBackend
+from core.config import RunConfig
+from core.dist import DistEnv
 from conftest import REPO, base_env
 from gptlite.model import Block, preset
 
@@ -57,6 +60,22 @@ def test_sharding_and_checkpointing_move_the_estimate_the_right_way():
     assert z3.params == ddp.params // 4  # nothing persists whole: every parameter is sharded
     assert z3.optimizer < ddp.optimizer / 2  # fp32 master and Adam state, a quarter each: 12 P / 4 < 8 P / 2
     assert estimate(cfg, "ddp", world=4, micro_batch=4, ckpt_interval=1).activation_bytes < ddp.activation_bytes / 5
+
+
+def test_the_estimate_of_a_run_comes_from_its_recorded_plan():
+    """--precision bf16 over fsdp_configs/full_shard.yaml (fp32 in the file): the plan computes in
+    bf16, so the root unit FSDP1 keeps gathered after forward is 2 bytes a parameter, not 4."""
+    env = DistEnv(0, 0, 8, 8, torch.device("cuda"), "torchrun")
+    cfg = RunConfig(preset="paper", attention="sdpa", fsdp_config=str(REPO / "fsdp_configs" / "full_shard.yaml"),
+                    precision="bf16", micro_batch=2)
+    resolved = FSDPBackend.resolve(cfg, env)
+    record = {"run": resolved.cfg.to_dict(), "plan": resolved.plan_record(), "world_size": 8,
+              "model": resolved.cfg.model_config(vocab_size=65).to_dict(), "environment": {"device": "cuda:0"}}
+    est = estimate_from_record(record)
+    root = Counts.of(preset("paper", vocab_size=65)).root
+    assert est.params_gathered == 2 * root
+    assert est.activation_bytes == estimate(preset("paper", attention="sdpa", vocab_size=65), "fsdp", 8, 2, "bf16",
+                                            device="cuda", fsdp_options=resolved.plan).activation_bytes
 
 
 @pytest.mark.distributed

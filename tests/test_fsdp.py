@@ -14,11 +14,9 @@ ACCUMULATED = {"shard_grad_op", "fsdp2"}
 pytestmark = pytest.mark.distributed
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    runs = tmp_path_factory.mktemp("runs")
-    return train(runs, "single", *PARITY_ARGS, "--steps", str(STEPS), "--micro_batch", "8",
-                 "--mem_profile_steps", "1").check_ok()
+@pytest.fixture
+def reference(single_reference):
+    return single_reference
 
 
 @pytest.fixture(scope="module")
@@ -82,12 +80,13 @@ def test_fsdp2_reshard_after_forward_false_keeps_parameters_gathered(fsdp_runs):
 
 
 def test_records_state_sharding_options_and_cpu_adaptations(fsdp_runs):
-    backend = fsdp_runs("full_shard_offload").config["backend"]
-    assert backend["options"]["cpu_offload"] is True
+    config = fsdp_runs("full_shard_offload").config
+    backend = config["backend"]
+    assert config["plan"]["cpu_offload"] is True  # the options, recorded once, as the plan
     assert backend["cpu_offload_applied"] is False  # a CPU-only run: parameters already in host memory
     assert any("cpu_offload: not applied" in note for note in backend["notes"])
     hybrid = fsdp_runs("hybrid_shard").config["backend"]
-    assert hybrid["options"]["sharding_strategy"] == "HYBRID_SHARD"
+    assert fsdp_runs("hybrid_shard").config["plan"]["sharding_strategy"] == "HYBRID_SHARD"
     assert (hybrid["master_dtype"], hybrid["compute_dtype"], hybrid["reduce_dtype"]) == ("fp32",) * 3
 
 

@@ -7,12 +7,13 @@ import pytest
 import torch
 import yaml
 
+import backends
 from backends import fsdp_config
 from backends.fsdp import FSDPBackend
 from conftest import REPO
-from gptlite.model import ConfigError
-from training.config import RunConfig
-from training.dist import DistEnv
+from gptlite.errors import ConfigError
+from core.config import RunConfig
+from core.dist import DistEnv
 
 SHIPPED = fsdp_config.shipped_configs()
 REQUIRED = {"full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "full_shard_offload", "full_shard_bf16"}
@@ -53,14 +54,12 @@ def _write(tmp_path, text) -> str:
     ("- FULL_SHARD\n", "must be a mapping"),
 ])
 def test_bad_config_files_name_the_key(tmp_path, text, message):
-    fsdp_config.load.cache_clear()
     with pytest.raises(ConfigError, match=re.escape(message)) as e:
         fsdp_config.load(_write(tmp_path, text))
     assert "\n" not in str(e.value) and "cfg.yaml" in str(e.value)
 
 
 def test_hybrid_shard_size_must_divide_the_world(tmp_path):
-    fsdp_config.load.cache_clear()
     path = _write(tmp_path, "sharding_strategy: HYBRID_SHARD\nhybrid_shard_size: 4\n")
     env = DistEnv(rank=0, local_rank=0, world_size=6, local_world_size=6, device=torch.device("cpu"),
                   launcher="torchrun")
@@ -71,14 +70,17 @@ def test_hybrid_shard_size_must_divide_the_world(tmp_path):
 def test_precision_comes_from_the_file_unless_the_flag_overrides_it():
     env = DistEnv(0, 0, 2, 2, torch.device("cpu"), "torchrun")
     bf16 = str(REPO / "fsdp_configs" / "full_shard_bf16.yaml")
-    assert FSDPBackend.resolve(RunConfig(fsdp_config=bf16), env).precision == "bf16"
-    assert FSDPBackend.resolve(RunConfig(fsdp_config=bf16, precision="fp32"), env).precision == "fp32"
+    assert FSDPBackend.resolve(RunConfig(fsdp_config=bf16), env).cfg.precision == "bf16"
+    assert FSDPBackend.resolve(RunConfig(fsdp_config=bf16, precision="fp32"), env).cfg.precision == "fp32"
     full = str(REPO / "fsdp_configs" / "full_shard.yaml")
-    assert FSDPBackend.resolve(RunConfig(fsdp_config=full), env).precision == "fp32"
+    assert FSDPBackend.resolve(RunConfig(fsdp_config=full), env).cfg.precision == "fp32"
     options = fsdp_config.resolve_options(RunConfig(fsdp_config=full, precision="bf16"), "fsdp")
     assert (options.mixed_precision.param_dtype, options.mixed_precision.reduce_dtype) == ("bf16", "fp32")
 
 
 def test_the_backend_is_inferred_from_the_config_file():
-    assert RunConfig(fsdp_config=str(REPO / "fsdp_configs" / "fsdp2.yaml")).backend == "fsdp2"
-    assert RunConfig(fsdp_config=str(REPO / "fsdp_configs" / "no_shard.yaml")).backend == "fsdp"
+    env = DistEnv(0, 0, 2, 2, torch.device("cpu"), "torchrun")
+    fsdp2 = backends.resolve(RunConfig(fsdp_config=str(REPO / "fsdp_configs" / "fsdp2.yaml")), env)
+    assert fsdp2.cfg.backend == "fsdp2" and fsdp2.backend.name == "fsdp2" and fsdp2.plan.reshard_after_forward
+    fsdp = backends.resolve(RunConfig(fsdp_config=str(REPO / "fsdp_configs" / "no_shard.yaml")), env)
+    assert fsdp.cfg.backend == "fsdp" and fsdp.plan.sharding_strategy == "NO_SHARD"

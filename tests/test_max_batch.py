@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from conftest import REPO, base_env
+from core.summary import RunSummary
 from training.max_batch import SearchError, largest_fitting, search
 from training.sweep import Outcome, PlannedRun
 
@@ -43,10 +44,12 @@ class FakeRunner:
         self.launched.append(planned)
         peak = (10 + 3 * micro) * 2**20
         status = "failed" if micro == self.fail_at else ("ok" if peak <= 100 * 2**20 else "oom")
-        return Outcome(planned, status, {"mem_peak_bytes": peak, "samples_per_s": 7.0 * micro, "error": "x"}, 1.0)
+        summary = RunSummary(planned.name, status, error="x", mem_peak_bytes=peak, samples_per_s=7.0 * micro)
+        return Outcome(planned, summary, 1.0)
 
 
-BASE = PlannedRun("ddp-w2-tiny-mb8-fp32-ckpt0", "ddp", None, 2, (("micro_batch", 8), ("steps", 20)))
+BASE = PlannedRun("ddp-w2-tiny-mb8-fp32-ckpt0", "ddp", None, 2, (("micro_batch", 8), ("steps", 20)),
+                  config_key="ddp-w2-tiny-fp32-ckpt0")
 
 
 def test_search_runs_probes_and_measures_the_best_batch():

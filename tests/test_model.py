@@ -3,15 +3,23 @@
 import pytest
 import torch
 
-from gptlite.model import PRESETS, Block, ConfigError, GPTConfig, GPTLite, build_model, count_parameters, preset
+from gptlite.errors import ConfigError
+from gptlite.model import PRESETS, Block, GPTConfig, GPTLite, build_model, count_parameters, preset
 
 
 def test_paper_preset_has_the_articles_parameter_count():
     with torch.device("meta"):
         model = GPTLite(PRESETS["paper"])
     n = count_parameters(model)
-    assert n == 86_701_056
+    assert n == 86_701_056 == PRESETS["paper"].n_params
     assert round(n * 4 / 2**30, 3) == 0.323  # GiB in fp32
+
+
+@pytest.mark.parametrize("overrides", [{}, {"n_layer": 3, "n_embd": 48, "n_head": 4, "block_size": 32, "vocab_size": 7}])
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_parameter_formula_is_the_models_count(name, overrides):
+    cfg = preset(name, **overrides)
+    assert cfg.n_params == count_parameters(GPTLite(cfg, init_weights=False))
 
 
 def test_no_mask_buffers_even_at_paper_size():

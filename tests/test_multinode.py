@@ -6,17 +6,17 @@ import uuid
 
 import pytest
 
-from conftest import LAUNCH_TIMEOUT_S, PARITY_ARGS, REPO, TRAIN, Run, assert_losses_close, base_env, train
-from training.dist import free_port
+from conftest import LAUNCH_TIMEOUT_S, PARITY_ARGS, REPO, TRAIN, Run, assert_losses_close, base_env
+from core.dist import free_port
 
 pytestmark = pytest.mark.distributed
 STEPS = 6
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    return train(tmp_path_factory.mktemp("runs"), "single", *PARITY_ARGS, "--steps", str(STEPS),
-                 "--micro_batch", "4").check_ok()
+@pytest.fixture
+def reference(single_reference):
+    """The shared reference's first STEPS steps (global batch 8)."""
+    return single_reference.losses[:STEPS]
 
 
 @pytest.mark.parametrize("backend_args", [("--backend", "ddp"), ("--fsdp_config", "fsdp_configs/full_shard.yaml")],
@@ -27,10 +27,10 @@ def test_two_node_launchers_train_like_one_process(tmp_path, reference, backend_
         [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", str(node),
          "--nproc_per_node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", run_id,
          str(TRAIN), "--runs_dir", str(tmp_path), "--run_name", "two-nodes", "--quiet", *PARITY_ARGS, *backend_args,
-         "--steps", str(STEPS), "--micro_batch", "2"],
+         "--steps", str(STEPS), "--micro_batch", "4"],
         cwd=REPO, env=base_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for node in (0, 1)]
     outputs = [node.communicate(timeout=LAUNCH_TIMEOUT_S) for node in nodes]
     assert [n.returncode for n in nodes] == [0, 0], outputs[0][1][-2000:] + outputs[1][1][-2000:]
     run = Run(subprocess.CompletedProcess([], 0, "", ""), tmp_path / "two-nodes").check_ok()
     assert run.summary["world_size"] == 2 and run.config["launcher"] == "torchrun"
-    assert_losses_close(run.losses, reference.losses, STEPS, 1e-5)
+    assert_losses_close(run.losses, reference, STEPS, 1e-5)

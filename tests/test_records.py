@@ -7,7 +7,7 @@ import re
 import pytest
 
 from conftest import REPO, train
-from training.records import atomic_write_json, atomic_write_text
+from core.records import atomic_write_json, atomic_write_text
 
 README = REPO / "runs" / "README.md"
 

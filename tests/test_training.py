@@ -8,13 +8,6 @@ STEPS = 10
 RTOL = 1e-5
 
 
-@pytest.fixture(scope="module")
-def single_reference(tmp_path_factory):
-    """single, micro-batch 8: the reference losses every parity test compares against."""
-    runs = tmp_path_factory.mktemp("runs")
-    return train(runs, "single-m8", *PARITY_ARGS, "--steps", str(STEPS), "--micro_batch", "8").check_ok()
-
-
 def test_loss_falls_on_the_embedded_corpus(runs_dir):
     run = train(runs_dir, "learn", "--preset", "tiny", "--steps", "40", "--micro_batch", "16",
                 "--lr_warmup_steps", "5", "--mem_profile_steps", "0").check_ok()

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from training.records import atomic_write_json, atomic_write_text
+from core.records import atomic_write_json, atomic_write_text
 
 LATEST = "latest"
 

@@ -9,12 +9,11 @@ batch turns into throughput.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from training.records import atomic_write_json
+from core.records import atomic_write_json
 from training.sweep import Outcome, PlannedRun, Runner
 
 
@@ -62,7 +61,7 @@ class SearchResult:
 def search(base: PlannedRun, runner: Runner, budget_gb: float | None, probe_steps: int, full_steps: int,
            limit: int, report: Callable[[Outcome], None] = lambda outcome: None) -> SearchResult:
     """The largest micro-batch of `base`'s configuration, and its throughput over `full_steps`."""
-    stem = re.sub(r"-mb\d+-", "-", base.name)
+    stem = base.config_key
     result = SearchResult(stem, budget_gb, None)
     budget = {"mem_budget_gb": budget_gb} if budget_gb else {}
 
@@ -72,9 +71,9 @@ def search(base: PlannedRun, runner: Runner, budget_gb: float | None, probe_step
         outcome = runner.run(probe)
         report(outcome)
         result.probes.append({"micro_batch": micro, "status": outcome.status,
-                              "mem_peak_bytes": outcome.summary.get("mem_peak_bytes")})
+                              "mem_peak_bytes": outcome.summary.mem_peak_bytes})
         if outcome.status not in ("ok", "oom"):
-            raise SearchError(f"{probe.name}: {outcome.status}: {outcome.summary.get('error')}")
+            raise SearchError(f"{probe.name}: {outcome.status}: {outcome.summary.error}")
         return outcome.status == "ok"
 
     result.best_micro_batch = largest_fitting(fits, limit=limit)
@@ -84,8 +83,8 @@ def search(base: PlannedRun, runner: Runner, budget_gb: float | None, probe_step
         outcome = runner.run(final)
         report(outcome)
         result.final_run = final.name
-        result.samples_per_s = outcome.summary.get("samples_per_s")
-        result.mem_peak_bytes = outcome.summary.get("mem_peak_bytes")
+        result.samples_per_s = outcome.summary.samples_per_s
+        result.mem_peak_bytes = outcome.summary.mem_peak_bytes
     return result
 
 

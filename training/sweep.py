@@ -15,20 +15,18 @@ import itertools
 import os
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gptlite.model import PRESETS, ConfigError
-from training.config import PRECISIONS, RunConfig
-from training.configfile import load_yaml
-from training.dist import free_port
-from training.records import atomic_write_json, read_json
+from core.config import PRECISIONS, RunConfig
+from core.configfile import load_yaml
+from core.records import atomic_write_json, read_summary
+from core.summary import FINISHED, RunSummary
+from gptlite.errors import ConfigError
+from gptlite.model import PRESETS
+from training.launch import REPO, launch_command, launch_env, launcher_for
 
-REPO = Path(__file__).resolve().parent.parent
-TRAIN = REPO / "train.py"
-DONE = ("ok", "oom", "failed", "timeout")
 RETRYABLE = ("failed", "timeout")
 # Flags the sweep sets itself for every run; a spec cannot set them in train_args.
 SWEEP_OWNED = {"backend", "fsdp_config", "deepspeed_config", "runs_dir", "run_name", "overwrite", "quiet",
@@ -120,15 +118,15 @@ def load_spec(path: str) -> SweepSpec:
 
 def backend_of(entry: str) -> tuple[str, str | None, str]:
     """(backend name, config file or None, short label) of a matrix.backend entry."""
-    from backends import BACKENDS
+    from backends import BACKEND_NAMES
 
-    if entry in BACKENDS:
+    if entry in BACKEND_NAMES:
         if entry == "deepspeed":
             raise ConfigError("matrix.backend: deepspeed needs a config file (ds_configs/*.json)")
         return entry, None, entry
     path = Path(entry) if Path(entry).is_absolute() else REPO / entry
     if not path.is_file():
-        raise ConfigError(f"matrix.backend: '{entry}' is neither a backend ({', '.join(BACKENDS)}) nor an existing "
+        raise ConfigError(f"matrix.backend: '{entry}' is neither a backend ({', '.join(BACKEND_NAMES)}) nor an existing "
                           "config file")
     if path.suffix == ".json":
         return "deepspeed", entry, f"deepspeed.{path.stem}"
@@ -148,6 +146,9 @@ class PlannedRun:
     world_size: int
     flags: tuple[tuple[str, object], ...]  # train.py flags, in order
     env: tuple[tuple[str, str], ...] = ()
+    # The run's coordinates in the matrix (label, ckpt, world, preset, precision), micro-batch left
+    # out: the runs of one configuration share it (the largest-batch search groups by it).
+    config_key: str = ""
 
     def argv(self, runs_dir: Path) -> list[str]:
         args = ["--runs_dir", str(runs_dir), "--run_name", self.name, "--overwrite", "--quiet"]
@@ -164,15 +165,7 @@ class PlannedRun:
 
     def command(self, runs_dir: Path) -> list[str]:
         """The launch command, as a user would type it (with a free port)."""
-        if self.backend == "deepspeed":
-            launcher = [str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", str(self.world_size),
-                        "--master_port", str(free_port())]
-        elif self.backend == "single":
-            launcher = [sys.executable]
-        else:
-            launcher = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node",
-                        str(self.world_size), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
-        return [*launcher, str(TRAIN), *self.argv(runs_dir)]
+        return [*launch_command(launcher_for(self.backend), self.world_size), *self.argv(runs_dir)]
 
     def with_flags(self, name: str, **flags) -> "PlannedRun":
         merged = dict(self.flags)
@@ -199,39 +192,43 @@ def expand(spec: SweepSpec) -> tuple[list[PlannedRun], list[str]]:
         ckpt = f"ckpt{interval}-{impl}" if interval else "ckpt0"
         if offload != "none":
             ckpt += f"-offload_{offload}"
+        key = f"{label}-w{world}-{preset}-{precision}-{ckpt}"
         name = f"{label}-w{world}-{preset}-mb{micro}-{precision}-{ckpt}"
         flags = {"preset": preset, "micro_batch": micro, "precision": precision, "steps": spec.steps,
                  "ckpt_interval": interval, **({"ckpt_impl": impl} if interval else {}), **offload_flags(offload),
                  **spec.train_args}
         if config_file and backend == "deepspeed":
-            from backends import deepspeed_config
+            from backends import deepspeed_config, deepspeed_plan
 
             config = deepspeed_config.read(str(REPO / config_file))
-            if "nvme" in (deepspeed_config.offload_device(config, "offload_optimizer"),
-                          deepspeed_config.offload_device(config, "offload_param")):
+            if "nvme" in (deepspeed_plan.offload_device(config, "offload_optimizer"),
+                          deepspeed_plan.offload_device(config, "offload_param")):
                 flags.setdefault("nvme_path", str(spec.directory / ".nvme" / name))
         runs.setdefault(name, PlannedRun(name, backend, config_file, world, tuple(flags.items()),
-                                         tuple((k, str(v)) for k, v in spec.env.items())))
+                                         tuple((k, str(v)) for k, v in spec.env.items()), key))
     return list(runs.values()), list(dict.fromkeys(skipped))
 
 
 @dataclass
 class Outcome:
     run: PlannedRun
-    status: str
-    summary: dict
+    summary: RunSummary
     seconds: float
     skipped: bool = False
+
+    @property
+    def status(self) -> str:
+        return self.summary.status
 
     def line(self) -> str:
         s = self.summary
         if self.skipped:
             return f"{self.run.name}: {self.status} (already done)"
         if self.status != "ok":
-            return f"{self.run.name}: {self.status} after {self.seconds:.0f} s | {s.get('error') or ''}"
-        rate = f"{s['samples_per_s']:.1f} samples/s" if s.get("samples_per_s") else "not timed"
-        peak = f"peak {s['mem_peak_bytes'] / 2**20:.1f} MiB" if s.get("mem_peak_bytes") else "peak n/a"
-        return f"{self.run.name}: ok | {rate} | {peak} | loss {s.get('final_loss', 0):.4f} | {self.seconds:.0f} s"
+            return f"{self.run.name}: {self.status} after {self.seconds:.0f} s | {s.error or ''}"
+        rate = f"{s.samples_per_s:.1f} samples/s" if s.samples_per_s else "not timed"
+        peak = f"peak {s.mem_peak_bytes / 2**20:.1f} MiB" if s.mem_peak_bytes else "peak n/a"
+        return f"{self.run.name}: ok | {rate} | {peak} | loss {s.final_loss or 0:.4f} | {self.seconds:.0f} s"
 
 
 class Runner:
@@ -242,28 +239,19 @@ class Runner:
         self.timeout_s = timeout_s
         self.retry_failed = retry_failed
 
-    def existing_status(self, run: PlannedRun) -> str | None:
-        path = self.directory / run.name / "summary.json"
-        try:
-            return read_json(path).get("status")
-        except (OSError, ValueError):
-            return None
-
     def run(self, planned: PlannedRun) -> Outcome:
-        status = self.existing_status(planned)
-        if status in DONE and not (self.retry_failed and status in RETRYABLE):
-            return Outcome(planned, status, read_json(self.directory / planned.name / "summary.json"), 0.0, True)
+        existing = read_summary(self.directory / planned.name / "summary.json")
+        if existing is not None and existing.status in FINISHED and not (
+                self.retry_failed and existing.status in RETRYABLE):
+            return Outcome(planned, existing, 0.0, True)
         self.directory.mkdir(parents=True, exist_ok=True)
         log_dir = self.directory / ".logs"
         log_dir.mkdir(exist_ok=True)
         log = log_dir / f"{planned.name}.log"
-        env = {**os.environ, **dict(planned.env), "PYTHONPATH": str(REPO),
-               # The environment's own launchers and tools (ninja, for DeepSpeed's op builds).
-               "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
         started = time.monotonic()
         with open(log, "w") as out:
-            proc = subprocess.Popen(planned.command(self.directory), cwd=REPO, env=env, stdout=out,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen(planned.command(self.directory), cwd=REPO, env=launch_env(dict(planned.env)),
+                                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
             timed_out = False
             try:
                 proc.wait(timeout=self.timeout_s)
@@ -271,31 +259,24 @@ class Runner:
                 timed_out = True
                 _kill_group(proc)
         seconds = time.monotonic() - started
-        summary = self._settle(planned, proc.returncode, timed_out, log, seconds)
-        return Outcome(planned, summary["status"], summary, seconds)
+        return Outcome(planned, self._settle(planned, proc.returncode, timed_out, log, seconds), seconds)
 
-    def _settle(self, planned: PlannedRun, returncode: int, timed_out: bool, log: Path, seconds: float) -> dict:
+    def _settle(self, planned: PlannedRun, returncode: int, timed_out: bool, log: Path, seconds: float) -> RunSummary:
         """The run's final summary; written here when the run could not write one itself."""
         path = self.directory / planned.name / "summary.json"
-        try:
-            summary = read_json(path)
-        except (OSError, ValueError):
-            summary = {}
+        summary = read_summary(path) or RunSummary(run_name=planned.name, backend=planned.backend,
+                                                   world_size=planned.world_size, wall_time_s=seconds)
         if timed_out:
-            summary.update(status="timeout", error=f"timed out after {self.timeout_s:g} s (sweep timeout_s)")
-        elif summary.get("status") in (None, "running"):
-            summary.update(status="failed", error=f"exit code {returncode}: {_last_line(log)}")
-        elif summary.get("status") == "ok" and returncode != 0:
-            summary.update(status="failed", error=f"exit code {returncode} after the record was written: "
-                                                  f"{_last_line(log)}")
+            summary = summary.ended("timeout", f"timed out after {self.timeout_s:g} s (sweep timeout_s)",
+                                    summary.wall_time_s or seconds)
+        elif summary.status == "running":
+            summary = summary.ended("failed", f"exit code {returncode}: {_last_line(log)}", summary.wall_time_s or seconds)
+        elif summary.status == "ok" and returncode != 0:
+            summary = summary.ended("failed", f"exit code {returncode} after the record was written: "
+                                              f"{_last_line(log)}")
         else:
             return summary
-        summary.setdefault("schema_version", 1)
-        summary.setdefault("run_name", planned.name)
-        summary.setdefault("backend", planned.backend)
-        summary.setdefault("world_size", planned.world_size)
-        summary.setdefault("wall_time_s", seconds)
-        atomic_write_json(path, summary)
+        atomic_write_json(path, summary.to_dict())
         return summary
 
 

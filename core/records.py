@@ -20,8 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-SCHEMA_VERSION = 1
-STATUSES = ("running", "ok", "failed", "oom", "timeout")
+from core.summary import SCHEMA_VERSION, RunSummary
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -125,15 +124,11 @@ class RunRecord:
     def metrics(self) -> list[dict]:
         return self._metrics
 
-    def write_summary(self, summary: dict) -> None:
-        assert summary["status"] in STATUSES, summary["status"]
-        atomic_write_json(self.summary_path, {"schema_version": SCHEMA_VERSION, **summary})
+    def write_summary(self, summary: RunSummary) -> None:
+        atomic_write_json(self.summary_path, summary.to_dict())
 
-    def read_summary(self) -> dict:
-        try:
-            return read_json(self.summary_path)
-        except (OSError, ValueError):
-            return {}
+    def read_summary(self) -> RunSummary | None:
+        return read_summary(self.summary_path)
 
     def write_rank_error(self, rank: int, status: str, error: str) -> None:
         atomic_write_json(self.errors_dir / f"rank{rank}.json",
@@ -145,3 +140,11 @@ class RunRecord:
             return []
         errors = [read_json(p) for p in self.errors_dir.glob("rank*.json")]
         return sorted(errors, key=lambda e: e["time"])
+
+
+def read_summary(path: Path) -> RunSummary | None:
+    """The summary in `path`, or None when there is none or it is not a summary."""
+    try:
+        return RunSummary.from_dict(read_json(path))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None

@@ -1,11 +1,6 @@
-"""Memory, one definition for every backend.
+"""The memory profile of the run's last step(s): peak, average and breakdown of live tensor bytes.
 
-CUDA: the caching allocator's peak allocated and peak reserved bytes, reset at the start of the
-timed window, and the average allocated bytes sampled after every timed step.
-
-CPU has no such allocator, and RSS mostly measures the Python runtime and allocator caches. There
-the peak is the peak of live tensor bytes over a short profiled window (the run's last steps),
-built from torch.profiler's raw allocation events (`profile_memory=True`):
+Built from torch.profiler's raw allocation events (`profile_memory=True`):
 - every block allocated or freed in the window is tracked exactly, on every thread (gloo's
   worker threads too);
 - blocks that existed before the window are sized from the backend's own tensors and from the
@@ -30,77 +25,15 @@ On CUDA the profiled window runs too, for the breakdown; the peak stays the allo
 
 from __future__ import annotations
 
-import contextlib
 import os
-import resource
 from dataclasses import dataclass
 
 import torch
 
-PHASES = ("forward", "backward", "optimizer")
+from core.memory import MARK as _MARK
+from core.memory import PHASES
+
 CATEGORIES = ("parameter", "gradient", "optimizer_state", "activation", "temporary", "other")
-_MARK = "gptlite::"
-
-
-def phase(name: str):
-    """Marks a phase of the step in profiler traces (and for the memory categories)."""
-    return torch.profiler.record_function(_MARK + name)
-
-
-def current_rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def peak_rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
-
-
-class AllocatorMeter:
-    """CUDA allocator statistics over the timed window (inactive on CPU)."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
-        self.active = device.type == "cuda"
-        self.samples: list[int] = []
-
-    def start(self) -> None:
-        if self.active:
-            torch.cuda.reset_peak_memory_stats(self.device)
-            self.samples = []
-
-    def sample(self) -> int | None:
-        if not self.active:
-            return None
-        allocated = torch.cuda.memory_allocated(self.device)
-        self.samples.append(allocated)
-        return allocated
-
-    def stats(self) -> dict:
-        if not self.active or not self.samples:
-            return {}
-        return {
-            "peak_bytes": torch.cuda.max_memory_allocated(self.device),
-            "reserved_peak_bytes": torch.cuda.max_memory_reserved(self.device),
-            "avg_bytes": sum(self.samples) / len(self.samples),
-        }
-
-
-def storage_roles(tensors_by_role: dict[str, list[torch.Tensor]]) -> dict[int, tuple[str, int, str]]:
-    """{storage data pointer: (role, storage bytes, device type)} for the given tensors.
-
-    Views share their storage, so each storage counts once (under the first role that names it);
-    None and freed (empty) storages are skipped.
-    """
-    roles: dict[int, tuple[str, int, str]] = {}
-    for role, tensors in tensors_by_role.items():
-        for t in tensors:
-            if t is None:
-                continue
-            storage = t.untyped_storage()
-            if storage.nbytes():
-                roles.setdefault(storage.data_ptr(), (role, storage.nbytes(), t.device.type))
-    return roles
 
 
 @dataclass
@@ -282,5 +215,3 @@ def _breakdown(blocks, alive) -> dict[str, int]:
     return out
 
 
-def maybe_profiled(enabled: bool, device: torch.device):
-    return ProfiledWindow(device) if enabled else contextlib.nullcontext()

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gptlite.model import ConfigError
+from gptlite.errors import ConfigError
 
 KINDS = ("error", "oom", "exit", "kill", "hang")
 ENV = "GPTLITE_FAULT"

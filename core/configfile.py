@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from gptlite.model import ConfigError
+from gptlite.errors import ConfigError
 
 
 def load_yaml(path: str | Path, cls, flag: str):

@@ -1,23 +1,27 @@
 """The run configuration: one dataclass that is the single source of truth for `train.py`'s flags.
 
-Each field carries its help text; `build_parser` turns the fields into argparse flags and
-`RunConfig.__post_init__` checks every value, so a bad value fails the same way whether it came
-from the command line, a sweep or a test. Errors are one line naming the field and what is
-allowed (`ConfigError`); `train.py` prints them and exits with code 2.
+Each field carries its help text (training/cli.py turns the fields into argparse flags), and
+`RunConfig.__post_init__` checks every value that does not depend on a backend, so a bad value
+fails the same way whether it came from the command line, a sweep or a test. What a backend
+decides (its config file, its options, the defaults it fills in) is checked by that backend's
+`resolve` (backends/); a field that only some backends read says which in its metadata
+(`backends`), and the others refuse it. Errors are one line naming the field and what is allowed
+(ConfigError); the command lines print them and exit with code 2.
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
-import textwrap
 from dataclasses import MISSING, asdict, dataclass, field, fields
 
-from backends.activation_checkpointing import CKPT_IMPLS
-from gptlite.model import ATTENTION_IMPLS, PRESETS, ConfigError, GPTConfig, preset
+from gptlite.errors import ConfigError
+from gptlite.model import ATTENTION_IMPLS, PRESETS, GPTConfig, preset
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 DEVICES = ("auto", "cpu", "cuda")
+# Activation checkpointing implementations: torch's (every backend) and DeepSpeed's (its backend).
+TORCH_CKPT_IMPLS = ("torch_nonreentrant", "torch_reentrant")
+DEEPSPEED_CKPT_IMPLS = ("deepspeed", "deepspeed_nonreentrant")
+CKPT_IMPLS = (*TORCH_CKPT_IMPLS, *DEEPSPEED_CKPT_IMPLS)
 # Defaults of the flags a backend's config file may set instead (DeepSpeed JSON, FSDP YAML).
 DEFAULT_MICRO_BATCH = 8
 DEFAULT_GRAD_ACCUM = 1
@@ -39,25 +43,27 @@ class RunConfig:
         "--fsdp_config, else single.", None, group="backend")
     deepspeed_config: str | None = _flag(
         "DeepSpeed JSON config (ds_configs/); implies --backend deepspeed.", None, group="backend",
-        metavar="JSON", deepspeed_flag=True)
+        metavar="JSON", backends=("deepspeed",))
     deepspeed: bool = _flag("Accepted for DeepSpeed scripts' conventions; --deepspeed_config selects DeepSpeed.",
-                            False, group="backend", deepspeed_flag=True)
+                            False, group="backend", backends=("deepspeed",))
     local_rank: int | None = _flag(
         "Set by the deepspeed launcher; the rank's LOCAL_RANK environment variable is what counts.",
         None, group="backend")
     accelerate_plugin: str = _flag(
         "With --backend accelerate: Accelerator-managed DDP (none), or accelerate's FSDP or DeepSpeed "
         "plugin (GPUs only: accelerate supports neither on CPU).", "none",
-        choices=("none", "fsdp", "deepspeed"), group="backend")
+        choices=("none", "fsdp", "deepspeed"), group="backend", backends=("accelerate",))
     nvme_path: str | None = _flag(
         "Directory on the NVMe drive for ZeRO-Infinity NVMe offload (ds_configs/z3_infinity_nvme.json).",
-        None, group="backend", metavar="DIR")
+        None, group="backend", metavar="DIR", backends=("deepspeed",))
     fsdp_config: str | None = _flag(
         "YAML file of FSDP or FSDP2 options (fsdp_configs/). Default for --backend fsdp: FULL_SHARD, "
-        "fp32; for fsdp2: reshard after forward, fp32.", None, group="backend", metavar="YAML")
+        "fp32; for fsdp2: reshard after forward, fp32.", None, group="backend", metavar="YAML",
+        backends=("fsdp", "fsdp2"))
     ckpt_interval: int = _flag(
-        "Activation checkpointing of every k-th transformer block (block index %% k == 0); 0: off.",
-        0, group="activation checkpointing")
+        "Activation checkpointing of every k-th transformer block (block index %% k == 0); 0: off. "
+        "--activation_checkpoint_interval is the same flag, by the article's name.",
+        0, group="activation checkpointing", aliases=("--activation_checkpoint_interval",))
     ckpt_impl: str = _flag(
         "Checkpointing implementation: torch's non-reentrant or reentrant checkpoint_wrapper, or "
         "(DeepSpeed backend) deepspeed.checkpointing's checkpoint or non_reentrant_checkpoint.",
@@ -157,37 +163,23 @@ class RunConfig:
         "hanging them.", 300.0, group="distributed")
 
     def __post_init__(self):
-        from backends import BACKENDS  # late: backends import this module
-
-        if self.backend is None:
-            self.backend = self._inferred_backend()
-        if self.backend not in BACKENDS:
-            raise ConfigError(f"backend must be one of {', '.join(BACKENDS)} (got {self.backend!r})")
         for f in fields(self):
             choices = f.metadata.get("choices")
             if choices and getattr(self, f.name) is not None and getattr(self, f.name) not in choices:
                 raise ConfigError(
                     f"{f.name} must be one of {', '.join(choices)} (got {getattr(self, f.name)!r})")
         _at_least(self, 1, "steps", "micro_batch", "grad_accum", "log_every", "eval_batches")
-        if self.deepspeed_config is not None and self.backend != "deepspeed":
-            raise ConfigError(f"deepspeed_config applies to backend deepspeed (got backend {self.backend!r})")
-        if self.backend == "deepspeed" and self.deepspeed_config is None:
-            raise ConfigError("backend deepspeed needs --deepspeed_config (a JSON file; see ds_configs/)")
         if (self.save_every or self.resume) and not self.save_dir:
             raise ConfigError("save_every and resume need --save_dir")
         if self.resume and self.init_from:
-            raise ConfigError("resume and init_from exclude each other: resume continues a run, init_from "
-                              "starts one from exported weights")
-        if self.accelerate_plugin != "none" and self.backend != "accelerate":
-            raise ConfigError(f"accelerate_plugin applies to backend accelerate (got backend {self.backend!r})")
-        if self.nvme_path is not None and self.backend != "deepspeed":
-            raise ConfigError("nvme_path applies to backend deepspeed (NVMe offload configs)")
+            raise ConfigError("resume and init_from exclude each other: resume continues a run, init_from starts one "
+                              "from exported weights")
         _at_least(self, 0, "warmup_steps", "mem_profile_steps", "eval_every", "lr_warmup_steps", "seed",
                   "ckpt_interval", "save_every", "keep_checkpoints", "activation_loading_horizon")
         if self.offload_activations and not self.ckpt_interval:
             raise ConfigError("offload_activations requires ckpt_interval > 0 (it offloads the checkpointed "
                               "blocks' inputs)")
-        if self.offload_activations and self.ckpt_impl.startswith("deepspeed"):
+        if self.offload_activations and self.ckpt_impl in DEEPSPEED_CKPT_IMPLS:
             raise ConfigError(f"offload_activations with ckpt_impl {self.ckpt_impl}: DeepSpeed's checkpoint keeps a "
                               "block's inputs outside autograd's saved tensors, where the offloader cannot reach them; "
                               "use ckpt_impl torch_nonreentrant or torch_reentrant (they run under DeepSpeed too), or "
@@ -196,8 +188,6 @@ class RunConfig:
             raise ConfigError("offload_activations and ckpt_offload are two ways of doing the same: choose one")
         if self.ckpt_offload and not self.ckpt_interval:
             raise ConfigError("ckpt_offload requires ckpt_interval > 0 (it offloads the checkpointed blocks' inputs)")
-        if self.fsdp_config is not None and self.backend not in ("fsdp", "fsdp2"):
-            raise ConfigError(f"fsdp_config applies to backends fsdp and fsdp2 (got backend {self.backend!r})")
         if self.mem_budget_gb is not None and not self.mem_budget_gb > 0:
             raise ConfigError(f"mem_budget_gb must be > 0 (got {self.mem_budget_gb})")
         if self.grad_clip is not None and self.grad_clip < 0:
@@ -210,14 +200,10 @@ class RunConfig:
             raise ConfigError(f"run_name must be a plain directory name (got {self.run_name!r})")
         self.model_config()  # checks the model overrides (n_embd divisible by n_head, ...)
 
-    def _inferred_backend(self) -> str:
-        if self.deepspeed_config is not None or self.deepspeed:
-            return "deepspeed"
-        if self.fsdp_config is not None:
-            from backends import fsdp_config
-
-            return fsdp_config.load(self.fsdp_config).backend
-        return "single"
+    def backend_specific(self) -> dict[str, tuple[str, ...]]:
+        """The fields set away from their defaults that only some backends read: {field: those backends}."""
+        return {f.name: f.metadata["backends"] for f in fields(self)
+                if f.metadata.get("backends") and getattr(self, f.name) != f.default}
 
     def model_config(self, vocab_size: int | None = None) -> GPTConfig:
         overrides = {name: getattr(self, name) for name in ("n_layer", "n_embd", "n_head", "block_size", "dropout")}
@@ -232,76 +218,3 @@ def _at_least(cfg: RunConfig, minimum: int, *names: str) -> None:
         value = getattr(cfg, name)
         if value is not None and value < minimum:
             raise ConfigError(f"{name} must be >= {minimum} (got {value})")
-
-
-class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Shows defaults, except where there is none to show (None, False)."""
-
-    def _get_help_string(self, action):
-        if action.default in (None, False):
-            return action.help
-        return super()._get_help_string(action)
-
-
-class _OneLineParser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (no usage dump) and exit code 2."""
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def build_parser(prog: str = "train.py", description: str | None = None,
-                 examples: str | None = None) -> argparse.ArgumentParser:
-    from backends import BACKENDS
-
-    width = max(len(name) for name in BACKENDS) + 2
-    epilog = "backends:\n" + "".join(f"  {name:<{width}}{cls.summary}\n" for name, cls in BACKENDS.items())
-    parser = _OneLineParser(
-        prog=prog,
-        description=textwrap.fill(description) if description else None,
-        formatter_class=_HelpFormatter,
-        epilog=epilog + (f"\n{examples}" if examples else ""),
-    )
-    groups: dict[str, argparse._ArgumentGroup] = {}
-    from backends.deepspeed_support import add_deepspeed_arguments
-
-    add_deepspeed_arguments(parser)  # --deepspeed, --deepspeed_config: DeepSpeed's own parser code
-    for f in fields(RunConfig):
-        meta = f.metadata
-        if meta.get("deepspeed_flag"):
-            continue
-        group = groups.setdefault(meta["group"], parser.add_argument_group(meta["group"]))
-        kwargs = {"help": meta["help"], "default": f.default, "dest": f.name}
-        if f.type in ("bool",) or isinstance(f.default, bool):
-            kwargs["action"] = "store_true"
-        else:
-            kwargs["type"] = _field_type(f)
-            choices = tuple(BACKENDS) if f.name == "backend" else meta.get("choices")
-            if choices:
-                kwargs["choices"] = choices
-            if meta.get("metavar"):
-                kwargs["metavar"] = meta["metavar"]
-        group.add_argument(f"--{f.name}", **kwargs)
-    return parser
-
-
-def _field_type(f):
-    base = str(f.type).replace(" | None", "")
-    return {"int": int, "float": float, "str": str}[base]
-
-
-def parse_args(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None) -> RunConfig:
-    """Parse `argv` into a RunConfig; a bad value exits with one line on stderr and code 2."""
-    parser = parser or build_parser()
-    ns = parser.parse_args(argv)
-    known = {f.name for f in fields(RunConfig)}
-    try:
-        return RunConfig(**{k: v for k, v in vars(ns).items() if k in known})
-    except ConfigError as e:
-        parser.exit(2, f"{parser.prog}: error: {e}\n")
-
-
-def fail_config(message: str, prog: str = "train.py") -> None:
-    """Exit the way a bad flag does: one line on stderr, code 2."""
-    sys.stderr.write(f"{prog}: error: {message}\n")
-    sys.exit(2)

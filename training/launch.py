@@ -1,0 +1,48 @@
+"""How a run is launched, the way users launch it: one module for the sweep and the tests.
+
+    python train.py ...                                              single (one process)
+    torchrun --nproc_per_node N --rdzv-endpoint 127.0.0.1:PORT ...   torch backends
+    deepspeed --num_gpus N --master_port PORT train.py ...           DeepSpeed
+
+Every launch gets a free port (fixed ports collide between back-to-back runs) and an environment
+whose PATH starts with this interpreter's directory: its launchers, and the ninja that builds
+DeepSpeed's ops (another ninja on PATH would make it rebuild them).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from core.dist import free_port
+
+REPO = Path(__file__).resolve().parent.parent
+TRAIN = REPO / "train.py"
+LAUNCHERS = ("python", "torchrun", "deepspeed")
+
+
+def launcher_for(backend: str) -> str:
+    """The launcher users of `backend` type: python for single, deepspeed for DeepSpeed, torchrun else."""
+    return {"single": "python", "deepspeed": "deepspeed"}.get(backend, "torchrun")
+
+
+def launch_command(launcher: str, nproc: int, script: Path = TRAIN) -> list[str]:
+    """The command that starts `script` on `nproc` local ranks (plain python: one process)."""
+    bindir = Path(sys.executable).parent
+    if launcher == "python":
+        return [sys.executable, str(script)]
+    if launcher == "deepspeed":
+        return [str(bindir / "deepspeed"), "--num_gpus", str(nproc), "--master_port", str(free_port()), str(script)]
+    if launcher == "torchrun":
+        return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(nproc),
+                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", str(script)]
+    raise ValueError(f"launcher must be one of {', '.join(LAUNCHERS)} (got {launcher!r})")
+
+
+def launch_env(extra: dict | None = None) -> dict:
+    """The environment of a launched run: this one, the repository importable, our tools first."""
+    env = {**os.environ, **(extra or {})}
+    env["PYTHONPATH"] = str(REPO)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    return env

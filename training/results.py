@@ -1,0 +1,75 @@
+"""A run's results: every rank's measurements gathered into the summary of a finished run.
+
+Memory is per rank, the maximum over ranks; the peak is the CUDA allocator's where there is one,
+else the memory profile's (runs/README.md). A peak over --mem_budget_gb ends every rank with
+status oom: every rank sees every rank's peak here, so they all stop together.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+
+import torch
+
+from core import flops
+from core.memory import peak_rss_bytes
+from core.summary import RunSummary
+from training.loop import LoopResult
+
+STATE_KEYS = ("params", "params_gathered", "grads", "optimizer", "offloaded")
+
+
+class MemoryBudgetExceeded(MemoryError):
+    """The measured peak went over --mem_budget_gb (recorded as status oom, with the peak)."""
+
+    def __init__(self, message: str, peak_bytes: int):
+        super().__init__(message)
+        self.peak_bytes = peak_bytes
+
+
+def gather_ranks(result: LoopResult) -> list[dict]:
+    """Every rank's memory measurements, indexed by rank."""
+    mine = {"allocator": result.allocator, "profiled": result.profiled, "rss_peak": peak_rss_bytes(),
+            "state": result.state_bytes}
+    if not (torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1):
+        return [mine]
+    ranks = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(ranks, mine)
+    return ranks
+
+
+def finished_summary(base: RunSummary, result: LoopResult, ranks: list[dict], block_size: int,
+                     model_cfg, n_params: int, world_size: int, budget_gb: float | None,
+                     started: float) -> RunSummary:
+    """The summary of a run whose every step ran (raises MemoryBudgetExceeded over the budget)."""
+    source = "cuda_allocator" if result.allocator else ("torch_profiler" if result.profiled else None)
+    key = "allocator" if result.allocator else "profiled"
+    peak = max(r[key]["peak_bytes"] for r in ranks) if source else None
+    if budget_gb and peak is not None and peak > budget_gb * 2**30:
+        raise MemoryBudgetExceeded(f"peak {peak / 2**30:.3f} GiB > --mem_budget_gb {budget_gb:g}", peak)
+    peak_rank = max(ranks, key=lambda r: r[key].get("peak_bytes", 0)) if source else None
+    samples_per_s = statistics.median(result.timed_rates) if result.timed_rates else None
+    tokens_per_s = samples_per_s * block_size if samples_per_s else None
+    states = {k: max(r["state"].get(k, 0) for r in ranks) for k in STATE_KEYS}
+    states["total"] = states["params"] + states["params_gathered"] + states["grads"] + states["optimizer"]
+    return dataclasses.replace(
+        base,
+        status="ok",
+        error=None,
+        timed_steps=len(result.timed_rates),
+        samples_per_s=samples_per_s,
+        tokens_per_s=tokens_per_s,
+        mfu=flops.mfu(tokens_per_s, model_cfg, n_params, base.device_name, world_size),
+        mem_source=source,
+        mem_peak_bytes=peak,
+        mem_avg_bytes=max(r[key]["avg_bytes"] for r in ranks) if source else None,
+        mem_reserved_peak_bytes=max(r["allocator"]["reserved_peak_bytes"] for r in ranks) if result.allocator else None,
+        mem_rss_peak_bytes=max(r["rss_peak"] for r in ranks),
+        mem_breakdown=peak_rank["profiled"].get("breakdown") if peak_rank and result.profiled else None,
+        model_state_bytes=states,
+        final_loss=result.final_loss,
+        val_loss=result.val_loss,
+        wall_time_s=time.time() - started,
+    )

@@ -1,0 +1,259 @@
+"""A run's life cycle: everything checkable before any process group, then train, then record.
+
+`resolve` checks the configuration, the backend's plan, the data and the injected fault before
+anything starts (bad input: one line, exit code 2, nothing recorded). `Run.execute` then creates
+the process group and the record, trains (training/loop.py), writes the summary
+(training/results.py), and records any failure, from any rank, as the run's status.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import secrets
+import signal
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+import backends
+from backends.base import Backend, Resolved
+from core.config import RunConfig
+from core.dist import DistEnv, broadcast_object, destroy_process_group, set_cpu_threads, stop_with_launcher
+from core.environment import device_name, environment
+from core.faults import Fault
+from core.records import RunRecord
+from core.summary import RunSummary
+from gptlite.data import BatchLayout, CharDataset, DataError
+from gptlite.errors import ConfigError
+from gptlite.model import GPTConfig, build_model
+from training import checkpoint
+from training.loop import StepLoop
+from training.results import MemoryBudgetExceeded, finished_summary, gather_ranks
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+class Terminated(Exception):
+    """The launcher asked this rank to stop (SIGTERM), e.g. because another rank failed."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated(f"terminated by signal {signal.Signals(signum).name} (launchers stop every rank when one "
+                     "fails or dies)")
+
+
+def is_oom(error: BaseException) -> bool:
+    return isinstance(error, (torch.OutOfMemoryError, MemoryError))
+
+
+@dataclass
+class Setup:
+    """What a run resolved before anything started."""
+
+    resolved: Resolved
+    env: DistEnv
+    data: CharDataset
+    model_cfg: GPTConfig
+    n_params: int
+    fault: Fault | None = None  # an injected fault (GPTLITE_FAULT), for the fault tests
+    layout: BatchLayout = field(init=False)
+
+    def __post_init__(self):
+        self.layout = BatchLayout(self.cfg.micro_batch, self.cfg.grad_accum, self.env.world_size, self.env.rank)
+
+    @property
+    def cfg(self) -> RunConfig:
+        return self.resolved.cfg
+
+    @property
+    def backend_cls(self) -> type[Backend]:
+        return self.resolved.backend
+
+    def record(self) -> dict:
+        """config.json's description of the run (the part known before training)."""
+        return {
+            "run": self.cfg.to_dict(),
+            "plan": self.resolved.plan_record(),
+            "model": self.model_cfg.to_dict(),
+            "n_params": self.n_params,
+            "world_size": self.env.world_size,
+            "global_batch": self.layout.global_batch,
+            "tokens_per_step": self.layout.global_batch * self.model_cfg.block_size,
+            "data": {"source": self.data.source, "vocab_size": self.data.vocab_size,
+                     "train_tokens": len(self.data.splits["train"]), "val_tokens": len(self.data.splits["val"])},
+            "launcher": self.env.launcher,
+        }
+
+
+def resolve(cfg: RunConfig, env: DistEnv | None = None) -> Setup:
+    """Everything that can be checked before any process group exists. Raises ConfigError/DataError."""
+    env = env or DistEnv.from_environment(cfg.device)
+    resolved = backends.resolve(cfg, env)
+    cfg = resolved.cfg
+    if cfg.init_from is not None and not Path(cfg.init_from).is_file():
+        raise ConfigError(f"init_from: file not found: {cfg.init_from}")
+    if (cfg.run_name is not None and not cfg.overwrite and not cfg.resume
+            and (Path(cfg.runs_dir) / cfg.run_name).exists()):
+        raise ConfigError(f"run_name: {Path(cfg.runs_dir) / cfg.run_name} already exists "
+                          "(choose another --run_name, pass --overwrite, or --resume it)")
+    fault = Fault.from_environment(cfg.backend, env.rank)  # a malformed GPTLITE_FAULT is bad input
+    data = CharDataset.load(cfg.data, cfg.model_config().block_size)
+    model_cfg = cfg.model_config(vocab_size=data.vocab_size)
+    return Setup(resolved, env, data, model_cfg, model_cfg.n_params, fault)
+
+
+def main(cfg: RunConfig) -> int:
+    try:
+        setup = resolve(cfg)
+    except (ConfigError, DataError) as e:
+        if os.environ.get("RANK", "0") == "0":
+            print(f"train.py: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if cfg.dry_run:
+        if setup.env.is_main:
+            print(json.dumps(setup.record(), indent=2))
+        return EXIT_OK
+    return Run(setup).execute()
+
+
+class Run:
+    def __init__(self, setup: Setup):
+        self.s, self.cfg, self.env = setup, setup.cfg, setup.env
+        self.record: RunRecord | None = None
+        self.backend: Backend | None = None
+        self.summary: RunSummary | None = None
+        self.resume_from: tuple[Path, dict] | None = None
+        self.start_step = 0
+
+    def execute(self) -> int:
+        signal.signal(signal.SIGTERM, _raise_terminated)
+        stop_with_launcher()
+        started = time.time()
+        try:
+            threads = set_cpu_threads(self.env)
+            if self.s.backend_cls.needs_process_group:
+                self.s.backend_cls.init_distributed(self.env, self.cfg.dist_timeout_s)
+            self.resume_from = checkpoint.latest(self.cfg.save_dir) if self.cfg.resume else None
+            self.start_step = self.resume_from[1]["step"] + 1 if self.resume_from else 0
+            self.record = self._create_record()
+            self._train(threads, started)
+            if torch.distributed.is_initialized():
+                # Every rank finishes together: one rank tearing its process group down while
+                # another still writes the record breaks gloo's connections under it.
+                torch.distributed.barrier()
+            return EXIT_OK
+        except BaseException as e:  # noqa: BLE001 - every failure must be recorded
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # let the failure be written
+            self._record_failure(e, started)
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            return EXIT_FAILED
+        finally:
+            # Release the backend (DDP's Reducer holds the process group) while the group is
+            # still registered: if the Reducer dropped the group's last reference, gloo's
+            # destructor would join its worker threads with the GIL held and can deadlock
+            # (pytorch/pytorch#56297).
+            if self.backend is not None:
+                self.backend.teardown()
+                self.backend = None
+            gc.collect()
+            destroy_process_group()
+
+    def _create_record(self) -> RunRecord:
+        name = self.cfg.run_name or (
+            f"{self.cfg.backend}-{self.cfg.preset}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}")
+        record = RunRecord(Path(self.cfg.runs_dir) / name)
+        if self.env.is_main:
+            if self.resume_from is not None and record.dir.exists():
+                record.continue_after(self.start_step - 1)
+            else:
+                record.create(overwrite=self.cfg.overwrite or self.cfg.resume)
+        # The broadcast also makes the other ranks wait until the directory exists.
+        name = broadcast_object(name)
+        return record if self.env.is_main else RunRecord(Path(self.cfg.runs_dir) / name)
+
+    def _train(self, threads: int, started: float) -> None:
+        cfg, env = self.cfg, self.env
+        # Each rank's own dropout stream, the same in every run of this configuration.
+        torch.manual_seed(cfg.seed * 1000 + env.rank)
+        model = build_model(self.s.model_cfg, cfg.seed)
+        if cfg.init_from:
+            exported = torch.load(cfg.init_from, map_location="cpu")
+            model.load_state_dict(exported["model"])
+            self.start_step = exported["step"] + 1
+        self.backend = backend = self.s.resolved.build(env)
+        backend.setup(model)
+        if self.resume_from is not None:
+            checkpoint.load(backend, self.resume_from[0], env.rank)
+        start = self.start_step
+        if start >= cfg.steps:
+            raise ConfigError(f"steps {cfg.steps}: the run starts at step {start} (from "
+                              f"{cfg.init_from or self.resume_from[0]}); ask for more steps")
+        description = backend.describe()
+        self.summary = self._base_summary(description.get("model_state_estimate"))
+        if env.is_main:
+            self.record.write_config({
+                **self.s.record(), "start_step": start,
+                "resumed_from": str(self.resume_from[0]) if self.resume_from else None,
+                "backend": description, "threads_per_rank": threads, "environment": environment(env.device)})
+            self.record.write_summary(self.summary)
+        if cfg.mem_budget_gb and env.device.type == "cuda":
+            total = torch.cuda.get_device_properties(env.device).total_memory
+            torch.cuda.set_per_process_memory_fraction(min(1.0, cfg.mem_budget_gb * 2**30 / total), env.device)
+
+        result = StepLoop(self.s, backend, self.record, start).run()
+        summary = finished_summary(self.summary, result, gather_ranks(result), self.s.model_cfg.block_size,
+                                   self.s.model_cfg, self.s.n_params, env.world_size, cfg.mem_budget_gb, started)
+        if env.is_main:
+            self.record.flush()
+            self.record.write_summary(summary)
+            if not cfg.quiet:
+                rate = f"{summary.samples_per_s:.1f} samples/s" if summary.samples_per_s else "not timed"
+                print(f"{self.record.dir.name}: ok | loss {summary.final_loss:.4f} | val {summary.val_loss:.4f} | "
+                      f"{rate} | record {self.record.dir}", flush=True)
+
+    def _base_summary(self, model_state_estimate: dict | None) -> RunSummary:
+        cfg, layout = self.cfg, self.s.layout
+        return RunSummary(
+            run_name=self.record.dir.name, backend=cfg.backend, preset=cfg.preset, attention=cfg.attention,
+            world_size=self.env.world_size, micro_batch=cfg.micro_batch, grad_accum=cfg.grad_accum,
+            global_batch=layout.global_batch, precision=cfg.precision, ckpt_interval=cfg.ckpt_interval,
+            n_params=self.s.n_params, steps=cfg.steps, device_name=device_name(self.env.device),
+            model_state_estimate=model_state_estimate)
+
+    def _record_failure(self, error: BaseException, started: float) -> None:
+        status = "oom" if is_oom(error) else "failed"
+        message = f"{type(error).__name__}: {error}".strip()
+        if isinstance(error, (MemoryBudgetExceeded, Terminated)):
+            print(f"rank {self.env.rank}: {message}", file=sys.stderr)  # expected outcomes, no traceback
+        else:
+            traceback.print_exc()
+        if self.record is None:
+            return
+        try:
+            self.record.write_rank_error(self.env.rank, status, message)
+            errors = self.record.rank_errors()
+            cause = errors[0] if errors else {"rank": self.env.rank, "status": status, "error": message}
+            if self.env.is_main and self.record.metrics:
+                self.record.flush()
+            # Every rank that gets here writes the failure, built from what is on disk (the
+            # running summary, the earliest rank error), so the record says failed even when
+            # rank 0 itself was killed; the writes are atomic and carry the same cause.
+            summary = self.summary or self.record.read_summary() or RunSummary(
+                run_name=self.record.dir.name, backend=self.cfg.backend, world_size=self.env.world_size)
+            on_disk = self.record.read_summary()
+            if self.env.rank and isinstance(error, Terminated) and on_disk is not None and on_disk.status != "running":
+                return  # rank 0 already recorded the failure that made the launcher stop us
+            if isinstance(error, MemoryBudgetExceeded):
+                summary.mem_peak_bytes = error.peak_bytes
+            self.record.write_summary(summary.ended(
+                "oom" if any(e["status"] == "oom" for e in errors) else cause["status"],
+                f"rank {cause['rank']}: {cause['error']}", time.time() - started))
+        except Exception:  # noqa: BLE001 - never mask the original error
+            traceback.print_exc()
