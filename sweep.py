@@ -45,17 +45,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from training.sweep import Runner, expand, load_spec
+    from training.runner import Runner, Stopped, stop_on_sigterm
+    from training.sweep import check_runs, expand, load_spec
 
     try:
         spec = load_spec(args.spec)
         runs, skipped = expand(spec)
         if args.max_batch:
-            _check_budget(args)
+            _check_max_batch_args(args)
+        check_runs(runs, spec.directory)
+        runner = Runner(_max_batch_dir(spec, args) if args.max_batch else spec.directory, spec.timeout_s,
+                        retry_failed=args.retry_failed)
+        if not args.max_batch:
+            runner.check_records(runs)
     except ConfigError as e:
         print(f"sweep.py: error: {e}", file=sys.stderr)
         return 2
-    runner = Runner(spec.directory, spec.timeout_s, retry_failed=args.retry_failed)
     if args.dry_run:
         for run in runs:
             print(f"{run.name}\n    {' '.join(run.command(spec.directory))}")
@@ -63,9 +68,18 @@ def main(argv=None) -> int:
             print(f"left out: {reason}")
         print(f"{len(runs)} runs into {spec.directory}")
         return 0
-    if args.max_batch:
-        return _max_batch(args, spec, runs, runner)
-    return _sweep(spec, runs, runner)
+    stop_on_sigterm()
+    try:
+        if args.max_batch:
+            return _max_batch(args, spec, runs, runner)
+        return _sweep(spec, runs, runner)
+    except ConfigError as e:  # a record made with other settings, met during the search
+        print(f"sweep.py: error: {e}", file=sys.stderr)
+        return 2
+    except (KeyboardInterrupt, Stopped) as e:
+        print(f"sweep.py: stopped ({type(e).__name__}); the run in progress was stopped and recorded as failed",
+              file=sys.stderr)
+        return 130 if isinstance(e, KeyboardInterrupt) else 143
 
 
 def _progress(total: int, desc: str):
@@ -85,24 +99,35 @@ def _sweep(spec, runs, runner) -> int:
             bar.update()
     done = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
     print(f"{spec.name}: {done}; records in {spec.directory}")
-    return 0
+    return 1 if counts["failed"] or counts["timeout"] else 0
 
 
-def _check_budget(args) -> None:
+def _check_max_batch_args(args) -> None:
+    import math
+
     import torch
 
     if args.mem_budget_gb is None and not torch.cuda.is_available():
         raise ConfigError("--max_batch on CPU needs --mem_budget_gb (the CPU has no device memory limit)")
+    if args.mem_budget_gb is not None and not (math.isfinite(args.mem_budget_gb) and args.mem_budget_gb > 0):
+        raise ConfigError(f"--mem_budget_gb must be a finite number > 0 (got {args.mem_budget_gb})")
+    for name in ("max_micro_batch", "probe_steps"):
+        if getattr(args, name) < 1:
+            raise ConfigError(f"--{name} must be >= 1 (got {getattr(args, name)})")
 
 
-def _max_batch(args, spec, runs, runner) -> int:
+def _max_batch_dir(spec, args):
+    """Each budget's search in a directory of its own: another budget is another search."""
+    budget = f"budget_{args.mem_budget_gb:g}GiB" if args.mem_budget_gb else "budget_device"
+    return spec.directory / "max_batch" / budget
+
+
+def _max_batch(args, spec, runs, probe_runner) -> int:
     from training.max_batch import SearchError, search, write_results
-    from training.sweep import Runner
 
     configs = {}
     for run in runs:  # one search per configuration: the micro_batch dimension is searched instead
         configs.setdefault(run.config_key, run)
-    probe_runner = Runner(spec.directory / "max_batch", spec.timeout_s, retry_failed=args.retry_failed)
     results, failures = [], 0
     with _progress(len(configs), f"{spec.name} max batch") as bar:
         for stem, base in configs.items():
@@ -117,10 +142,10 @@ def _max_batch(args, spec, runs, runner) -> int:
                 rate = f"{result.samples_per_s:.1f} samples/s" if result.samples_per_s else "n/a"
                 bar.write(f"{stem}: largest micro-batch {result.best_micro_batch} | {rate}")
             bar.update()
-    out = spec.directory / "max_batch" / "max_batch.json"
+    out = probe_runner.directory / "max_batch.json"
     write_results(out, results)
     print(f"{len(results)} searches, {failures} without an answer; results in {out}")
-    return 0
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":

@@ -71,6 +71,10 @@ def estimate(cfg: GPTConfig, backend: str, world: int = 1, micro_batch: int = 1,
              ckpt_interval: int = 0, device: str = "cpu", fsdp_options=None, ds_config: dict | None = None,
              ranks_per_node: int | None = None) -> Estimate:
     """The per-rank memory of one training step of `cfg` under a backend configuration."""
+    for name, value, minimum in (("world", world, 1), ("micro_batch", micro_batch, 1),
+                                 ("ckpt_interval", ckpt_interval, 0)):
+        if not isinstance(value, int) or value < minimum:
+            raise ConfigError(f"{name} must be an integer >= {minimum} (got {value!r})")
     lay = layout_for(backend, world, precision, fsdp_options, ds_config, ranks_per_node)
     n = Counts.of(cfg)
     P, W, c = n.total, lay.shards, lay.compute_bytes
@@ -197,11 +201,14 @@ def estimate_from_record(config: dict) -> Estimate:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m analysis.estimate", description=__doc__.splitlines()[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="\n".join(__doc__.splitlines()[2:5]))
+    from training.cli import OneLineParser
+
+    p = OneLineParser(prog="python -m analysis.estimate", description=__doc__.splitlines()[0],
+                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog="\n".join(__doc__.splitlines()[2:5]))
     p.add_argument("--preset", default="paper", choices=tuple(PRESETS))
     p.add_argument("--world", type=int, default=1, help="ranks")
+    p.add_argument("--ranks_per_node", type=int, default=None,
+                   help="ranks (GPUs) per node: HYBRID_SHARD's default shard group (default: --world)")
     p.add_argument("--backend", default=None, help="single, ddp, fsdp, fsdp2 (inferred from a config file)")
     p.add_argument("--config", default=None, help="DeepSpeed JSON (ds_configs/*.json)")
     p.add_argument("--fsdp_config", default=None, help="FSDP YAML (fsdp_configs/*.yaml)")
@@ -218,12 +225,16 @@ def main(argv=None) -> int:
     from backends import deepspeed_config, fsdp_config
 
     try:
+        if args.config and args.fsdp_config:
+            raise ConfigError("--config (DeepSpeed) and --fsdp_config exclude each other: one backend at a time")
         cfg = preset(args.preset, attention=args.attention, dropout=args.dropout, vocab_size=args.vocab_size)
         options = fsdp_config.load(args.fsdp_config) if args.fsdp_config else None
         ds = deepspeed_config.read(args.config) if args.config else None
         backend = "deepspeed" if ds else (options.backend if options else args.backend or "single")
+        if args.backend and args.backend != backend:
+            raise ConfigError(f"--backend {args.backend} does not match the config file's backend {backend}")
         est = estimate(cfg, backend, args.world, args.micro_batch, args.precision, args.ckpt_interval, args.device,
-                       options, ds)
+                       options, ds, args.ranks_per_node)
     except ConfigError as e:
         print(f"estimate: error: {e}", file=sys.stderr)
         return 2

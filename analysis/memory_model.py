@@ -103,6 +103,8 @@ def layout_for(backend: str, world: int, precision: str, fsdp_options=None, ds_c
         shards = world
         if o.sharding_strategy == "HYBRID_SHARD":
             shards = o.hybrid_shard_size or ranks_per_node or world
+            if shards < 2 or world % shards:
+                raise ConfigError(f"hybrid_shard_size {shards} must be >= 2 and divide the world size {world}")
         kind = "shard_grad_op" if o.sharding_strategy == "SHARD_GRAD_OP" else "full_shard"
         return Layout(kind, shards, fsdp1_root_gathered=True, offload=o.cpu_offload, compute_bytes=mp)
     if backend == "fsdp2":

@@ -5,8 +5,6 @@
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -47,12 +45,8 @@ def with_estimates(runs: pd.DataFrame) -> pd.DataFrame:
 
 def memory_limit(runs_dir: Path, runs: pd.DataFrame) -> float | None:
     """The budget of a largest-batch search, else the CUDA device's memory, else None."""
-    path = runs_dir / "max_batch" / "max_batch.json"
-    if path.exists():
-        budgets = [r["budget_gb"] for r in json.loads(path.read_text()) if r.get("budget_gb")]
-        if budgets:
-            return max(budgets) * 2**30
-    return None
+    budgets = [r["budget_gb"] for r in tables.max_batch_results(runs_dir) if r.get("budget_gb")]
+    return max(budgets) * 2**30 if budgets else None
 
 
 def write_report(runs_dir: str | Path, out: str | Path) -> Path:
@@ -105,10 +99,16 @@ def write_report(runs_dir: str | Path, out: str | Path) -> Path:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m analysis.report", description=__doc__.splitlines()[0])
+    from training.cli import OneLineParser
+
+    parser = OneLineParser(prog="python -m analysis.report", description=__doc__.splitlines()[0])
     parser.add_argument("runs_dir", help="directory of run records (searched recursively)")
     parser.add_argument("--out", required=True, help="directory for report.md and the figures")
     args = parser.parse_args(argv)
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        parser.error(f"--out {args.out} exists and is not a directory")
+    if not Path(args.runs_dir).is_dir():
+        parser.error(f"runs_dir {args.runs_dir} is not a directory")
     matplotlib.use("Agg")  # the report only writes files (a notebook importing this module keeps its backend)
     print(write_report(args.runs_dir, args.out))
     return 0

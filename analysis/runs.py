@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -54,10 +55,14 @@ def load_runs(path: str | Path) -> pd.DataFrame:
     rows = []
     for run_dir in run_dirs(path):
         row = {"run_dir": str(run_dir)}
-        _flatten("", RunSummary.from_dict(json.loads((run_dir / "summary.json").read_text())).to_dict(), row)
-        config_path = run_dir / "config.json"
-        if config_path.exists():
-            _flatten("config", json.loads(config_path.read_text()), row)
+        try:
+            _flatten("", RunSummary.from_dict(json.loads((run_dir / "summary.json").read_text())).to_dict(), row)
+            config_path = run_dir / "config.json"
+            if config_path.exists():
+                _flatten("config", json.loads(config_path.read_text()), row)
+        except (OSError, ValueError, TypeError, AttributeError) as e:  # a damaged record: say so, keep going
+            print(f"skipped {run_dir}: not a readable run record ({type(e).__name__})", file=sys.stderr)
+            continue
         row["label"] = config_label(row.get("backend", "?"), row.get("config.run.fsdp_config"),
                                     row.get("config.run.deepspeed_config"))
         row["ckpt"] = ckpt_label(row)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -70,11 +71,21 @@ def failures(runs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({"run": bad["run_name"], "status": bad["status"], "error": errors})
 
 
+def max_batch_results(runs_dir: str | Path) -> list[dict]:
+    """Every largest-batch search under `runs_dir` (one max_batch.json per budget)."""
+    rows = []
+    for path in sorted(Path(runs_dir).glob("max_batch/**/max_batch.json")):
+        try:
+            rows += json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            print(f"skipped {path}: not readable ({type(e).__name__})", file=sys.stderr)
+    return rows
+
+
 def max_batch_table(runs_dir: str | Path) -> pd.DataFrame:
-    path = Path(runs_dir) / "max_batch" / "max_batch.json"
-    if not path.exists():
+    rows = max_batch_results(runs_dir)
+    if not rows:
         return pd.DataFrame()
-    rows = json.loads(path.read_text())
     return pd.DataFrame({
         "config": [r["config"] for r in rows],
         "budget GiB": [r["budget_gb"] for r in rows],

@@ -23,7 +23,7 @@ from backends.activation_checkpointing import apply_ac
 from backends.activation_offload import make_offloader
 from backends.base import Backend, Resolved
 from backends.deepspeed_support import (deepspeed_wrapper, import_deepspeed, model_state_estimate,
-                                        unlink_shm_allreduce_buffer)
+                                        replay_adam_step_count, unlink_shm_allreduce_buffer)
 from core.dist import ensure_rendezvous_env
 from core.memory import MemoryAccounting
 from gptlite.errors import ConfigError
@@ -183,8 +183,10 @@ class DeepSpeedBackend(Backend):
                                               load_lr_scheduler_states=True)
         if path is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint in {directory}")
+        replay_adam_step_count(self.engine.optimizer)  # bit-exact resume (backends/deepspeed_support.py)
 
     def teardown(self) -> None:
         if getattr(self, "engine", None) is not None:
             self.engine.destroy()
         self.engine = self.model = self.optimizer = self.scheduler = None
+

@@ -1,5 +1,9 @@
 """DeepSpeed JSON configs: reading and validation.
 
+A file is read as DeepSpeed reads it (hjson, which allows comments and trailing commas, with
+duplicate keys refused), and every value this suite reads itself is checked for its type (a
+number is a number, not "0.001") and for being finite, with errors naming the file and key.
+
 DeepSpeed checks its pydantic sections (zero_optimization, bf16, ...) but silently ignores
 unknown top-level keys and typos inside `activation_checkpointing`, `optimizer` and `scheduler`
 (DeepSpeed issues 774, 1809). `validate` checks those itself, then runs DeepSpeed's own parser,
@@ -10,7 +14,8 @@ turns a valid file and the command line into the config a run uses.
 from __future__ import annotations
 
 import difflib
-import json
+import math
+import re
 from pathlib import Path
 
 from gptlite.errors import ConfigError
@@ -41,20 +46,62 @@ LIBAIO_HINT = ("install libaio, the Linux asynchronous I/O library DeepSpeed's a
                "`apt-get install libaio-dev` (Debian/Ubuntu) or `yum install libaio-devel` (RHEL/Fedora)")
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _refuse_duplicates(pairs):
+    seen = {}
+    for key, value in pairs:
+        if key in seen:
+            raise _DuplicateKey(key)
+        seen[key] = value
+    return seen
+
+
 def read(path: str) -> dict:
+    """The config in `path`, parsed as DeepSpeed parses it (hjson; duplicate keys refused)."""
+    import hjson  # DeepSpeed's own dependency, and its parser
+
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"--deepspeed_config: file not found: {path}")
     try:
-        data = json.loads(p.read_text())
-    except json.JSONDecodeError as e:
+        data = hjson.loads(p.read_text(), object_pairs_hook=_refuse_duplicates)
+    except _DuplicateKey as e:
+        raise ConfigError(f"--deepspeed_config {path}: duplicate key '{e}' (DeepSpeed refuses duplicates)") from None
+    except hjson.HjsonDecodeError as e:
         raise ConfigError(f"--deepspeed_config {path}: not valid JSON (line {e.lineno}, column {e.colno}): {e.msg}") \
             from None
     except UnicodeDecodeError:
         raise ConfigError(f"--deepspeed_config {path}: not UTF-8 text") from None
     if not isinstance(data, dict):
         raise ConfigError(f"--deepspeed_config {path}: must be a JSON object (got {type(data).__name__})")
+    _check_finite(f"--deepspeed_config {path}", data, "")
     return data
+
+
+def _check_finite(where: str, value, key: str) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{where}: {key} must be a finite number (got {value})")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _check_finite(where, v, f"{key}.{k}" if key else k)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_finite(where, v, f"{key}[{i}]")
+
+
+def number(where: str, key: str, value, minimum: float | None = None, integer: bool = False,
+           strictly_above: bool = False):
+    """`value` checked as the number the file's `key` must hold; ConfigError naming file and key."""
+    kinds = (int,) if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        expected = "an integer" if integer else "a number"
+        raise ConfigError(f"{where}: {key} must be {expected} (got {value!r})")
+    if minimum is not None and (value <= minimum if strictly_above else value < minimum):
+        raise ConfigError(f"{where}: {key} must be {'>' if strictly_above else '>='} {minimum:g} (got {value!r})")
+    return value
 
 
 def _unknown(where: str, key: str, allowed) -> ConfigError:
@@ -135,8 +182,18 @@ def _one_line(error: Exception, config: dict) -> str:
         loc = [str(part) for part in first.get("loc", ())]
         path = _path_of(config, loc) if loc else None
         location = ".".join(path) if path else f"{getattr(error, 'title', '')} {'.'.join(loc)}".strip()
-        return f"{location}: {first.get('msg')}"
+        return f"{location}: {_dedupe_choices(first.get('msg', ''))}"
     return " ".join(str(error).split()) or type(error).__name__
+
+
+def _dedupe_choices(message: str) -> str:
+    """pydantic lists an enum's values, aliases included ("0, 1, 2, 3 or 3"): each once."""
+    match = re.match(r"(Input should be )(.*)", message)
+    if not match:
+        return message
+    values = list(dict.fromkeys(v.strip() for v in re.split(r", | or ", match.group(2))))
+    listed = values[0] if len(values) == 1 else f"{', '.join(values[:-1])} or {values[-1]}"
+    return match.group(1) + listed
 
 
 def _path_of(config: dict, loc: list[str]) -> list[str] | None:

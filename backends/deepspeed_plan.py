@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from backends.base import ADAM_BETAS, ADAM_EPS, WEIGHT_DECAY
-from backends.deepspeed_config import LIBAIO_HINT, read, validate
+from backends.deepspeed_config import LIBAIO_HINT, number, read, validate
 from core.config import DEFAULT_LR
 from gptlite.errors import ConfigError
 
@@ -111,10 +111,11 @@ def plan(cfg, world_size: int, device_type: str) -> Plan:
 
     lr, warmup = _plan_optimizer(cfg, raw, config, where)
     # DeepSpeed clips at 1.0 when the file is silent (its default); say so explicitly.
-    config["gradient_clipping"] = cfg.grad_clip if cfg.grad_clip is not None else raw.get("gradient_clipping", 1.0)
+    config["gradient_clipping"] = cfg.grad_clip if cfg.grad_clip is not None else number(
+        where, "gradient_clipping", raw.get("gradient_clipping", 1.0), minimum=0)
 
     zero = config.setdefault("zero_optimization", {})
-    stage = int(zero.get("stage", 0))
+    stage = number(where, "zero_optimization.stage", zero.get("stage", 0), minimum=0, integer=True)
     offload_opt, offload_param = offload_device(config, "offload_optimizer"), offload_device(config, "offload_param")
     if "nvme" in (offload_opt, offload_param):
         _plan_nvme(cfg, zero, where, notes)
@@ -142,6 +143,8 @@ def _plan_optimizer(cfg, raw: dict, config: dict, where: str) -> tuple[float, in
         raise ConfigError(f"{where}: optimizer.type must be AdamW (or Adam, which DeepSpeed runs as AdamW), "
                           "the optimizer every backend uses")
     params = optimizer.get("params") or {}
+    if not isinstance(params, dict):
+        raise ConfigError(f"{where}: optimizer.params must be an object (got {params!r})")
     for key, expected in (("betas", list(ADAM_BETAS)), ("eps", ADAM_EPS), ("weight_decay", WEIGHT_DECAY)):
         if key in params and params[key] != expected:
             raise ConfigError(f"{where}: optimizer.params.{key} is {params[key]!r}; every backend uses {expected!r} "
@@ -155,8 +158,11 @@ def _plan_optimizer(cfg, raw: dict, config: dict, where: str) -> tuple[float, in
         if scheduler.get("type") != "WarmupLR" or scheduler_params.get("warmup_type", "log") != "linear":
             raise ConfigError(f"{where}: scheduler must be WarmupLR with warmup_type linear (DeepSpeed's default "
                               "is log), the schedule every backend follows")
-    lr = cfg.lr if cfg.lr is not None else params.get("lr", DEFAULT_LR)
-    warmup = cfg.lr_warmup_steps if cfg.lr_warmup_steps is not None else scheduler_params.get("warmup_num_steps", 0)
+    lr = cfg.lr if cfg.lr is not None else number(where, "optimizer.params.lr", params.get("lr", DEFAULT_LR),
+                                                    minimum=0, strictly_above=True)
+    warmup = cfg.lr_warmup_steps if cfg.lr_warmup_steps is not None else number(
+        where, "scheduler.params.warmup_num_steps", scheduler_params.get("warmup_num_steps", 0), minimum=0,
+        integer=True)
     config["optimizer"] = {"type": optimizer["type"], "params": {
         **params, "lr": lr, "betas": list(ADAM_BETAS), "eps": ADAM_EPS, "weight_decay": WEIGHT_DECAY}}
     if warmup:

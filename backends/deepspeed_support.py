@@ -123,3 +123,32 @@ def model_state_estimate(stage: int, n_params: int, largest_layer_params: int, w
                 "note": f"DeepSpeed has no model-state estimator for ZeRO stage {stage}"}
     return {"function": function, "device_bytes_per_rank": int(device), "host_bytes_per_node": int(cpu),
             "note": "model states only, assuming 16-bit parameters and fp32 optimizer state"}
+
+
+def replay_adam_step_count(optimizer) -> None:
+    """Make a resumed run's Adam steps bit-identical to those of the run that never stopped.
+
+    DeepSpeed's C++ Adam (the CPU op behind FusedAdam on the CPU accelerator, and DeepSpeedCPUAdam;
+    csrc/includes/cpu_adam.h, IncrementStep) keeps beta1^t and beta2^t as float32 running products,
+    outside any state_dict. A fresh process starts them from std::pow(beta, t), which differs from
+    the product in the last bit for some t (0.999: t = 6; 0.8: t = 7), so the bias correction and
+    every weight after the resume differed by an ulp. Replaying steps 1..t through the same op on
+    one-element dummy tensors rebuilds the products exactly (0.15 s for 100k steps). CUDA's kernel
+    recomputes the powers each call: nothing to replay there."""
+    from deepspeed.ops.adam import DeepSpeedCPUAdam, FusedAdam
+
+    inner = getattr(optimizer, "optimizer", optimizer)
+    steps = [state["step"] for state in inner.state.values() if isinstance(state.get("step"), int)]
+    if not steps or not isinstance(inner, (FusedAdam, DeepSpeedCPUAdam)) or (
+            isinstance(inner, FusedAdam) and next(iter(inner.state)).device.type != "cpu"):  # CUDA: no hidden state
+        return
+    p, g, m, v = (torch.zeros(1) for _ in range(4))
+    for t in range(1, max(steps) + 1):
+        for gr in inner.param_groups:
+            if isinstance(inner, DeepSpeedCPUAdam):
+                inner.ds_opt_adam.adam_update(inner.opt_id, t, gr["lr"], *gr["betas"], gr["eps"], gr["weight_decay"],
+                                              gr["bias_correction"], p, g, m, v)
+            else:
+                inner.multi_tensor_adam(2048 * 32, inner._dummy_overflow_buf, [[g], [p], [m], [v]], gr["lr"],
+                                        *gr["betas"], gr["eps"], t, inner.adam_w_mode, int(gr["bias_correction"]),
+                                        gr["weight_decay"])

@@ -23,7 +23,8 @@ BACKWARD_PREFETCH = ("BACKWARD_PRE", "BACKWARD_POST")
 
 def _check_choice(name: str, value, allowed) -> None:
     if value not in allowed:
-        raise ConfigError(f"{name} must be one of {', '.join(map(str, allowed))} (got {value!r})")
+        names = ", ".join("null" if a is None else str(a) for a in allowed)  # YAML's word for None
+        raise ConfigError(f"{name} must be one of {names} (got {value!r})")
 
 
 @dataclass(frozen=True)

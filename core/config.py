@@ -11,6 +11,7 @@ decides (its config file, its options, the defaults it fills in) is checked by t
 
 from __future__ import annotations
 
+import math
 from dataclasses import MISSING, asdict, dataclass, field, fields
 
 from gptlite.errors import ConfigError
@@ -29,6 +30,8 @@ DEFAULT_LR = 1e-3
 DEFAULT_LR_WARMUP_STEPS = 20
 # DeepSpeed clips gradients at norm 1.0 unless its config says otherwise; every backend does the same.
 DEFAULT_GRAD_CLIP = 1.0
+MAX_SEED = 2**32 - 1  # numpy's and torch's seeds; the per-rank dropout seed is derived from it
+MAX_RUN_NAME = 200  # a directory name, with room for the files and temporaries inside it
 
 
 def _flag(help: str, default=MISSING, *, choices=None, group: str = "training", **kw):
@@ -188,6 +191,10 @@ class RunConfig:
             raise ConfigError("offload_activations and ckpt_offload are two ways of doing the same: choose one")
         if self.ckpt_offload and not self.ckpt_interval:
             raise ConfigError("ckpt_offload requires ckpt_interval > 0 (it offloads the checkpointed blocks' inputs)")
+        for name in ("mem_budget_gb", "grad_clip", "lr", "dist_timeout_s"):
+            value = getattr(self, name)
+            if value is not None and not math.isfinite(value):
+                raise ConfigError(f"{name} must be a finite number (got {value})")
         if self.mem_budget_gb is not None and not self.mem_budget_gb > 0:
             raise ConfigError(f"mem_budget_gb must be > 0 (got {self.mem_budget_gb})")
         if self.grad_clip is not None and self.grad_clip < 0:
@@ -196,8 +203,12 @@ class RunConfig:
             raise ConfigError(f"lr must be > 0 (got {self.lr})")
         if not self.dist_timeout_s > 0:
             raise ConfigError(f"dist_timeout_s must be > 0 (got {self.dist_timeout_s})")
-        if self.run_name is not None and (not self.run_name or "/" in self.run_name or self.run_name.startswith(".")):
-            raise ConfigError(f"run_name must be a plain directory name (got {self.run_name!r})")
+        if self.seed > MAX_SEED:
+            raise ConfigError(f"seed must be in [0, {MAX_SEED}] (got {self.seed})")
+        if self.run_name is not None and (not self.run_name or "/" in self.run_name or "\0" in self.run_name
+                                          or self.run_name.startswith(".") or len(self.run_name) > MAX_RUN_NAME):
+            raise ConfigError(f"run_name must be a plain directory name of at most {MAX_RUN_NAME} characters, not "
+                              f"starting with '.' (got {_shorten(self.run_name)!r})")
         self.model_config()  # checks the model overrides (n_embd divisible by n_head, ...)
 
     def backend_specific(self) -> dict[str, tuple[str, ...]]:
@@ -211,6 +222,10 @@ class RunConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def _shorten(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def _at_least(cfg: RunConfig, minimum: int, *names: str) -> None:

@@ -48,13 +48,18 @@ def read_yaml(path: str | Path, flag: str) -> dict:
 def from_dict(cls, data, where: str, section: str = ""):
     """Build dataclass `cls` from mapping `data`, checking keys and value types."""
     if not isinstance(data, dict):
-        raise ConfigError(f"{where}: {section or 'the file'} must be a mapping of keys to values "
+        raise ConfigError(f"{where}: {section.rstrip('.') or 'the file'} must be a mapping of keys to values "
                           f"(got {type(data).__name__})")
     hints = typing.get_type_hints(cls)
     allowed = [f.name for f in dataclasses.fields(cls) if f.init]
     unknown = [k for k in data if k not in allowed]
     if unknown:
         raise ConfigError(f"{where}: unknown key '{section}{unknown[0]}' (allowed: {', '.join(allowed)})")
+    required = [f.name for f in dataclasses.fields(cls) if f.init and f.default is dataclasses.MISSING
+                and f.default_factory is dataclasses.MISSING]
+    missing = [name for name in required if name not in data]
+    if missing:
+        raise ConfigError(f"{where}: missing key '{section}{missing[0]}' (required: {', '.join(required)})")
     values = {}
     for name, value in data.items():
         values[name] = _convert(hints[name], value, where, f"{section}{name}")

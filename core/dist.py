@@ -17,6 +17,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from gptlite.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class DistEnv:
@@ -46,7 +48,7 @@ class DistEnv:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         if device == "cuda":
             if not torch.cuda.is_available():
-                raise RuntimeError("--device cuda: CUDA is not available on this machine")
+                raise ConfigError("device cuda: CUDA is not available on this machine (use --device cpu or auto)")
             dev = torch.device("cuda", local_rank)
         else:
             dev = torch.device("cpu")

@@ -59,3 +59,14 @@ def test_accelerate_backend_under_torchrun_with_accumulation_matches_single(runs
                 "--micro_batch", "2", "--grad_accum", "2", launcher="torchrun").check_ok()
     assert run.config["launcher"] == "torchrun" and run.summary["global_batch"] == 8
     assert_losses_close(run.losses, reference, STEPS, RTOL)
+
+
+@pytest.mark.distributed
+def test_bad_input_under_accelerate_launch_is_said_once(runs_dir):
+    proc = subprocess.run([str(Path(sys.executable).parent / "accelerate"), "launch", "--config_file",
+                           str(ACCELERATE_CONFIG), "--main_process_port", str(free_port()), str(TRAIN), "--runs_dir",
+                           str(runs_dir), "--backend", "ddp", "--steps", "-3"], cwd=REPO, env=base_env(),
+                          capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)
+    assert proc.returncode != 0
+    assert proc.stderr.count("train.py: error: steps must be >= 1 (got -3)") == 1, proc.stderr
+    assert not runs_dir.exists()

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, TRAIN, base_env
+from conftest import REPO, TRAIN, base_env, launch_command
 
 Z2 = json.loads((REPO / "ds_configs" / "z2.json").read_text())
 
@@ -62,6 +62,42 @@ CASES = [
     ("missing init_from file", "train", ["--init_from", "/nonexistent/model.pt"], None, "init_from: file not found"),
     ("fsdp config on ddp", "train", ["--backend", "ddp", "--fsdp_config", "fsdp_configs/full_shard.yaml"], None,
      "fsdp_config applies to backends fsdp and fsdp2"),
+    # values checked before anything starts (the trust issue)
+    ("infinite learning rate", "train", ["--lr", "inf"], None, "lr must be a finite number"),
+    ("NaN gradient clipping", "train", ["--grad_clip", "nan"], None, "grad_clip must be a finite number"),
+    ("seed beyond 32 bits", "train", ["--seed", str(2**64)], None, "seed must be in [0, 4294967295]"),
+    ("infinite timeout", "train", ["--dist_timeout_s", "inf"], None, "dist_timeout_s must be a finite number"),
+    ("cuda without CUDA", "train", ["--device", "cuda"], None, "device cuda: CUDA is not available"),
+    ("runs_dir is a file", "train", ["--runs_dir", "{FILE}"], ("f.txt", "x"), "runs_dir: {FILE} exists and is not a"),
+    ("runs_dir not writable", "train", ["--runs_dir", "/proc/gptlite-runs"], None, "runs_dir: /proc/gptlite-runs is not"
+                                                                                 " writable"),
+    ("run_name too long", "train", ["--run_name", "r" * 300], None, "run_name must be a plain directory name of at most"),
+    ("save_dir is a file", "train", ["--save_dir", "{FILE}", "--save_every", "1"], ("f.txt", "x"),
+     "save_dir: {FILE} exists and is not a directory"),
+    ("save_dir not writable", "train", ["--save_dir", "/proc/gptlite-ckpt", "--save_every", "1"], None,
+     "save_dir: /proc/gptlite-ckpt is not writable"),
+    ("init_from a text file", "train", ["--init_from", "{FILE}"], ("m.pt", "not a checkpoint"),
+     "is not a file written by python -m training.export"),
+    ("init_from a raw state dict", "train", ["--init_from", "{FILE}"], ("m.pt", "{STATE_DICT}"),
+     "needs 'model' and 'step'; a plain state dict has neither"),
+    ("init_from another preset", "train", ["--init_from", "{FILE}", "--preset", "tiny"], ("m.pt", "{SMALL_EXPORT}"),
+     "holds another model than this run's"),
+    ("ds string value", "train", ["--deepspeed_config", "{FILE}"],
+     ("c.json", json.dumps(ds(optimizer={"type": "AdamW", "params": {"lr": "0.001"}}))),
+     "optimizer.params.lr must be a number (got '0.001')"),
+    ("ds duplicate key", "train", ["--deepspeed_config", "{FILE}"],
+     ("c.json", json.dumps(ds())[:-1] + ', "gradient_clipping": 2.0}'), "duplicate key 'gradient_clipping'"),
+    ("ds NaN", "train", ["--deepspeed_config", "{FILE}"],
+     ("c.json", json.dumps(ds(gradient_clipping=float("nan")), indent=1)), "gradient_clipping must be a number"),
+    ("ds file value named by file and key", "train", ["--deepspeed_config", "{FILE}"],
+     ("c.json", json.dumps(ds(optimizer={"type": "AdamW", "params": {"lr": -1}}))),
+     "c.json: optimizer.params.lr must be > 0 (got -1)"),
+    ("ds stage listed once", "train", ["--deepspeed_config", "{FILE}"],
+     ("c.json", json.dumps(ds(zero_optimization={"stage": 7}))), "Input should be 0, 1, 2 or 3"),
+    ("fsdp section not a mapping", "train", ["--fsdp_config", "{FILE}"], ("c.yaml", "mixed_precision: 3\n"),
+     "mixed_precision must be a mapping"),
+    ("fsdp null spelled as YAML does", "train", ["--fsdp_config", "{FILE}"], ("c.yaml", "backward_prefetch: x\n"),
+     "BACKWARD_PRE, BACKWARD_POST, null (got 'x')"),
     # FSDP YAML
     ("fsdp unknown key", "train", ["--fsdp_config", "{FILE}"], ("c.yaml", "shardng_strategy: FULL_SHARD\n"),
      "unknown key 'shardng_strategy' (allowed: backend, sharding_strategy"),
@@ -79,7 +115,7 @@ CASES = [
      "unknown key 'zero_optimisation', which DeepSpeed would silently ignore (did you mean 'zero_optimization'?)"),
     ("ds batch mismatch", "train", ["--deepspeed_config", "{FILE}"],
      ("c.json", json.dumps(ds(train_batch_size=64))), "train_batch_size 64 != train_micro_batch_size_per_gpu 8"),
-    ("ds invalid JSON", "train", ["--deepspeed_config", "{FILE}"], ("c.json", '{"stage": 1,}'), "not valid JSON (line 1"),
+    ("ds invalid JSON", "train", ["--deepspeed_config", "{FILE}"], ("c.json", '{"stage": 1'), "not valid JSON (line 1"),
     ("ds zero key typo", "train", ["--deepspeed_config", "{FILE}"],
      ("c.json", json.dumps(ds(zero_optimization__overlap_com=True))), "zero_optimization.overlap_com' (did you mean 'overlap_comm'?)"),
     ("ds other betas", "train", ["--deepspeed_config", "{FILE}"],
@@ -106,15 +142,35 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("name, tool, args, file, message", CASES, ids=[c[0] for c in CASES])
-def test_bad_input(tmp_path, name, tool, args, file, message):
+def _write(path, content) -> None:
+    """A case's file; {STATE_DICT} and {SMALL_EXPORT} are torch files made here."""
+    import torch
+
+    from gptlite.model import build_model, preset
+
+    if content == "{STATE_DICT}":
+        torch.save(build_model(preset("tiny", vocab_size=65), 0).state_dict(), path)
+    elif content == "{SMALL_EXPORT}":
+        torch.save({"model": build_model(preset("small", vocab_size=65), 0).state_dict(), "step": 3}, path)
+    else:
+        path.write_bytes(content if isinstance(content, bytes) else content.encode())
+
+
+def _case(tmp_path, args, file, message):
     if file:
         path = tmp_path / file[0]
-        path.write_bytes(file[1] if isinstance(file[1], bytes) else file[1].encode())
+        _write(path, file[1])
         args = [a.replace("{FILE}", str(path)) for a in args]
+        message = message.replace("{FILE}", str(path))
+    return args, message
+
+
+@pytest.mark.parametrize("name, tool, args, file, message", CASES, ids=[c[0] for c in CASES])
+def test_bad_input(tmp_path, name, tool, args, file, message):
+    args, message = _case(tmp_path, args, file, message)
     runs = tmp_path / "runs"
     script = TRAIN if tool == "train" else REPO / "sweep.py"
-    extra = ["--runs_dir", str(runs)] if tool == "train" else []
+    extra = ["--runs_dir", str(runs)] if tool == "train" and "--runs_dir" not in args else []
     proc = subprocess.run([sys.executable, str(script), *args, *extra], cwd=REPO, env=base_env(), capture_output=True,
                           text=True, timeout=120)
     lines = proc.stderr.strip().splitlines()
@@ -123,3 +179,27 @@ def test_bad_input(tmp_path, name, tool, args, file, message):
     assert lines[0].startswith(f"{script.name}: error:") and message in lines[0], lines[0]
     assert "Traceback" not in proc.stdout + proc.stderr
     assert not any(json.loads(p.read_text()).get("status") == "ok" for p in runs.rglob("summary.json"))
+    assert not list(runs.rglob("summary.json"))  # nothing recorded at all
+
+
+TRAIN_CASES = [c for c in CASES if c[1] == "train" and "--device" not in c[2]]
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("name, tool, args, file, message", TRAIN_CASES, ids=[c[0] for c in TRAIN_CASES])
+def test_bad_input_under_torchrun(tmp_path, name, tool, args, file, message):
+    """Two ranks: the root cause is said once (torch elastic's error file, which torchrun prints),
+    no traceback comes from the suite's code, and nothing is recorded."""
+    args, message = _case(tmp_path, args, file, message)
+    runs = tmp_path / "runs"
+    extra = ["--runs_dir", str(runs)] if "--runs_dir" not in args else []
+    if not any(a in args for a in ("--backend", "--fsdp_config", "--deepspeed_config")):
+        extra += ["--backend", "ddp"]
+    proc = subprocess.run([*launch_command("torchrun", 2), *args, *extra], cwd=REPO, env=base_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert proc.stderr.count(message) == 1, proc.stderr
+    ours = [line for line in proc.stderr.splitlines()
+            if line.strip().startswith(f'File "{REPO}') and f"{REPO}/.venv" not in line]
+    assert not ours, "\n".join(ours)
+    assert not list(runs.rglob("summary.json"))

@@ -13,10 +13,13 @@ from gptlite.model import build_model, preset
 
 pytestmark = pytest.mark.distributed
 
-STEPS = 5
-SAVE_AFTER = 2  # --save_every 3: the checkpoint holds the state after step 2; a resume starts at 3
+STEPS = 9
+# --save_every 5: the checkpoint holds the state after step 4; a resume starts at 5, Adam's step 6,
+# where float32 beta2^t by repeated products and by pow differ (DeepSpeed's C++ Adam keeps the
+# former, outside its state_dict: backends/deepspeed_support.replay_adam_step_count).
+SAVE_AFTER = 4
 ARGS = (*PARITY_ARGS, "--steps", str(STEPS))
-SAVE = ("--save_every", "3")
+SAVE = ("--save_every", "5")
 RESUME_DROPOUT = "0.1"  # dropout on, so a resume must restore each rank's RNG to match
 BACKENDS = {  # name -> (flags, launcher)
     "single": (("--micro_batch", "4"), "python"),
@@ -48,8 +51,8 @@ def runs(tmp_path_factory):
                           timeout=TIMEOUT).check_ok()
             uninterrupted = first.metrics
             kept = root / f"{run_name}-checkpoint"
-            shutil.copytree(save_dir, kept)  # the checkpoint after step 2, before anything else is saved
-            assert (save_dir / "latest").read_text().strip() == "step_00000002"
+            shutil.copytree(save_dir, kept)  # the checkpoint after step 4, before anything else is saved
+            assert (save_dir / "latest").read_text().strip() == "step_00000004"
             # Resume from it, as a restarted run would: same record, --resume.
             resumed = None if dropout != RESUME_DROPOUT else train(  # the resume tests use dropout
                 root / "runs", run_name, *ARGS, *SAVE, *flags, "--save_dir", str(save_dir), "--resume", launcher=launcher,
@@ -63,7 +66,7 @@ def runs(tmp_path_factory):
 @pytest.mark.parametrize("name", list(BACKENDS))
 def test_resumed_run_continues_exactly(runs, name):
     uninterrupted, resumed, _ = runs(name)
-    assert resumed.config["start_step"] == SAVE_AFTER + 1 and resumed.config["resumed_from"].endswith("step_00000002")
+    assert resumed.config["start_step"] == SAVE_AFTER + 1 and resumed.config["resumed_from"].endswith("step_00000004")
     assert [m["step"] for m in resumed.metrics] == list(range(STEPS))  # earlier lines kept, later replaced
     # On CPU in fp32 the resumed steps repeat the uninterrupted ones bit for bit.
     assert [m["loss"] for m in resumed.metrics] == [m["loss"] for m in uninterrupted]
@@ -107,9 +110,95 @@ def test_a_killed_save_leaves_the_previous_checkpoint_latest(runs, tmp_path):
     _, _, checkpoint = runs("single")
     save_dir = tmp_path / "save"
     shutil.copytree(checkpoint, save_dir)
-    (save_dir / ".step_00000005.partial" / "model").mkdir(parents=True)  # as a run killed mid-save leaves it
+    (save_dir / ".step_00000009.partial" / "model").mkdir(parents=True)  # as a run killed mid-save leaves it
     from training import checkpoint as ckpt
 
     directory, meta = ckpt.latest(save_dir)
-    assert directory.name == "step_00000002" and meta["step"] == SAVE_AFTER and meta["format"] == "torch"
+    assert directory.name == "step_00000004" and meta["step"] == SAVE_AFTER and meta["format"] == "torch"
     assert json.loads((directory / "meta.json").read_text())["backend"] == "single"
+
+
+# ------------------------------------------------------------------ a resume never loses a record
+def _finished(runs, tmp_path):
+    """A copy of the single run's finished record and its checkpoint, to try resumes against."""
+    _, resumed, checkpoint = runs("single")
+    record = tmp_path / "runs" / "r"
+    shutil.copytree(resumed.dir, record)
+    save_dir = tmp_path / "save"
+    shutil.copytree(checkpoint, save_dir)
+    return record, save_dir
+
+
+def _resume(tmp_path, save_dir, *flags, steps=STEPS, name="r"):
+    return subprocess.run([sys.executable, str(REPO / "train.py"), *ARGS[:-1], str(steps), *BACKENDS["single"][0],
+                           "--dropout", RESUME_DROPOUT, "--runs_dir", str(tmp_path / "runs"), "--run_name", name,
+                           "--save_dir", str(save_dir), "--resume", "--quiet", *flags], cwd=REPO, env=base_env(),
+                          capture_output=True, text=True, timeout=300)
+
+
+def _snapshot(record):
+    return {p.name: p.read_bytes() for p in record.iterdir() if p.is_file()}
+
+
+@pytest.mark.parametrize("damage", ["misspelled save_dir", "latest deleted", "latest names a missing checkpoint"])
+def test_a_resume_without_a_usable_checkpoint_refuses_and_keeps_the_record(runs, tmp_path, damage):
+    record, save_dir = _finished(runs, tmp_path)
+    before = _snapshot(record)
+    if damage == "misspelled save_dir":
+        save_dir = tmp_path / "sav"
+    elif damage == "latest deleted":
+        (save_dir / "latest").unlink()
+    else:
+        (save_dir / "latest").write_text("step_00000007\n")
+    proc = _resume(tmp_path, save_dir, steps=STEPS + 3)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "resume:" in proc.stderr
+    assert _snapshot(record) == before
+
+
+@pytest.mark.parametrize("flags, steps, message", [
+    ((), SAVE_AFTER + 1, "nothing left to train (its record is finished)"),
+    (("--preset", "small"), STEPS, "is of another model"),
+    (("--backend", "ddp"), STEPS, "has backend 'single', this run 'ddp'"),
+])
+def test_a_resume_that_cannot_continue_refuses_up_front(runs, tmp_path, flags, steps, message):
+    record, save_dir = _finished(runs, tmp_path)
+    before = _snapshot(record)
+    proc = _resume(tmp_path, save_dir, *flags, steps=steps)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    assert _snapshot(record) == before
+
+
+@pytest.mark.parametrize("damage", ["state.pt truncated", "meta.json corrupt", "rng file truncated"])
+def test_a_damaged_checkpoint_is_refused_before_training(runs, tmp_path, damage):
+    record, save_dir = _finished(runs, tmp_path)
+    step = save_dir / "step_00000004"
+    target = {"state.pt truncated": step / "model" / "state.pt", "meta.json corrupt": step / "meta.json",
+              "rng file truncated": step / "rng" / "rank0.pt"}[damage]
+    target.write_bytes(target.read_bytes()[: len(target.read_bytes()) // 2])
+    before = _snapshot(record)
+    proc = _resume(tmp_path, save_dir, steps=STEPS + 3)
+    assert proc.returncode == 2 and ("damaged" in proc.stderr or "no readable meta.json" in proc.stderr), proc.stderr
+    assert _snapshot(record) == before
+
+
+def test_a_record_has_one_writer_at_a_time(tmp_path):
+    import time
+
+    long_run = subprocess.Popen([sys.executable, str(REPO / "train.py"), *PARITY_ARGS, "--steps", "100000",
+                                 "--runs_dir", str(tmp_path / "runs"), "--run_name", "busy", "--quiet"], cwd=REPO,
+                                env=base_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        metrics = tmp_path / "runs" / "busy" / "metrics.jsonl"
+        deadline = time.monotonic() + 120
+        while not metrics.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        second = subprocess.run([sys.executable, str(REPO / "train.py"), *PARITY_ARGS, "--steps", "3", "--runs_dir",
+                                 str(tmp_path / "runs"), "--run_name", "busy", "--overwrite", "--quiet"], cwd=REPO,
+                                env=base_env(), capture_output=True, text=True, timeout=120)
+        assert second.returncode == 2 and "is being written by pid" in second.stderr, second.stderr
+        assert json.loads((tmp_path / "runs" / "busy" / "summary.json").read_text())["status"] == "running"
+    finally:
+        long_run.kill()
+        long_run.wait()

@@ -98,8 +98,8 @@ def test_bad_configs_fail_in_one_line_naming_the_key(tmp_path, config, message):
 
 def test_unreadable_files(tmp_path):
     bad = tmp_path / "bad.json"
-    bad.write_text('{"train_micro_batch_size_per_gpu": 8,}')
-    with pytest.raises(ConfigError, match=re.escape("not valid JSON (line 1, column 38)")):
+    bad.write_text('{"train_micro_batch_size_per_gpu": 8')  # cut off (a trailing comma is fine: DeepSpeed allows it)
+    with pytest.raises(ConfigError, match=re.escape("not valid JSON (line 1")):
         deepspeed_config.read(str(bad))
     bad.write_text("[1, 2]")
     with pytest.raises(ConfigError, match="must be a JSON object"):
@@ -189,3 +189,14 @@ def test_checkpointing_options(tmp_path):
     plan = _plan(z3, ckpt_interval=2, ckpt_impl="deepspeed", ckpt_offload=True)
     section = plan.config["activation_checkpointing"]
     assert section["cpu_checkpointing"] is True and section["partition_activations"] is True
+
+
+def test_a_config_is_read_as_deepspeed_reads_it(tmp_path):
+    """Comments and trailing commas, which DeepSpeed's hjson reader accepts, are accepted too."""
+    plain = REPO / "ds_configs" / "z2.json"
+    text = plain.read_text().replace('"gradient_clipping": 1.0,', '// clip like DeepSpeed\n  "gradient_clipping": 1.0,')
+    text = text.replace('"overlap_comm": true,', '"overlap_comm": true,  // overlap the reductions')
+    relaxed = tmp_path / "z2.json"
+    relaxed.write_text(text.rstrip().rstrip("}").rstrip() + ",\n}\n")  # a trailing comma too
+    assert "//" in relaxed.read_text()
+    assert deepspeed_config.read(str(relaxed)) == deepspeed_config.read(str(plain))

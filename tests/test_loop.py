@@ -8,6 +8,7 @@ the bookkeeping of a resumed run (start step, metrics kept, the record continued
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 
 import pytest
@@ -17,9 +18,8 @@ from backends.base import Backend, Resolved
 from core.config import RunConfig
 from core.dist import DistEnv
 from core.memory import MemoryAccounting
-from gptlite.data import CharDataset
 from training.loop import accumulate_gradients
-from training.run import EXIT_FAILED, EXIT_OK, Run, Setup
+from training.run import EXIT_FAILED, EXIT_OK, Run, Setup, resolve
 
 TEXT = "".join(chr(ord("a") + (i * 7) % 26) for i in range(4000))
 
@@ -104,9 +104,10 @@ def make_setup(tmp_path, fail=None, **flags) -> Setup:
         def __init__(self, cfg, env, plan=None):
             super().__init__(cfg, env, plan, fail=fail)
 
-    data = CharDataset(TEXT, cfg.model_config().block_size)
-    model_cfg = cfg.model_config(vocab_size=data.vocab_size)
-    return Setup(Resolved(Failing, cfg), env, data, model_cfg, model_cfg.n_params)
+    text = tmp_path / "text.txt"
+    text.write_text(TEXT)
+    cfg = dataclasses.replace(cfg, data=str(text))
+    return resolve(cfg, env, Resolved(Failing, cfg))
 
 
 def read(tmp_path, name):

@@ -11,7 +11,8 @@ import yaml
 from conftest import REPO, base_env
 from core.summary import RunSummary
 from training.max_batch import SearchError, largest_fitting, search
-from training.sweep import Outcome, PlannedRun
+from training.runner import Outcome
+from training.sweep import PlannedRun
 
 
 @pytest.mark.parametrize("limit", [1, 2, 3, 5, 37, 64, 100, 1000])
@@ -77,9 +78,24 @@ def test_real_search_under_a_cpu_budget(tmp_path):
     proc = subprocess.run([sys.executable, str(REPO / "sweep.py"), str(spec), "--max_batch", "--mem_budget_gb",
                            str(budget)], cwd=REPO, env=base_env(), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr
-    (result,) = json.loads((tmp_path / "runs" / "max_batch" / "max_batch.json").read_text())
+    (result,) = json.loads((tmp_path / "runs" / "max_batch" / f"budget_{budget:g}GiB" / "max_batch.json").read_text())
     best = result["best_micro_batch"]
     probes = {p["micro_batch"]: p for p in result["probes"]}
     assert probes[best]["status"] == "ok" and probes[best + 1]["status"] == "oom"
     assert probes[best]["mem_peak_bytes"] <= budget * 2**30 < probes[best + 1]["mem_peak_bytes"]
     assert result["samples_per_s"] > 0
+
+
+def test_a_probe_under_another_budget_is_never_taken_as_done(tmp_path):
+    """A search's probes are keyed by everything they ran with, the budget included."""
+    from core.records import atomic_write_json
+    from gptlite.errors import ConfigError
+    from training.runner import Runner
+
+    runner = Runner(tmp_path, timeout_s=60)
+    probe = BASE.with_flags("probe-mb4", micro_batch=4, mem_budget_gb=0.01)
+    atomic_write_json(tmp_path / "probe-mb4" / "summary.json", RunSummary("probe-mb4", "oom").to_dict())
+    atomic_write_json(tmp_path / ".keys" / "probe-mb4.json", probe.key())
+    runner.check_records([probe])  # the same probe: its record is its own
+    with pytest.raises(ConfigError, match="mem_budget_gb '0.01' then, '1.0' now"):
+        runner.check_records([BASE.with_flags("probe-mb4", micro_batch=4, mem_budget_gb=1.0)])

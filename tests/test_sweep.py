@@ -62,7 +62,7 @@ def test_a_sweep_records_a_failure_goes_on_and_a_rerun_skips_what_is_done(tmp_pa
                  train_args={"warmup_steps": 1, "mem_profile_steps": 0, "eval_batches": 1},
                  env={"GPTLITE_FAULT": "kind=error,step=1,rank=1,backend=ddp"})
     first = _sweep(spec)
-    assert first.returncode == 0, first.stderr
+    assert first.returncode == 1, first.stderr  # the sweep went on, and says that a run failed
     runs = tmp_path / "runs"
     summaries = {p.parent.name: json.loads(p.read_text()) for p in runs.glob("*/summary.json")}
     assert {name: s["status"] for name, s in summaries.items()} == {
@@ -86,8 +86,77 @@ def test_a_run_past_its_timeout_is_killed_and_recorded(tmp_path):
     spec = _spec(tmp_path, steps=3, timeout_s=30, matrix={"backend": ["ddp"], "micro_batch": [2], "world_size": [2]},
                  train_args={"mem_profile_steps": 0}, env={"GPTLITE_FAULT": "kind=hang,step=1"})
     proc = _sweep(spec, timeout=300)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 1, proc.stderr
     summary = json.loads((tmp_path / "runs" / "ddp-w2-tiny-mb2-fp32-ckpt0" / "summary.json").read_text())
     assert summary["status"] == "timeout" and "timed out after 30 s" in summary["error"]
     leftovers = subprocess.run(["pgrep", "-f", str(tmp_path / "runs")], capture_output=True, text=True)
     assert leftovers.stdout.strip() == ""  # the launcher and both ranks are gone
+
+
+@pytest.mark.distributed
+def test_a_changed_spec_never_reuses_or_overwrites_a_record(tmp_path):
+    """The key of a record includes every setting: after `steps` changes, the old record is
+    neither taken as done nor overwritten; the sweep refuses before running anything."""
+    args = dict(matrix={"backend": ["single"], "micro_batch": [2]},
+                train_args={"warmup_steps": 0, "mem_profile_steps": 0, "eval_batches": 1})
+    first = _sweep(_spec(tmp_path, steps=2, **args))
+    assert first.returncode == 0, first.stderr
+    summary = tmp_path / "runs" / "single-w1-tiny-mb2-fp32-ckpt0" / "summary.json"
+    before = summary.read_bytes()
+    changed = _sweep(_spec(tmp_path, steps=3, **args))
+    assert changed.returncode == 2 and "recorded with other settings" in changed.stderr
+    assert "--steps '2' then, '3' now" in changed.stderr and len(changed.stderr.strip().splitlines()) == 1
+    assert summary.read_bytes() == before
+
+
+@pytest.mark.distributed
+def test_stopping_the_sweep_stops_its_run_and_records_it(tmp_path):
+    import signal
+    import time
+
+    spec = _spec(tmp_path, steps=200, matrix={"backend": ["ddp"], "micro_batch": [2], "world_size": [2]},
+                 train_args={"mem_profile_steps": 0})
+    sweep = subprocess.Popen([sys.executable, str(SWEEP), spec], cwd=REPO, env=base_env(), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    summary = tmp_path / "runs" / "ddp-w2-tiny-mb2-fp32-ckpt0" / "summary.json"
+    deadline = time.monotonic() + 120
+    while not (summary.exists() and "running" in summary.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    sweep.send_signal(signal.SIGTERM)
+    out, err = sweep.communicate(timeout=120)
+    assert sweep.returncode == 143, err
+    assert json.loads(summary.read_text())["status"] == "failed"
+    leftovers = subprocess.run(["pgrep", "-f", str(tmp_path / "runs")], capture_output=True, text=True)
+    assert leftovers.stdout.strip() == ""  # launcher and ranks stopped with the sweep
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({"matrix": {"backend": ["ddp"]}}, "missing key 'name'"),
+    ({"name": "t"}, "missing key 'matrix'"),
+    ({"name": "t", "matrix": {"preset": ["tiny"]}}, "missing key 'matrix.backend'"),
+    ({"name": "t", "matrix": {"backend": ["ddp"]}, "train_args": {"lr": -1}}, "lr must be > 0"),
+    ({"name": "t", "matrix": {"backend": ["ddp"]}, "train_args": {"dropout": "lots"}}, "dropout"),
+    ({"name": "t", "matrix": {"backend": ["single"], "world_size": [2], "micro_batch": [0]}}, "micro_batch"),
+    ({"name": "t", "matrix": {"backend": ["{bad}"]}}, "hybrid_shard_size"),
+])
+def test_a_bad_spec_is_refused_before_any_run(tmp_path, spec, message):
+    if spec.get("matrix", {}).get("backend") == ["{bad}"]:
+        bad = tmp_path / "hybrid.yaml"
+        bad.write_text("backend: fsdp\nsharding_strategy: HYBRID_SHARD\nhybrid_shard_size: 3\n")
+        spec["matrix"]["backend"] = [str(bad)]
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump({"runs_dir": str(tmp_path / "runs"), **spec}))
+    proc = _sweep(str(path), timeout=300)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").glob("*/summary.json"))
+
+
+@pytest.mark.parametrize("flags, message", [
+    (("--max_batch", "--mem_budget_gb", "0"), "--mem_budget_gb must be a finite number > 0"),
+    (("--max_batch", "--mem_budget_gb", "1", "--probe_steps", "0"), "--probe_steps must be >= 1"),
+    (("--max_batch", "--mem_budget_gb", "1", "--max_micro_batch", "0"), "--max_micro_batch must be >= 1"),
+])
+def test_bad_max_batch_flags_are_refused(tmp_path, flags, message):
+    proc = _sweep(_spec(tmp_path, matrix={"backend": ["single"]}), *flags, timeout=300)
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr

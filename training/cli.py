@@ -9,7 +9,11 @@ without importing any backend. DeepSpeed's own flags (`--deepspeed`, `--deepspee
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import sys
 import textwrap
+import time
 from dataclasses import fields
 
 from backends import BACKEND_SUMMARIES
@@ -26,19 +30,48 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
         return super()._get_help_string(action)
 
 
+EXIT_BAD_INPUT = 2
+
+
+def report_bad_input(line: str) -> int:
+    """Tell the user about bad input once, under whichever launcher; the exit code to use (2).
+
+    Plain python and DeepSpeed's launcher: rank 0 prints the line. torchrun (and `accelerate
+    launch`, which runs it): rank 0 writes it to torch elastic's error file, which the launcher
+    prints as the root cause of the failure, so printing it too would say it twice; the other
+    ranks, which would fail the same way, wait to be stopped by the launcher once it sees rank 0
+    exit, so that it reports one failure, not one per rank."""
+    rank = int(os.environ.get("RANK", "0"))
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if rank == 0:
+        if error_file:
+            with open(error_file, "w") as f:
+                json.dump({"message": line, "timestamp": int(time.time())}, f)
+        else:
+            print(line, file=sys.stderr, flush=True)
+    elif error_file:
+        time.sleep(5)  # the launcher stops this rank first
+    return EXIT_BAD_INPUT
+
+
 class OneLineParser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (no usage dump) and exit code 2."""
+    """argparse, but a usage error is one line (no usage dump), reported once, exit code 2."""
 
     def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        sys.exit(report_bad_input(f"{self.prog}: error: {message}"))
 
 
-def build_parser(prog: str = "train.py", description: str | None = None,
-                 examples: str | None = None) -> argparse.ArgumentParser:
+class _RaisingParser(OneLineParser):
+    def error(self, message: str):
+        raise ConfigError(message)
+
+
+def build_parser(prog: str = "train.py", description: str | None = None, examples: str | None = None,
+                 parser_class: type[argparse.ArgumentParser] = OneLineParser) -> argparse.ArgumentParser:
     width = max(len(name) for name in BACKEND_SUMMARIES) + 2
     epilog = "backends:\n" + "".join(f"  {name:<{width}}{summary}\n" for name, summary in BACKEND_SUMMARIES.items())
-    parser = OneLineParser(prog=prog, description=textwrap.fill(description) if description else None,
-                           formatter_class=HelpFormatter, epilog=epilog + (f"\n{examples}" if examples else ""))
+    parser = parser_class(prog=prog, description=textwrap.fill(description) if description else None,
+                          formatter_class=HelpFormatter, epilog=epilog + (f"\n{examples}" if examples else ""))
     groups: dict[str, argparse._ArgumentGroup] = {}
     for f in fields(RunConfig):
         meta = f.metadata
@@ -62,6 +95,11 @@ def _field_type(f):
     return {"int": int, "float": float, "str": str}[base]
 
 
+def config_from_argv(argv: list[str]) -> RunConfig:
+    """The RunConfig of a train.py command line; ConfigError (not an exit) for a bad one."""
+    return RunConfig(**vars(build_parser(parser_class=_RaisingParser).parse_args(argv)))
+
+
 def parse_args(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None) -> RunConfig:
     """Parse `argv` into a RunConfig; a bad value exits with one line on stderr and code 2."""
     parser = parser or build_parser()
@@ -69,4 +107,4 @@ def parse_args(argv: list[str] | None = None, parser: argparse.ArgumentParser | 
     try:
         return RunConfig(**vars(ns))
     except ConfigError as e:
-        parser.exit(2, f"{parser.prog}: error: {e}\n")
+        sys.exit(report_bad_input(f"{parser.prog}: error: {e}"))

@@ -81,13 +81,20 @@ def _deepspeed_state_dict(model_dir: Path) -> dict:
 
 
 def export(checkpoint_path: str | Path, out: str | Path) -> Path:
+    out = Path(out)
+    if out.is_dir():
+        raise FileExistsError(f"--out {out} is a directory; name the file to write")
     directory = resolve(checkpoint_path)
     state, meta = consolidated_state_dict(directory)
-    out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp", delete=False) as f:
-        torch.save({"model": state, "step": meta["step"], "source": meta}, f)
-    Path(f.name).replace(out)
+        tmp = Path(f.name)
+        try:
+            torch.save({"model": state, "step": meta["step"], "source": meta}, f)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+    tmp.replace(out)
     return out
 
 
@@ -100,7 +107,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         out = export(args.checkpoint, args.out)
-    except FileNotFoundError as e:
+    except (FileNotFoundError, FileExistsError, ValueError, KeyError) as e:
         print(f"export: error: {e}", file=sys.stderr)
         return 2
     print(out)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import gc
 import json
-import os
 import secrets
 import signal
 import sys
@@ -32,11 +31,12 @@ from core.summary import RunSummary
 from gptlite.data import BatchLayout, CharDataset, DataError
 from gptlite.errors import ConfigError
 from gptlite.model import GPTConfig, build_model
-from training import checkpoint
+from training import checkpoint, preflight
+from training.cli import report_bad_input
 from training.loop import StepLoop
 from training.results import MemoryBudgetExceeded, finished_summary, gather_ranks
 
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_OK, EXIT_FAILED = 0, 1
 
 
 class Terminated(Exception):
@@ -48,8 +48,21 @@ def _raise_terminated(signum, frame):
                      "fails or dies)")
 
 
+# How the CPU allocator words a failed allocation (c10's DefaultCPUAllocator raises a RuntimeError).
+CPU_OOM_MESSAGES = ("DefaultCPUAllocator: can't allocate memory", "DefaultCPUAllocator: not enough memory")
+
+
 def is_oom(error: BaseException) -> bool:
-    return isinstance(error, (torch.OutOfMemoryError, MemoryError))
+    if isinstance(error, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    return isinstance(error, RuntimeError) and any(m in str(error) for m in CPU_OOM_MESSAGES)
+
+
+def describe_error(error: BaseException) -> str:
+    """`<ExceptionType>: <message>`, with a message where the exception carries none."""
+    if isinstance(error, KeyboardInterrupt):
+        return "KeyboardInterrupt: interrupted (Ctrl-C, or SIGINT from the launcher)"
+    return f"{type(error).__name__}: {error}".strip()
 
 
 @dataclass
@@ -62,6 +75,9 @@ class Setup:
     model_cfg: GPTConfig
     n_params: int
     fault: Fault | None = None  # an injected fault (GPTLITE_FAULT), for the fault tests
+    init: dict | None = None  # the --init_from export, read and checked once
+    resume: preflight.Resume | None = None  # the checkpoint --resume continues
+    lock: preflight.RecordLock | None = None  # held by rank 0 while it writes the record
     layout: BatchLayout = field(init=False)
 
     def __post_init__(self):
@@ -91,10 +107,12 @@ class Setup:
         }
 
 
-def resolve(cfg: RunConfig, env: DistEnv | None = None) -> Setup:
-    """Everything that can be checked before any process group exists. Raises ConfigError/DataError."""
+def resolve(cfg: RunConfig, env: DistEnv | None = None, resolved: Resolved | None = None) -> Setup:
+    """Everything that can be checked before any process group exists. Raises ConfigError/DataError.
+
+    `resolved`: the backend already resolved (tests pass their own backend this way)."""
     env = env or DistEnv.from_environment(cfg.device)
-    resolved = backends.resolve(cfg, env)
+    resolved = resolved or backends.resolve(cfg, env)
     cfg = resolved.cfg
     if cfg.init_from is not None and not Path(cfg.init_from).is_file():
         raise ConfigError(f"init_from: file not found: {cfg.init_from}")
@@ -105,16 +123,31 @@ def resolve(cfg: RunConfig, env: DistEnv | None = None) -> Setup:
     fault = Fault.from_environment(cfg.backend, env.rank)  # a malformed GPTLITE_FAULT is bad input
     data = CharDataset.load(cfg.data, cfg.model_config().block_size)
     model_cfg = cfg.model_config(vocab_size=data.vocab_size)
-    return Setup(resolved, env, data, model_cfg, model_cfg.n_params, fault)
+    setup = Setup(resolved, env, data, model_cfg, model_cfg.n_params, fault)
+    if cfg.dry_run:
+        return setup
+    preflight.writable_dir("runs_dir", cfg.runs_dir)
+    if cfg.save_dir:
+        preflight.writable_dir("save_dir", cfg.save_dir)
+    if cfg.init_from:
+        setup.init = preflight.init_weights(cfg.init_from, model_cfg)
+        if setup.init["step"] + 1 >= cfg.steps:
+            raise ConfigError(f"init_from: {cfg.init_from} ends at step {setup.init['step']}; with --steps "
+                              f"{cfg.steps} there is nothing left to train; ask for more --steps")
+    if cfg.resume:
+        record_dir = Path(cfg.runs_dir) / cfg.run_name if cfg.run_name else None
+        setup.resume = preflight.resume_point(cfg, env.world_size, setup.layout.global_batch, model_cfg, record_dir,
+                                              resolved.backend.checkpoint_format)
+    if env.is_main and cfg.run_name:
+        setup.lock = preflight.RecordLock(cfg.runs_dir, cfg.run_name)  # last: every other check has passed
+    return setup
 
 
 def main(cfg: RunConfig) -> int:
     try:
         setup = resolve(cfg)
     except (ConfigError, DataError) as e:
-        if os.environ.get("RANK", "0") == "0":
-            print(f"train.py: error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return report_bad_input(f"train.py: error: {e}")
     if cfg.dry_run:
         if setup.env.is_main:
             print(json.dumps(setup.record(), indent=2))
@@ -128,8 +161,7 @@ class Run:
         self.record: RunRecord | None = None
         self.backend: Backend | None = None
         self.summary: RunSummary | None = None
-        self.resume_from: tuple[Path, dict] | None = None
-        self.start_step = 0
+        self.start_step = setup.resume.start_step if setup.resume else 0
 
     def execute(self) -> int:
         signal.signal(signal.SIGTERM, _raise_terminated)
@@ -139,8 +171,6 @@ class Run:
             threads = set_cpu_threads(self.env)
             if self.s.backend_cls.needs_process_group:
                 self.s.backend_cls.init_distributed(self.env, self.cfg.dist_timeout_s)
-            self.resume_from = checkpoint.latest(self.cfg.save_dir) if self.cfg.resume else None
-            self.start_step = self.resume_from[1]["step"] + 1 if self.resume_from else 0
             self.record = self._create_record()
             self._train(threads, started)
             if torch.distributed.is_initialized():
@@ -170,7 +200,7 @@ class Run:
             f"{self.cfg.backend}-{self.cfg.preset}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}")
         record = RunRecord(Path(self.cfg.runs_dir) / name)
         if self.env.is_main:
-            if self.resume_from is not None and record.dir.exists():
+            if self.s.resume is not None and record.dir.exists():
                 record.continue_after(self.start_step - 1)
             else:
                 record.create(overwrite=self.cfg.overwrite or self.cfg.resume)
@@ -183,24 +213,20 @@ class Run:
         # Each rank's own dropout stream, the same in every run of this configuration.
         torch.manual_seed(cfg.seed * 1000 + env.rank)
         model = build_model(self.s.model_cfg, cfg.seed)
-        if cfg.init_from:
-            exported = torch.load(cfg.init_from, map_location="cpu")
-            model.load_state_dict(exported["model"])
-            self.start_step = exported["step"] + 1
+        if self.s.init is not None:
+            model.load_state_dict(self.s.init["model"])
+            self.start_step = self.s.init["step"] + 1
         self.backend = backend = self.s.resolved.build(env)
         backend.setup(model)
-        if self.resume_from is not None:
-            checkpoint.load(backend, self.resume_from[0], env.rank)
+        if self.s.resume is not None:
+            checkpoint.load(backend, self.s.resume.directory, env.rank)
         start = self.start_step
-        if start >= cfg.steps:
-            raise ConfigError(f"steps {cfg.steps}: the run starts at step {start} (from "
-                              f"{cfg.init_from or self.resume_from[0]}); ask for more steps")
         description = backend.describe()
         self.summary = self._base_summary(description.get("model_state_estimate"))
         if env.is_main:
             self.record.write_config({
                 **self.s.record(), "start_step": start,
-                "resumed_from": str(self.resume_from[0]) if self.resume_from else None,
+                "resumed_from": str(self.s.resume.directory) if self.s.resume else None,
                 "backend": description, "threads_per_rank": threads, "environment": environment(env.device)})
             self.record.write_summary(self.summary)
         if cfg.mem_budget_gb and env.device.type == "cuda":
@@ -229,7 +255,7 @@ class Run:
 
     def _record_failure(self, error: BaseException, started: float) -> None:
         status = "oom" if is_oom(error) else "failed"
-        message = f"{type(error).__name__}: {error}".strip()
+        message = describe_error(error)
         if isinstance(error, (MemoryBudgetExceeded, Terminated)):
             print(f"rank {self.env.rank}: {message}", file=sys.stderr)  # expected outcomes, no traceback
         else:

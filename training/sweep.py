@@ -1,4 +1,4 @@
-"""Sweeps: a YAML matrix of runs, each launched the way users launch it, one at a time.
+"""Sweeps: a YAML matrix of runs, planned (training/runner.py launches them).
 
 A spec (sweeps/*.yaml) names a matrix over backend configurations, activation checkpointing,
 micro-batch, precision, world size and preset, plus train.py flags common to every run. Each run
@@ -12,22 +12,15 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import os
-import signal
-import subprocess
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from core.config import PRECISIONS, RunConfig
 from core.configfile import load_yaml
-from core.records import atomic_write_json, read_summary
-from core.summary import FINISHED, RunSummary
 from gptlite.errors import ConfigError
 from gptlite.model import PRESETS
-from training.launch import REPO, launch_command, launch_env, launcher_for
+from training.launch import REPO, launch_command, launcher_for
 
-RETRYABLE = ("failed", "timeout")
 # Flags the sweep sets itself for every run; a spec cannot set them in train_args.
 SWEEP_OWNED = {"backend", "fsdp_config", "deepspeed_config", "runs_dir", "run_name", "overwrite", "quiet",
                "dry_run", "local_rank", "preset", "micro_batch", "precision", "ckpt_interval", "ckpt_impl", "steps",
@@ -150,8 +143,8 @@ class PlannedRun:
     # out: the runs of one configuration share it (the largest-batch search groups by it).
     config_key: str = ""
 
-    def argv(self, runs_dir: Path) -> list[str]:
-        args = ["--runs_dir", str(runs_dir), "--run_name", self.name, "--overwrite", "--quiet"]
+    def argv(self, runs_dir: Path, overwrite: bool = False) -> list[str]:
+        args = ["--runs_dir", str(runs_dir), "--run_name", self.name, "--quiet", *(["--overwrite"] if overwrite else [])]
         if self.config_file:
             args += ["--deepspeed_config" if self.backend == "deepspeed" else "--fsdp_config", self.config_file]
         else:
@@ -163,9 +156,21 @@ class PlannedRun:
                 args += [f"--{key}", str(value)]
         return args
 
-    def command(self, runs_dir: Path) -> list[str]:
+    def command(self, runs_dir: Path, overwrite: bool = False) -> list[str]:
         """The launch command, as a user would type it (with a free port)."""
-        return [*launch_command(launcher_for(self.backend), self.world_size), *self.argv(runs_dir)]
+        return [*launch_command(launcher_for(self.backend), self.world_size), *self.argv(runs_dir, overwrite)]
+
+    def key(self) -> dict:
+        """Everything about the run that changes its result, so a record is reused only for the same
+        run: flags, launcher, world size, environment, and the contents of the files it reads (the
+        backend's config file, --data). The suite's own code is not in it: a sweep reruns nothing
+        when the code changes; give it another name for that."""
+        flags = [f for f in self.argv(Path("."))[4:] if f != "--quiet"]  # without --runs_dir, --run_name
+        data = dict(self.flags).get("data")
+        return {"backend": self.backend, "world_size": self.world_size, "launcher": launcher_for(self.backend),
+                "flags": flags, "env": dict(self.env),
+                "config_file_sha256": _sha256(REPO / self.config_file) if self.config_file else None,
+                "data_sha256": _sha256(Path(data)) if data else None}
 
     def with_flags(self, name: str, **flags) -> "PlannedRun":
         merged = dict(self.flags)
@@ -209,91 +214,31 @@ def expand(spec: SweepSpec) -> tuple[list[PlannedRun], list[str]]:
     return list(runs.values()), list(dict.fromkeys(skipped))
 
 
-@dataclass
-class Outcome:
-    run: PlannedRun
-    summary: RunSummary
-    seconds: float
-    skipped: bool = False
+def _sha256(path: Path) -> str | None:
+    import hashlib
 
-    @property
-    def status(self) -> str:
-        return self.summary.status
-
-    def line(self) -> str:
-        s = self.summary
-        if self.skipped:
-            return f"{self.run.name}: {self.status} (already done)"
-        if self.status != "ok":
-            return f"{self.run.name}: {self.status} after {self.seconds:.0f} s | {s.error or ''}"
-        rate = f"{s.samples_per_s:.1f} samples/s" if s.samples_per_s else "not timed"
-        peak = f"peak {s.mem_peak_bytes / 2**20:.1f} MiB" if s.mem_peak_bytes else "peak n/a"
-        return f"{self.run.name}: ok | {rate} | {peak} | loss {s.final_loss or 0:.4f} | {self.seconds:.0f} s"
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
 
 
-class Runner:
-    """Launches planned runs one at a time into `directory`."""
+def check_runs(runs: list[PlannedRun], directory: Path) -> None:
+    """Every planned run resolved as train.py will resolve it (flags, config files, world size),
+    before the first starts: a bad spec is refused whole (ConfigError naming the run)."""
+    import torch
 
-    def __init__(self, directory: Path, timeout_s: float, retry_failed: bool = False):
-        self.directory = Path(directory)
-        self.timeout_s = timeout_s
-        self.retry_failed = retry_failed
+    import backends
+    from core.dist import DistEnv
+    from training.cli import config_from_argv
 
-    def run(self, planned: PlannedRun) -> Outcome:
-        existing = read_summary(self.directory / planned.name / "summary.json")
-        if existing is not None and existing.status in FINISHED and not (
-                self.retry_failed and existing.status in RETRYABLE):
-            return Outcome(planned, existing, 0.0, True)
-        self.directory.mkdir(parents=True, exist_ok=True)
-        log_dir = self.directory / ".logs"
-        log_dir.mkdir(exist_ok=True)
-        log = log_dir / f"{planned.name}.log"
-        started = time.monotonic()
-        with open(log, "w") as out:
-            proc = subprocess.Popen(planned.command(self.directory), cwd=REPO, env=launch_env(dict(planned.env)),
-                                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-            timed_out = False
-            try:
-                proc.wait(timeout=self.timeout_s)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                _kill_group(proc)
-        seconds = time.monotonic() - started
-        return Outcome(planned, self._settle(planned, proc.returncode, timed_out, log, seconds), seconds)
-
-    def _settle(self, planned: PlannedRun, returncode: int, timed_out: bool, log: Path, seconds: float) -> RunSummary:
-        """The run's final summary; written here when the run could not write one itself."""
-        path = self.directory / planned.name / "summary.json"
-        summary = read_summary(path) or RunSummary(run_name=planned.name, backend=planned.backend,
-                                                   world_size=planned.world_size, wall_time_s=seconds)
-        if timed_out:
-            summary = summary.ended("timeout", f"timed out after {self.timeout_s:g} s (sweep timeout_s)",
-                                    summary.wall_time_s or seconds)
-        elif summary.status == "running":
-            summary = summary.ended("failed", f"exit code {returncode}: {_last_line(log)}", summary.wall_time_s or seconds)
-        elif summary.status == "ok" and returncode != 0:
-            summary = summary.ended("failed", f"exit code {returncode} after the record was written: "
-                                              f"{_last_line(log)}")
-        else:
-            return summary
-        atomic_write_json(path, summary.to_dict())
-        return summary
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    for sig, grace in ((signal.SIGTERM, 15), (signal.SIGKILL, 15)):
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    for run in runs:
+        nvme = dict(run.flags).get("nvme_path")
+        if nvme:  # scratch space the sweep owns, for ZeRO-Infinity's NVMe offload
+            Path(nvme).mkdir(parents=True, exist_ok=True)
         try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=grace)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
-def _last_line(log: Path) -> str:
-    lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
-    errors = [line for line in lines if "Error" in line or "error:" in line]
-    return (errors or lines or ["no output"])[-1][:500]
+            cfg = config_from_argv(run.argv(directory))
+            backends.resolve(cfg, DistEnv(0, 0, run.world_size, run.world_size, device, launcher_for(run.backend)))
+        except ConfigError as e:
+            raise ConfigError(f"run {run.name}: {e}") from None

@@ -1,0 +1,177 @@
+"""What a run reads and writes on disk, checked before anything starts.
+
+The output directories must be directories we can write; `--init_from` must be an export of this
+model; `--resume` must find a checkpoint it can continue (complete, of this backend, model and
+world) or, without one, must not be about to destroy a record it cannot continue; and a record
+has one writer at a time. Every problem is a ConfigError (one line, exit code 2, nothing written).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from core.records import read_json, read_summary
+from gptlite.errors import ConfigError
+from gptlite.model import GPTConfig, meta_model
+from training import checkpoint
+
+
+def writable_dir(name: str, path: str) -> None:
+    """`path` is a directory we can write into, or can be created as one."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise ConfigError(f"{name}: {path} exists and is not a directory")
+    existing = p
+    while not existing.exists():
+        existing = existing.parent
+    try:  # a real write: permission bits alone say nothing for root, or on a read-only mount
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as e:
+        raise ConfigError(f"{name}: {path} is not writable (creating a file in {existing} failed: {e.strerror})") from None
+
+
+def init_weights(path: str, model_cfg: GPTConfig) -> dict:
+    """The export in `path` (python -m training.export), checked against this run's model."""
+    try:
+        exported = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - not a torch file, truncated, or pickled code: all bad input
+        raise ConfigError(f"init_from: {path} is not a file written by python -m training.export "
+                          f"({type(e).__name__})") from None
+    if not isinstance(exported, dict) or not isinstance(exported.get("model"), dict) or "step" not in exported:
+        raise ConfigError(f"init_from: {path} is not an export of python -m training.export (it needs 'model' and "
+                          "'step'; a plain state dict has neither)")
+    expected = {k: tuple(v.shape) for k, v in meta_model(model_cfg).state_dict().items()}
+    found = {k: tuple(v.shape) for k, v in exported["model"].items() if isinstance(v, torch.Tensor)}
+    if found != expected:
+        wrong = sorted(set(expected) ^ set(found)) or sorted(k for k in expected if expected[k] != found.get(k))
+        raise ConfigError(f"init_from: {path} holds another model than this run's (first difference: {wrong[0]}: "
+                          f"{found.get(wrong[0])} here, {expected.get(wrong[0])} for this run)")
+    return exported
+
+
+@dataclass(frozen=True)
+class Resume:
+    directory: Path
+    meta: dict
+
+    @property
+    def start_step(self) -> int:
+        return self.meta["step"] + 1
+
+
+def resume_point(cfg, world_size: int, global_batch: int, model_cfg: GPTConfig, record_dir: Path | None,
+                 checkpoint_format: str) -> Resume | None:
+    """Where `--resume` continues from: a checkpoint it can continue, or None to start afresh
+    (only when no record would be lost: none exists, or it is the same run's unfinished attempt
+    that died before its first checkpoint)."""
+    found = inspect(Path(cfg.save_dir))
+    summary = read_summary(record_dir / "summary.json") if record_dir is not None else None
+    if found is None:
+        if summary is None:
+            return None
+        if summary.status == "ok":
+            raise ConfigError(f"resume: {record_dir} is a finished run and --save_dir {cfg.save_dir} holds no "
+                              "checkpoint to continue it from; check --save_dir")
+        recorded = _recorded_save_dir(record_dir)
+        if recorded is None or Path(recorded).resolve() != Path(cfg.save_dir).resolve():
+            raise ConfigError(f"resume: --save_dir {cfg.save_dir} holds no checkpoint, and {record_dir} was written "
+                              f"with --save_dir {recorded}; resuming would start it over. Check --save_dir")
+        return None  # the previous attempt of this run stopped before its first checkpoint
+    meta = found.meta
+    where = f"resume: the checkpoint {found.directory}"
+    for key, ours in (("backend", cfg.backend), ("format", checkpoint_format), ("global_batch", global_batch)):
+        if meta.get(key) != ours:
+            raise ConfigError(f"{where} has {key} {meta.get(key)!r}, this run {ours!r}; start a new run, or move "
+                              "between backends with python -m training.export and --init_from")
+    if "model" in meta and meta["model"] != model_cfg.to_dict():
+        raise ConfigError(f"{where} is of another model ({_model_difference(meta['model'], model_cfg.to_dict())})")
+    if checkpoint_format != "torch" and meta.get("world_size") != world_size:
+        raise ConfigError(f"{where} was written by {meta.get('world_size')} ranks; a {checkpoint_format} checkpoint "
+                          f"resumes on the same number (this run has {world_size})")
+    if found.start_step >= cfg.steps:
+        state = " (its record is finished)" if summary is not None and summary.status == "ok" else ""
+        raise ConfigError(f"{where} is at step {meta['step']}: with --steps {cfg.steps} there is nothing left to "
+                          f"train{state}; ask for more --steps")
+    return found
+
+
+def inspect(save_dir: Path) -> Resume | None:
+    """The latest complete checkpoint under `save_dir`, checked readable; None if there is none."""
+    if not save_dir.exists():
+        return None
+    if not save_dir.is_dir():
+        raise ConfigError(f"resume: --save_dir {save_dir} is not a directory")
+    pointer = save_dir / checkpoint.LATEST
+    leftovers = sorted(p.name for p in save_dir.glob("step_*"))
+    if not pointer.is_file():
+        if leftovers:
+            raise ConfigError(f"resume: --save_dir {save_dir} has checkpoints ({leftovers[-1]}) but no '{checkpoint.LATEST}' "
+                              "file naming the complete one; restore it or pass the directory to training.export")
+        return None
+    directory = save_dir / pointer.read_text().strip()
+    try:
+        meta = read_json(directory / "meta.json")
+        if not isinstance(meta, dict) or not isinstance(meta.get("step"), int):
+            raise ValueError("no step")
+    except (OSError, ValueError):
+        raise ConfigError(f"resume: '{checkpoint.LATEST}' in {save_dir} names {directory.name}, which has no "
+                          "readable meta.json (a missing or damaged checkpoint)") from None
+    for f in sorted(directory.rglob("*.pt")):
+        if not _complete_torch_file(f):
+            raise ConfigError(f"resume: the checkpoint {directory} is damaged: {f.relative_to(directory)} is truncated "
+                              "or not a torch file")
+    return Resume(directory, meta)
+
+
+def _complete_torch_file(path: Path) -> bool:
+    """torch.save writes a zip archive: a truncated or overwritten file fails its checksum test."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            return z.testzip() is None
+    except (OSError, zipfile.BadZipFile):
+        return False
+
+
+def _recorded_save_dir(record_dir: Path) -> str | None:
+    try:
+        return json.loads((record_dir / "config.json").read_text())["run"]["save_dir"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _model_difference(theirs: dict, ours: dict) -> str:
+    for key in ours:
+        if theirs.get(key) != ours[key]:
+            return f"{key} {theirs.get(key)!r} there, {ours[key]!r} here"
+    return "different"
+
+
+class RecordLock:
+    """One writer per record: an exclusive lock on runs_dir/.locks/<run_name>, held until exit."""
+
+    def __init__(self, runs_dir: str, run_name: str):
+        directory = Path(runs_dir) / ".locks"
+        directory.mkdir(parents=True, exist_ok=True)
+        self.path = directory / f"{run_name}.lock"
+        self.file = open(self.path, "a+")
+        try:
+            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.file.seek(0)
+            holder = self.file.read().strip() or "another process"
+            self.file.close()
+            raise ConfigError(f"run_name: {Path(runs_dir) / run_name} is being written by {holder}; wait for it to "
+                              "finish, or choose another --run_name") from None
+        self.file.seek(0)
+        self.file.truncate()
+        self.file.write(f"pid {os.getpid()}\n")
+        self.file.flush()
