@@ -87,6 +87,10 @@ def write_report(runs_dir: str | Path, out: str | Path) -> Path:
         "",
         tables.markdown(tables.ddp_ratios(runs)),
     ]
+    communication = tables.comm_table(runs)
+    if not communication.empty:
+        lines += ["## Communication per step (rank 0, profiled step; core/comm.py)", "",
+                  tables.markdown(communication)]
     largest = tables.max_batch_table(runs_dir)
     if not largest.empty:
         lines += ["## Largest micro-batch", "", tables.markdown(largest)]

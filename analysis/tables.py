@@ -63,6 +63,24 @@ def ddp_ratios(runs: pd.DataFrame) -> pd.DataFrame:
     }).sort_values(["batch", "config", "ckpt"]).reset_index(drop=True)
 
 
+def comm_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per successful multi-rank run: the step's collectives, bus bytes measured and in theory."""
+    ok = ok_runs(runs)
+    if ok.empty or "comm.bus_bytes" not in ok:
+        return pd.DataFrame()
+    ok = ok[ok["world_size"] > 1]
+    kinds = sorted({c.split(".")[2] for c in ok.columns if c.startswith("comm.collectives.") and c.endswith(".calls")})
+    table = pd.DataFrame({"config": ok["label"], "ckpt": ok["ckpt"], "ranks": ok["world_size"]})
+    for kind in kinds:
+        calls = ok.get(f"comm.collectives.{kind}.calls")
+        table[f"{kind} calls"] = calls.fillna(0).astype(int)
+    table["bus MiB"] = ok["comm.bus_bytes"] / MIB
+    table["theory MiB"] = ok["comm.theory.bus_bytes"] / MIB
+    table["measured / theory"] = ok["comm.measured_over_theory"]
+    table["theory"] = ok["comm.theory.formula"]
+    return table.sort_values(["config", "ckpt"]).reset_index(drop=True)
+
+
 def failures(runs: pd.DataFrame) -> pd.DataFrame:
     if runs.empty:
         return runs

@@ -30,6 +30,7 @@ import torch.nn as nn
 from core.config import (DEFAULT_GRAD_ACCUM, DEFAULT_GRAD_CLIP, DEFAULT_LR, DEFAULT_LR_WARMUP_STEPS,
                          DEFAULT_MICRO_BATCH, RunConfig)
 from core.dist import DistEnv, init_process_group
+from core import comm
 from core.memory import MemoryAccounting
 from gptlite.errors import ConfigError
 
@@ -169,6 +170,11 @@ class Backend(ABC):
     def describe(self) -> dict:
         """How this backend is set up, for the run record (wrapper, dtypes, sharding, ...)."""
         return {"name": self.name}
+
+    def comm_theory(self, n_params: int) -> dict:
+        """The collectives a step should need by the textbook accounting (ZeRO paper, FSDP paper),
+        from the parameter count: core.comm.theory. Nothing to communicate by default."""
+        return comm.theory("none: one replica, nothing to synchronise", {}, self.env.world_size)
 
     def teardown(self) -> None:
         """Release what setup built (hooks, engines, background threads)."""

@@ -25,6 +25,7 @@ from backends.base import Backend, Resolved
 from backends.deepspeed_support import (deepspeed_wrapper, import_deepspeed, model_state_estimate,
                                         replay_adam_step_count, unlink_shm_allreduce_buffer)
 from core.dist import ensure_rendezvous_env
+from core import comm
 from core.memory import MemoryAccounting
 from gptlite.errors import ConfigError
 
@@ -150,6 +151,29 @@ class DeepSpeedBackend(Backend):
 
     def accounting(self) -> MemoryAccounting:
         return DeepSpeedAccounting(self.engine)
+
+    def comm_theory(self, n_params: int) -> dict:
+        """The ZeRO paper's accounting: stage 0 all-reduces the gradients (2 Psi (N-1)/N); stages 1
+        and 2 reduce-scatter them and all-gather the updated parameters (2 Psi (N-1)/N); stage 3
+        gathers the parameters for forward and again for backward and reduce-scatters the gradients
+        (3 Psi (N-1)/N). ZeRO++ quantizes the gathered weights (qwZ: int8) and the reduced gradients
+        (qgZ: int4) where it applies. Stage 3 gathers every micro-step; reductions follow the stage."""
+        plan, n, accum = self.plan, self.env.world_size, self.cfg.grad_accum
+        if n == 1:
+            return super().comm_theory(n_params)
+        zero = plan.config.get("zero_optimization") or {}
+        c = 2 if plan.precision in ("bf16", "fp16") else 4
+        weights = 1 if zero.get("zero_quantized_weights") else c
+        grads = 0.5 if zero.get("zero_quantized_gradients") else c
+        if plan.stage == 0:
+            return comm.theory("all-reduce of the gradients: 2 Psi (N-1)/N", {"all_reduce": (n_params, c, n)}, n)
+        if plan.stage in (1, 2):
+            reductions = accum if plan.stage == 2 else 1
+            return comm.theory("reduce-scatter of the gradients, all-gather of the parameters: 2 Psi (N-1)/N",
+                               {"reduce_scatter": (reductions * n_params, c, n), "all_gather": (n_params, c, n)}, n)
+        return comm.theory("all-gather for forward and backward, reduce-scatter: 3 Psi (N-1)/N",
+                           {"all_gather": (2 * accum * n_params, weights, n),
+                            "reduce_scatter": (accum * n_params, grads, n)}, n)
 
     def describe(self) -> dict:
         plan = self.plan

@@ -17,6 +17,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 from backends import fsdp_config
 from backends.dcp_checkpoint import DCPCheckpointMixin
 from backends.torch_backend import TorchAccounting, TorchBackend
+from core import comm
 
 
 class FSDP2Accounting(TorchAccounting):
@@ -78,6 +79,19 @@ class FSDP2Backend(DCPCheckpointMixin, TorchBackend):
 
     def accounting(self) -> FSDP2Accounting:
         return FSDP2Accounting(self)
+
+    def comm_theory(self, n_params: int) -> dict:
+        """Resharding after forward: all-gathered for forward and again for backward, gradients
+        reduce-scattered (3 Psi (N-1)/N); without: gathered once (2 Psi (N-1)/N)."""
+        o, n = self.options, self.env.world_size
+        mp = o.mixed_precision
+        c, r = (fsdp_config.BYTES[mp.param_dtype], fsdp_config.BYTES[mp.reduce_dtype]) if mp else (4, 4)
+        if n == 1:
+            return super(TorchBackend, self).comm_theory(n_params)
+        gathers = 2 if o.reshard_after_forward else 1
+        return comm.theory(f"gather {'twice' if gathers == 2 else 'once'}, reduce-scatter: {gathers + 1} Psi (N-1)/N",
+                           {"all_gather": (gathers * self.cfg.grad_accum * n_params, c, n),
+                            "reduce_scatter": (n_params, r, n)}, n)
 
     def describe(self) -> dict:
         mp = self.options.mixed_precision

@@ -17,6 +17,7 @@ from gptlite.errors import ConfigError
 from core.configfile import from_dict, read_yaml
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD")
 BACKWARD_PREFETCH = ("BACKWARD_PRE", "BACKWARD_POST")
 

@@ -17,6 +17,7 @@ import torch.nn as nn
 from backends.activation_checkpointing import apply_ac
 from backends.activation_offload import make_offloader
 from backends.base import ADAM_BETAS, ADAM_EPS, WEIGHT_DECAY, Backend, local_tensor, warmup_factor
+from core import comm
 from core.config import DEEPSPEED_CKPT_IMPLS, TORCH_CKPT_IMPLS
 from core.memory import MemoryAccounting
 from gptlite.errors import ConfigError
@@ -137,6 +138,14 @@ class TorchBackend(Backend):
 
     def teardown(self) -> None:
         self.model = self.optimizer = self.scheduler = self.scaler = None
+
+    def comm_theory(self, n_params: int) -> dict:
+        """A full replica per rank (DDP, and accelerate's DDP): the gradients all-reduced once a
+        step, in their own dtype (fp32 under autocast): 2 Psi (N-1)/N on the bus."""
+        n = self.env.world_size
+        if n == 1 or self.name == "single":
+            return super().comm_theory(n_params)
+        return comm.theory("all-reduce of the gradients: 2 Psi (N-1)/N", {"all_reduce": (n_params, 4, n)}, n)
 
     def describe(self) -> dict:
         compute = {"fp32": "fp32", "bf16": "bf16 (autocast)", "fp16": "fp16 (autocast)"}[self.cfg.precision]

@@ -1,4 +1,5 @@
-"""The memory profile of the run's last step(s): peak, average and breakdown of live tensor bytes.
+"""The memory profile of the run's last step(s): peak, average and breakdown of live tensor bytes,
+and (core/comm.py) the step's collectives.
 
 Built from torch.profiler's raw allocation events (`profile_memory=True`):
 - every block allocated or freed in the window is tracked exactly, on every thread (gloo's
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
+from core.comm import collectives
 from core.memory import MARK as _MARK
 from core.memory import PHASES
 
@@ -93,9 +95,11 @@ class ProfiledWindow:
                     phases.append((e.start_time_ns, e.end_time_ns, label))
                 elif label.startswith("snapshot"):
                     snapshot_times[int(label[len("snapshot"):])] = e.start_time_ns
+        world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+        step_collectives = collectives(events, [(start, end) for start, end, _ in phases], world)
         blocks = self._blocks(events, _EventType)
         if not blocks:
-            return {}
+            return {"collectives": step_collectives}
         for b in blocks:
             if b.start != float("-inf"):
                 b.phase = next((name for start, end, name in phases if start <= b.start <= end), None)
@@ -106,7 +110,7 @@ class ProfiledWindow:
             for b in blocks:
                 if b.role is None and b.ptr in roles and b.alive(t):
                     b.role = roles[b.ptr][0]
-        return _peak_and_breakdown(blocks)
+        return {**_peak_and_breakdown(blocks), "collectives": step_collectives}
 
     def _blocks(self, events, _EventType) -> list[_Block]:
         device = self.device

@@ -47,6 +47,8 @@ class RunSummary:
     mem_breakdown: dict | None = None
     model_state_bytes: dict | None = None
     model_state_estimate: dict | None = None
+    # Communication: the collectives of the profiled step (core/comm.py), and the theory beside them.
+    comm: dict | None = None
     # Training.
     final_loss: float | None = None
     val_loss: float | None = None

@@ -45,8 +45,9 @@ def report_bad_input(line: str) -> int:
     error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if rank == 0:
         if error_file:
-            with open(error_file, "w") as f:
-                json.dump({"message": line, "timestamp": int(time.time())}, f)
+            with open(error_file, "w") as f:  # the layout torch elastic's own record() writes
+                json.dump({"message": {"message": line, "extraInfo": {"py_callstack": line,
+                                                                      "timestamp": str(int(time.time()))}}}, f)
         else:
             print(line, file=sys.stderr, flush=True)
     elif error_file:

@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from core import flops
+from core import comm, flops
 from core.memory import peak_rss_bytes
 from core.summary import RunSummary
 from training.loop import LoopResult
@@ -40,11 +40,22 @@ def gather_ranks(result: LoopResult) -> list[dict]:
     return ranks
 
 
+def comm_record(measured: dict | None, theory: dict) -> dict | None:
+    """summary.json's `comm`: the profiled step's collectives (rank 0's), the theory, their ratio."""
+    if measured is None:
+        return None
+    groups = {kind: v["group_size"] for kind, v in theory["by_kind"].items()}
+    measured = comm.in_groups(measured, groups, theory["world_size"])
+    total, bus = comm.totals(measured)
+    return {"collectives": measured, "bytes": total, "bus_bytes": bus, "theory": theory,
+            "measured_over_theory": bus / theory["bus_bytes"] if theory["bus_bytes"] else None}
+
+
 def finished_summary(base: RunSummary, result: LoopResult, ranks: list[dict], block_size: int,
                      model_cfg, n_params: int, world_size: int, budget_gb: float | None,
-                     started: float) -> RunSummary:
+                     started: float, comm_theory: dict) -> RunSummary:
     """The summary of a run whose every step ran (raises MemoryBudgetExceeded over the budget)."""
-    source = "cuda_allocator" if result.allocator else ("torch_profiler" if result.profiled else None)
+    source = "cuda_allocator" if result.allocator else ("torch_profiler" if "peak_bytes" in result.profiled else None)
     key = "allocator" if result.allocator else "profiled"
     peak = max(r[key]["peak_bytes"] for r in ranks) if source else None
     if budget_gb and peak is not None and peak > budget_gb * 2**30:
@@ -68,6 +79,7 @@ def finished_summary(base: RunSummary, result: LoopResult, ranks: list[dict], bl
         mem_reserved_peak_bytes=max(r["allocator"]["reserved_peak_bytes"] for r in ranks) if result.allocator else None,
         mem_rss_peak_bytes=max(r["rss_peak"] for r in ranks),
         mem_breakdown=peak_rank["profiled"].get("breakdown") if peak_rank and result.profiled else None,
+        comm=comm_record(ranks[0]["profiled"].get("collectives"), comm_theory),
         model_state_bytes=states,
         final_loss=result.final_loss,
         val_loss=result.val_loss,

@@ -235,7 +235,8 @@ class Run:
 
         result = StepLoop(self.s, backend, self.record, start).run()
         summary = finished_summary(self.summary, result, gather_ranks(result), self.s.model_cfg.block_size,
-                                   self.s.model_cfg, self.s.n_params, env.world_size, cfg.mem_budget_gb, started)
+                                   self.s.model_cfg, self.s.n_params, env.world_size, cfg.mem_budget_gb, started,
+                                   backend.comm_theory(self.s.n_params))
         if env.is_main:
             self.record.flush()
             self.record.write_summary(summary)

@@ -1,0 +1,118 @@
+"""The collective communication of one training step, measured the same way for every backend.
+
+Every collective a backend issues (DDP's reducer, FSDP1, FSDP2, DeepSpeed: all through
+torch.distributed) passes through one of c10d's dispatcher ops (`c10d::allreduce_`,
+`c10d::_allgather_base_`, `c10d::_reduce_scatter_base_`, ...), which torch.profiler records with
+the shapes and dtypes of their tensors. So the profiled step (core/memory_profile.py) gives, per
+kind of collective, the number of calls and the bytes of the logical messages, whatever the
+process-group backend: gloo on CPU sends the same messages as nccl on GPUs (how each implements
+them, e.g. gloo's reduce-scatter as an all-reduce underneath, is below this level).
+
+Message size follows nccl-tests: an all-reduce's tensor, an all-gather's whole output, a
+reduce-scatter's whole input. Bus bytes, what the usual ring algorithm moves through each rank's
+link, are the message times 2(n-1)/n for all-reduce, (n-1)/n for all-gather, reduce-scatter and
+all-to-all, and 1 for broadcast and point-to-point (nccl-tests' busbw accounting).
+"""
+
+from __future__ import annotations
+
+# c10d dispatcher op -> kind of collective
+KINDS = {
+    "c10d::allreduce_": "all_reduce", "c10d::allreduce_coalesced_": "all_reduce",
+    "c10d::_allgather_base_": "all_gather", "c10d::allgather_": "all_gather",
+    "c10d::allgather_coalesced_": "all_gather", "c10d::allgather_into_tensor_coalesced_": "all_gather",
+    "c10d::_reduce_scatter_base_": "reduce_scatter", "c10d::reduce_scatter_": "reduce_scatter",
+    "c10d::reduce_scatter_tensor_coalesced_": "reduce_scatter",
+    "c10d::broadcast_": "broadcast", "c10d::reduce_": "reduce", "c10d::gather_": "gather", "c10d::scatter_": "scatter",
+    "c10d::alltoall_": "all_to_all", "c10d::alltoall_base_": "all_to_all",
+    "c10d::send": "send_recv", "c10d::recv_": "send_recv", "c10d::recv_any_source_": "send_recv",
+    "c10d::barrier": "barrier",
+}
+GATHERING = ("all_gather", "reduce_scatter")  # the message is the larger side: n shards
+
+
+def bus_factor(kind: str, n: int) -> float:
+    if n <= 1 or kind == "barrier":
+        return 0.0
+    if kind == "all_reduce":
+        return 2 * (n - 1) / n
+    if kind in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n
+    return 1.0
+
+
+def _tensor_bytes(value) -> int:
+    """Bytes of the tensors in one op input (a tensor, or a list, possibly nested)."""
+    from torch._C._profiler import _TensorMetadata
+
+    if isinstance(value, _TensorMetadata):
+        n = 1
+        for s in value.sizes:
+            n *= s
+        return n * value.dtype.itemsize
+    if isinstance(value, list):
+        return sum(_tensor_bytes(v) for v in value)
+    return 0
+
+
+def message_bytes(kind: str, inputs: list, world_size: int) -> int:
+    """The logical message of one c10d op, from its recorded inputs (output and input tensors).
+
+    An all-gather's message is its whole output, n shards; a reduce-scatter's its whole input.
+    The profiler records a list-of-lists argument (c10d::allgather_'s outputs) without its
+    tensors, so the whole is taken as n times the shard where the recorded side falls short."""
+    sides = [_tensor_bytes(v) for v in inputs[:2]]
+    if kind in GATHERING:
+        shard = min((b for b in sides if b), default=0)
+        return max(max(sides, default=0), shard * world_size)
+    return sides[0] if sides else 0
+
+
+def collectives(events, spans: list[tuple[int, int]], world_size: int) -> dict:
+    """Per kind, the calls and bytes of the c10d ops that start inside `spans` (the step's phases,
+    so the harness's own small exchanges between steps are left out); outermost ops only."""
+    from torch._C._profiler import _EventType
+
+    out: dict[str, dict] = {}
+    for e in events:
+        kind = KINDS.get(e.name)
+        if kind is None or e.typed[0] != _EventType.TorchOp:
+            continue
+        if not any(start <= e.start_time_ns <= end for start, end in spans):
+            continue
+        parent = e.parent
+        while parent is not None and parent.name not in KINDS:
+            parent = parent.parent
+        if parent is not None:
+            continue  # inside another collective (a coalesced op's parts)
+        size = message_bytes(kind, list(e.typed[1].inputs), world_size)
+        entry = out.setdefault(kind, {"calls": 0, "bytes": 0, "bus_bytes": 0.0})
+        entry["calls"] += 1
+        entry["bytes"] += size
+        entry["bus_bytes"] += size * bus_factor(kind, world_size)
+    return out
+
+
+def totals(per_kind: dict) -> tuple[int, float]:
+    return sum(v["bytes"] for v in per_kind.values()), sum(v["bus_bytes"] for v in per_kind.values())
+
+
+def in_groups(measured: dict, groups: dict[str, int], world_size: int) -> dict:
+    """The measurement with each kind's bus bytes for the group it runs in (the profiler records
+    no group, so the backend says: HYBRID_SHARD's all-reduce runs across replicas only); kinds the
+    backend does not name run over the whole world."""
+    return {kind: {**v, "bus_bytes": v["bytes"] * bus_factor(kind, groups.get(kind, world_size))}
+            for kind, v in measured.items()}
+
+
+def theory(formula: str, terms: dict[str, tuple[float, float, int]], world_size: int) -> dict:
+    """The expected collectives of one step, as the record keeps them beside the measurement.
+
+    `terms`: kind -> (elements per message, bytes per element, ranks in its group); the bus bytes
+    of each kind follow the same ring accounting as the measurement.
+    """
+    by_kind = {kind: {"bytes": n * b, "bus_bytes": n * b * bus_factor(kind, group), "group_size": group}
+               for kind, (n, b, group) in terms.items() if n}
+    return {"formula": formula, "world_size": world_size, "by_kind": by_kind,
+            "bytes": sum(v["bytes"] for v in by_kind.values()),
+            "bus_bytes": sum(v["bus_bytes"] for v in by_kind.values())}
