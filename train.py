@@ -8,10 +8,8 @@
 Every flag is explained by `python train.py --help`.
 """
 
-import sys
-
 from training.cli import build_parser, parse_args
-from training.run import main
+from training.run import exit_process, main
 
 DESCRIPTION = (
     "Train the GPT-lite model under one distributed-training backend, with the same data, "
@@ -29,4 +27,4 @@ Records go to --runs_dir/--run_name: config.json, metrics.jsonl, summary.json
 (fields documented in runs/README.md)."""
 
 if __name__ == "__main__":
-    sys.exit(main(parse_args(parser=build_parser(description=DESCRIPTION, examples=EXAMPLES))))
+    exit_process(main(parse_args(parser=build_parser(description=DESCRIPTION, examples=EXAMPLES))))

@@ -125,7 +125,7 @@ class FSDPBackend(DCPCheckpointMixin, TorchBackend):
         reduce-scattered: 3 Psi (N-1)/N; SHARD_GRAD_OP gathers once: 2 Psi (N-1)/N; NO_SHARD
         all-reduces; HYBRID_SHARD does FULL_SHARD within a shard group and all-reduces each shard
         across the replicas. Gathers happen every micro-step, reductions once a step."""
-        o, n, accum = self.options, self.env.world_size, self.cfg.grad_accum
+        o, n, accum = self.plan, self.env.world_size, self.cfg.grad_accum  # the plan: no setup needed
         mp = o.mixed_precision
         c, r = (fsdp_config.BYTES[mp.param_dtype], fsdp_config.BYTES[mp.reduce_dtype]) if mp else (4, 4)
         if n == 1:

@@ -83,7 +83,7 @@ class FSDP2Backend(DCPCheckpointMixin, TorchBackend):
     def comm_theory(self, n_params: int) -> dict:
         """Resharding after forward: all-gathered for forward and again for backward, gradients
         reduce-scattered (3 Psi (N-1)/N); without: gathered once (2 Psi (N-1)/N)."""
-        o, n = self.options, self.env.world_size
+        o, n = self.plan, self.env.world_size  # the plan: no setup needed
         mp = o.mixed_precision
         c, r = (fsdp_config.BYTES[mp.param_dtype], fsdp_config.BYTES[mp.reduce_dtype]) if mp else (4, 4)
         if n == 1:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import secrets
 import signal
 import sys
@@ -143,6 +144,31 @@ def resolve(cfg: RunConfig, env: DistEnv | None = None, resolved: Resolved | Non
     return setup
 
 
+@dataclass
+class _ProcessState:
+    used_process_group: bool = False
+
+
+_PROCESS = _ProcessState()
+
+
+def exit_process(code: int) -> None:
+    """End train.py with `code`. After a run that used a process group, skip the interpreter's
+    finalization: libraries keep process groups of their own alive in module globals (DeepSpeed's
+    data-parallel groups), and gloo tearing them down while Python finalizes can abort the process
+    (SIGABRT, "terminate called without an active exception"; pytorch/pytorch#179291) after the
+    run has finished and written its record, turning a finished run into a launcher failure.
+    Everything the run owns is closed by then; only stdio and logging are left to flush."""
+    if not _PROCESS.used_process_group:
+        sys.exit(code)
+    import logging
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def main(cfg: RunConfig) -> int:
     try:
         setup = resolve(cfg)
@@ -193,6 +219,7 @@ class Run:
                 self.backend.teardown()
                 self.backend = None
             gc.collect()
+            _PROCESS.used_process_group |= torch.distributed.is_initialized()
             destroy_process_group()
 
     def _create_record(self) -> RunRecord:

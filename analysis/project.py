@@ -1,0 +1,194 @@
+"""Project a model's training to W GPUs of a named kind and network, for every backend.
+
+    python -m analysis.project --preset paper --gpus 8 64 --gpu H100-SXM --network infiniband-ndr
+    python -m analysis.project --preset paper --gpus 8 --micro_batch 1 --out reports/project
+
+For each backend configuration (ddp and every shipped fsdp_configs/ and ds_configs/ file), on W
+ranks (W / gpus_per_node nodes): per-rank memory (analysis.estimate), the bytes of a step's
+collectives by kind (each backend's own theory: Backend.comm_theory, the accounting the measured
+runs are checked against, tests/test_comm.py), and a step time:
+
+    compute   = FLOPs per sample (core/flops.py) x samples per rank / (peak x MFU)
+    comm      = per kind: alpha x ring steps x calls + bus bytes / bandwidth of the slowest link
+                (NVLink when the kind's group fits in a node, else the network's share per GPU)
+    offload   = host<->device bytes / PCIe bandwidth + the CPU optimizer's time (ZeRO-Offload, FSDP
+                CPU offload)
+    step      = compute + (1 - overlap) x comm + offload
+
+samples/s = global batch / step. Every assumption (MFU, overlap, bucket size, CPU Adam speed, the
+hardware table analysis/hardware.yaml, datasheet figures) is printed with the result: this is a
+model for comparing backends, checked only where runs can measure (the bytes, tests/test_comm.py).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+HARDWARE = Path(__file__).resolve().parent / "hardware.yaml"
+RING_STEPS = {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1}  # x (g - 1)
+# The article's measurements (8 GPUs, micro-batch 1, samples/s), for comparison, not fitting.
+ARTICLE = {"ddp": 11.45, "deepspeed.z1": 11.07, "deepspeed.z2": 10.44, "deepspeed.z3": 7.1,
+           "deepspeed.z3_infinity": 6.2}
+
+
+@dataclass
+class Assumptions:
+    mfu: float = 0.4  # measured 0.26-0.40 on one H100 for the paper preset (runs/reference/)
+    overlap: float = 0.5  # share of communication hidden behind compute
+    bucket_mib: float = 25.0  # message size collectives are cut into (DDP's bucket_cap_mb)
+    cpu_adam_gparams_s: float = 1.0  # billions of parameters a CPU Adam steps per second per GPU
+
+
+def configurations() -> list[str]:
+    files = sorted((REPO / "fsdp_configs").glob("*.yaml")) + sorted((REPO / "ds_configs").glob("*.json"))
+    return ["ddp", *(str(p.relative_to(REPO)) for p in files if "nvme" not in p.name)]
+
+
+def project(entry: str, preset: str, world: int, micro_batch: int, gpu: dict, net: dict, nvlink_latency_us: float,
+            a: Assumptions) -> dict:
+    """One configuration on `world` GPUs: memory, bytes, step time and samples/s."""
+    import backends
+    from analysis.estimate import estimate_from_record
+    from core import flops
+    from core.config import RunConfig
+    from core.dist import DistEnv
+
+    per_node = min(world, gpu["gpus_per_node"])
+    flag = {"yaml": "fsdp_config", "json": "deepspeed_config"}.get(entry.rsplit(".", 1)[-1])
+    cfg = RunConfig(preset=preset, attention="sdpa", precision="bf16", micro_batch=micro_batch, grad_accum=1,
+                    **({flag: str(REPO / entry)} if flag else {"backend": entry}))
+    env = DistEnv(0, 0, world, per_node, torch.device("cuda"), "torchrun")
+    resolved = backends.resolve(cfg, env)
+    model = resolved.cfg.model_config(vocab_size=65)
+    n_params = model.n_params
+    theory = resolved.build(env).comm_theory(n_params)
+    memory = estimate_from_record({"run": resolved.cfg.to_dict(), "plan": resolved.plan_record(),
+                                   "model": model.to_dict(), "world_size": world,
+                                   "environment": {"device": "cuda:0"}})
+    samples = micro_batch  # per rank per step
+    compute_s = flops.flops_per_token(model, n_params) * model.block_size * samples / (
+        gpu["bf16_tflops"] * 1e12 * a.mfu)
+    comm_s = 0.0
+    for kind, term in theory["by_kind"].items():
+        group = term["group_size"]
+        if group <= 1:
+            continue
+        inside = group <= per_node
+        bandwidth = (gpu["nvlink_gb_s"] if inside else net["gb_s_per_gpu"]) * 1e9
+        latency = (nvlink_latency_us if inside else net["latency_us"]) * 1e-6
+        calls = max(1, math.ceil(term["bytes"] / (a.bucket_mib * 2**20)))
+        comm_s += latency * RING_STEPS.get(kind.split("_secondary")[0], 1) * (group - 1) * calls
+        comm_s += term["bus_bytes"] / bandwidth
+    offload_s = _offload_seconds(resolved, n_params, world, gpu, a)
+    step_s = compute_s + (1 - a.overlap) * comm_s + offload_s
+    label = entry if "/" not in entry else f"{resolved.cfg.backend}.{Path(entry).stem}"
+    return {"config": label, "gpus": world, "nodes": math.ceil(world / per_node),
+            "memory GiB": memory.total_bytes / 2**30, "fits": memory.total_bytes <= gpu["memory_gib"] * 2**30,
+            "comm GiB/step": theory["bus_bytes"] / 2**30, "compute ms": compute_s * 1e3, "comm ms": comm_s * 1e3,
+            "offload ms": offload_s * 1e3, "step ms": step_s * 1e3, "samples/s": world * samples / step_s}
+
+
+def _offload_seconds(resolved, n_params: int, world: int, gpu: dict, a: Assumptions) -> float:
+    """Host<->device traffic and the CPU optimizer step of the offloading configurations."""
+    plan = resolved.plan
+    offload_params = offload_opt = False
+    if resolved.cfg.backend == "deepspeed":
+        offload_opt, offload_params = plan.offload_optimizer != "none", plan.offload_param != "none"
+    elif resolved.cfg.backend in ("fsdp", "fsdp2"):
+        offload_opt = offload_params = plan.cpu_offload
+    if not offload_opt:
+        return 0.0
+    shard = n_params / world if resolved.cfg.backend != "deepspeed" or plan.stage > 0 else n_params
+    moved = shard * 2 * 2  # 16-bit gradients out, 16-bit parameters back
+    if offload_params:
+        moved += 2 * n_params * 2  # every parameter fetched for forward and again for backward
+    return moved / (gpu["pcie_gb_s"] * 1e9) + shard / (a.cpu_adam_gparams_s * 1e9)
+
+
+def table(preset: str, worlds: list[int], micro_batch: int, gpu_name: str, network: str, a: Assumptions):
+    import pandas as pd
+
+    hw = yaml.safe_load(HARDWARE.read_text())
+    gpu, net = hw["gpus"][gpu_name], hw["networks"][network]
+    rows = [project(entry, preset, w, micro_batch, gpu, net, hw["nvlink_latency_us"], a)
+            for w in worlds for entry in configurations() if _runs_on(entry, w, gpu)]
+    return pd.DataFrame(rows)
+
+
+def _runs_on(entry: str, world: int, gpu: dict) -> bool:
+    return not ("hybrid" in entry and world <= gpu["gpus_per_node"])  # one node: no replicas to hybridise
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    from training.cli import OneLineParser
+
+    hw = yaml.safe_load(HARDWARE.read_text())
+    p = OneLineParser(prog="python -m analysis.project", description=__doc__.splitlines()[0],
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", default="paper", choices=("paper", "small", "tiny"))
+    p.add_argument("--gpus", type=int, nargs="+", default=[8, 64], help="world sizes to project to")
+    p.add_argument("--micro_batch", type=int, default=1)
+    p.add_argument("--gpu", default="H100-SXM", choices=tuple(hw["gpus"]))
+    p.add_argument("--network", default="infiniband-ndr", choices=tuple(hw["networks"]))
+    p.add_argument("--mfu", type=float, default=Assumptions.mfu)
+    p.add_argument("--overlap", type=float, default=Assumptions.overlap)
+    p.add_argument("--out", default=None, help="directory for projection.md and samples_vs_gpus.png")
+    args = p.parse_args(argv)
+    if not 0 < args.mfu <= 1 or not 0 <= args.overlap <= 1 or args.micro_batch < 1:
+        p.error("--mfu must be in (0, 1], --overlap in [0, 1], --micro_batch >= 1")
+    if any(w < 1 or (w > hw["gpus"][args.gpu]["gpus_per_node"] and w % hw["gpus"][args.gpu]["gpus_per_node"])
+           for w in args.gpus):
+        p.error(f"--gpus: each must be >= 1 and, beyond one node, whole nodes of {hw['gpus'][args.gpu]['gpus_per_node']}")
+    a = Assumptions(mfu=args.mfu, overlap=args.overlap)
+    result = table(args.preset, args.gpus, args.micro_batch, args.gpu, args.network, a)
+    lines = [f"{args.preset} preset, micro-batch {args.micro_batch}, bf16, {args.gpu} x W over {args.network}",
+             f"assumptions: MFU {a.mfu}, overlap {a.overlap}, bucket {a.bucket_mib} MiB, CPU Adam "
+             f"{a.cpu_adam_gparams_s} G params/s per GPU, datasheet bandwidths and peaks (analysis/hardware.yaml)", ""]
+    for w, group in result.groupby("gpus"):
+        ranked = group.sort_values("samples/s", ascending=False)
+        lines += [f"W = {w}:", ranked.to_string(index=False, float_format=lambda v: f"{v:,.3g}"), ""]
+    if 8 in args.gpus:
+        eight = result[result["gpus"] == 8].set_index("config")
+        lines += ["the article's 8-GPU measurements (micro-batch 1) beside this projection's order:"]
+        order = sorted(ARTICLE, key=lambda c: -ARTICLE[c])
+        for c in order:
+            lines.append(f"  {c:<24} article {ARTICLE[c]:6.2f} samples/s   projected {eight.loc[c, 'samples/s']:8.1f}")
+        projected = sorted(ARTICLE, key=lambda c: -eight.loc[c, "samples/s"])
+        lines.append(f"  same order: {projected == order} (projected: {', '.join(projected)})")
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        _write(Path(args.out), text, args, a)
+    return 0
+
+
+def _write(out: Path, text: str, args, a: Assumptions) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    out.mkdir(parents=True, exist_ok=True)
+    curve = table(args.preset, [8, 16, 32, 64, 128, 256, 512, 1024], args.micro_batch, args.gpu, args.network, a)
+    fig, ax = plt.subplots(figsize=(9, 5))
+    sns.lineplot(curve, x="gpus", y="samples/s", hue="config", marker="o", ax=ax)
+    ax.set(xscale="log", yscale="log", xlabel="GPUs", title=f"Projected samples/s, {args.preset}, {args.gpu}")
+    ax.legend(fontsize="x-small", ncol=2)
+    fig.tight_layout()
+    fig.savefig(out / "samples_vs_gpus.png", dpi=110)
+    plt.close(fig)
+    (out / "projection.md").write_text(f"```\n{text}\n```\n\n![samples/s against GPUs](samples_vs_gpus.png)\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""analysis.project: every backend projected to W GPUs; the model behaves as a model should."""
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from analysis.project import HARDWARE, Assumptions, configurations, project
+from conftest import REPO, base_env
+
+HW = yaml.safe_load(HARDWARE.read_text())
+H100 = HW["gpus"]["H100-SXM"]
+
+
+def _project(entry, world, net, gpu=H100, nvlink_latency_us=HW["nvlink_latency_us"], **assumptions):
+    return project(entry, "paper", world, 1, gpu, net, nvlink_latency_us, Assumptions(**assumptions))
+
+
+def test_the_cli_projects_every_backend_to_8_and_64_gpus(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "analysis.project", "--preset", "paper", "--gpus", "8", "64",
+                           "--out", str(tmp_path)], cwd=REPO, env=base_env(), capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    for label in ("ddp", "deepspeed.z1", "deepspeed.z3", "fsdp.full_shard", "fsdp2.fsdp2", "fsdp.hybrid_shard"):
+        assert label in proc.stdout
+    assert "W = 8:" in proc.stdout and "W = 64:" in proc.stdout and "article  11.45" in proc.stdout
+    assert "assumptions: MFU" in proc.stdout
+    assert (tmp_path / "samples_vs_gpus.png").stat().st_size > 0 and (tmp_path / "projection.md").exists()
+
+
+def test_without_communication_cost_every_non_offloading_backend_runs_at_compute_speed():
+    free = {"gb_s_per_gpu": 1e12, "latency_us": 0.0}
+    free_nvlink = {**H100, "nvlink_gb_s": 1e12}
+    rates = {e: _project(e, 64, free, gpu=free_nvlink, nvlink_latency_us=0.0, overlap=0.0)["samples/s"]
+             for e in configurations() if "offload" not in e and "infinity" not in e}
+    assert max(rates.values()) == pytest.approx(min(rates.values()), rel=1e-3)
+    # and with the real links, communication costs time: no backend is faster than compute alone
+    real = {e: _project(e, 64, HW["networks"]["infiniband-ndr"], overlap=0.0)["samples/s"] for e in rates}
+    assert all(real[e] < rates[e] for e in rates)
+
+
+def test_a_slower_network_never_speeds_a_backend_up_and_zero3_moves_more_than_ddp():
+    fast, slow = HW["networks"]["infiniband-ndr"], HW["networks"]["ethernet-100g"]
+    for entry in ("ddp", "ds_configs/z1.json", "ds_configs/z3.json", "fsdp_configs/full_shard.yaml"):
+        assert _project(entry, 64, slow)["samples/s"] < _project(entry, 64, fast)["samples/s"]
+    z3, z1 = _project("ds_configs/z3.json", 64, fast), _project("ds_configs/z1.json", 64, fast)
+    assert z3["comm GiB/step"] == pytest.approx(1.5 * z1["comm GiB/step"])  # 3 Psi against 2 Psi, same dtypes
+
+
+@pytest.mark.parametrize("flags", [["--mfu", "0"], ["--gpus", "12"], ["--overlap", "2"]])
+def test_bad_arguments_are_refused(flags):
+    proc = subprocess.run([sys.executable, "-m", "analysis.project", *flags], cwd=REPO, env=base_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
