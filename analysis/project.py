@@ -2,11 +2,14 @@
 
     python -m analysis.project --preset paper --gpus 8 64 --gpu H100-SXM --network infiniband-ndr
     python -m analysis.project --preset paper --gpus 8 --micro_batch 1 --out reports/project
+    python -m analysis.project --preset paper --gpus 8 64 --counted --configs ddp ds_configs/z3.json
 
 For each backend configuration (ddp and every shipped fsdp_configs/ and ds_configs/ file), on W
 ranks (W / gpus_per_node nodes): per-rank memory (analysis.estimate), the bytes of a step's
 collectives by kind (each backend's own theory: Backend.comm_theory, the accounting the measured
-runs are checked against, tests/test_comm.py), and a step time:
+runs are checked against, tests/test_comm.py; or, with --counted, the backend's real collectives at
+W, counted by running it as rank 0 of W under torch's fake process group, training/fake_world.py),
+and a step time:
 
     compute   = FLOPs per sample (core/flops.py) x samples per rank / (peak x MFU)
     comm      = per kind: alpha x ring steps x calls + bus bytes / bandwidth of the slowest link
@@ -51,9 +54,36 @@ def configurations() -> list[str]:
     return ["ddp", *(str(p.relative_to(REPO)) for p in files if "nvme" not in p.name)]
 
 
+def run_flags(entry: str, preset: str, micro_batch: int) -> list[str]:
+    """train.py's flags for one configuration as the projection sees it (bf16, SDPA attention)."""
+    flag = {"yaml": "--fsdp_config", "json": "--deepspeed_config"}.get(entry.rsplit(".", 1)[-1], "--backend")
+    return ["--preset", preset, "--micro_batch", str(micro_batch), "--grad_accum", "1", "--precision", "bf16",
+            "--attention", "sdpa", flag, entry]
+
+
+def count(entry: str, preset: str, world: int, micro_batch: int, gpus_per_node: int) -> dict:
+    """The configuration run as rank 0 of `world` under the fake process group (training/fake_world.py):
+    its real collectives at that world size, and its memory peak on this machine's device."""
+    import json
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "counted.json"
+        proc = subprocess.run([sys.executable, "-m", "training.fake_world", "--world", str(world), "--gpus_per_node",
+                               str(gpus_per_node), "--out", str(out), "--", *run_flags(entry, preset, micro_batch)],
+                              cwd=REPO, capture_output=True, text=True)
+        if proc.returncode != 0 or not out.exists():
+            tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            raise RuntimeError(f"{entry} at {world} ranks under the fake process group failed: {tail}")
+        return json.loads(out.read_text())
+
+
 def project(entry: str, preset: str, world: int, micro_batch: int, gpu: dict, net: dict, nvlink_latency_us: float,
-            a: Assumptions) -> dict:
-    """One configuration on `world` GPUs: memory, bytes, step time and samples/s."""
+            a: Assumptions, counted: dict | None = None) -> dict:
+    """One configuration on `world` GPUs: memory, bytes, step time and samples/s. With `counted` (a
+    fake-process-group run, count()), the bytes and calls are the backend's real ones at that world
+    size; otherwise its theory's, cut into buckets of a.bucket_mib."""
     import backends
     from analysis.estimate import estimate_from_record
     from core import flops
@@ -75,23 +105,31 @@ def project(entry: str, preset: str, world: int, micro_batch: int, gpu: dict, ne
     samples = micro_batch  # per rank per step
     compute_s = flops.flops_per_token(model, n_params) * model.block_size * samples / (
         gpu["bf16_tflops"] * 1e12 * a.mfu)
+    groups = {kind: term["group_size"] for kind, term in theory["by_kind"].items()}
+    if counted is not None:
+        traffic = {kind: (groups.get(kind, world), v["bus_bytes"], v["calls"])
+                   for kind, v in counted["comm"]["collectives"].items()}
+    else:
+        traffic = {kind: (term["group_size"], term["bus_bytes"], max(1, math.ceil(term["bytes"] / (a.bucket_mib * 2**20))))
+                   for kind, term in theory["by_kind"].items()}
     comm_s = 0.0
-    for kind, term in theory["by_kind"].items():
-        group = term["group_size"]
+    for kind, (group, bus_bytes, calls) in traffic.items():
         if group <= 1:
             continue
         inside = group <= per_node
         bandwidth = (gpu["nvlink_gb_s"] if inside else net["gb_s_per_gpu"]) * 1e9
         latency = (nvlink_latency_us if inside else net["latency_us"]) * 1e-6
-        calls = max(1, math.ceil(term["bytes"] / (a.bucket_mib * 2**20)))
         comm_s += latency * RING_STEPS.get(kind.split("_secondary")[0], 1) * (group - 1) * calls
-        comm_s += term["bus_bytes"] / bandwidth
+        comm_s += bus_bytes / bandwidth
     offload_s = _offload_seconds(resolved, n_params, world, gpu, a)
     step_s = compute_s + (1 - a.overlap) * comm_s + offload_s
     label = entry if "/" not in entry else f"{resolved.cfg.backend}.{Path(entry).stem}"
     return {"config": label, "gpus": world, "nodes": math.ceil(world / per_node),
             "memory GiB": memory.total_bytes / 2**30, "fits": memory.total_bytes <= gpu["memory_gib"] * 2**30,
-            "comm GiB/step": theory["bus_bytes"] / 2**30, "compute ms": compute_s * 1e3, "comm ms": comm_s * 1e3,
+            "comm GiB/step": sum(bus for _, bus, _ in traffic.values()) / 2**30,
+            "bytes": "counted" if counted is not None else "theory",
+            **({"counted peak GiB": counted["mem_peak_bytes"] / 2**30} if counted is not None else {}),
+            "compute ms": compute_s * 1e3, "comm ms": comm_s * 1e3,
             "offload ms": offload_s * 1e3, "step ms": step_s * 1e3, "samples/s": world * samples / step_s}
 
 
@@ -112,13 +150,21 @@ def _offload_seconds(resolved, n_params: int, world: int, gpu: dict, a: Assumpti
     return moved / (gpu["pcie_gb_s"] * 1e9) + shard / (a.cpu_adam_gparams_s * 1e9)
 
 
-def table(preset: str, worlds: list[int], micro_batch: int, gpu_name: str, network: str, a: Assumptions):
+def table(preset: str, worlds: list[int], micro_batch: int, gpu_name: str, network: str, a: Assumptions,
+          entries: list[str] | None = None, counted: bool = False):
     import pandas as pd
 
     hw = yaml.safe_load(HARDWARE.read_text())
     gpu, net = hw["gpus"][gpu_name], hw["networks"][network]
-    rows = [project(entry, preset, w, micro_batch, gpu, net, hw["nvlink_latency_us"], a)
-            for w in worlds for entry in configurations() if _runs_on(entry, w, gpu)]
+    rows = []
+    for w in worlds:
+        for entry in entries or configurations():
+            if not _runs_on(entry, w, gpu):
+                continue
+            if counted:
+                print(f"counting {entry} at {w} ranks (fake process group) ...", file=sys.stderr, flush=True)
+            run = count(entry, preset, w, micro_batch, gpu["gpus_per_node"]) if counted else None
+            rows.append(project(entry, preset, w, micro_batch, gpu, net, hw["nvlink_latency_us"], a, run))
     return pd.DataFrame(rows)
 
 
@@ -141,22 +187,42 @@ def main(argv=None) -> int:
     p.add_argument("--network", default="infiniband-ndr", choices=tuple(hw["networks"]))
     p.add_argument("--mfu", type=float, default=Assumptions.mfu)
     p.add_argument("--overlap", type=float, default=Assumptions.overlap)
+    p.add_argument("--configs", nargs="+", default=None, metavar="CONFIG",
+                   help="ddp, fsdp, fsdp2, or fsdp_configs/ and ds_configs/ files (default: all shipped)")
+    p.add_argument("--counted", action="store_true",
+                   help="count each configuration's real collectives at each W by running it as rank 0 under "
+                        "torch's fake process group (training/fake_world.py), instead of its theory: one short "
+                        "run per configuration and W on this machine (about a minute each for the paper preset "
+                        "on 2 CPU cores); the figure stays on theory")
     p.add_argument("--out", default=None, help="directory for projection.md and samples_vs_gpus.png")
     args = p.parse_args(argv)
+    for c in args.configs or []:
+        if c in ("single", "accelerate") or (c not in ("ddp", "fsdp", "fsdp2") and not (
+                c.endswith((".yaml", ".json")) and (REPO / c).is_file())):
+            p.error(f"--configs {c}: must be ddp, fsdp, fsdp2, or an existing fsdp_configs/*.yaml or "
+                    "ds_configs/*.json file (relative to the repository)")
     if not 0 < args.mfu <= 1 or not 0 <= args.overlap <= 1 or args.micro_batch < 1:
         p.error("--mfu must be in (0, 1], --overlap in [0, 1], --micro_batch >= 1")
     if any(w < 1 or (w > hw["gpus"][args.gpu]["gpus_per_node"] and w % hw["gpus"][args.gpu]["gpus_per_node"])
            for w in args.gpus):
         p.error(f"--gpus: each must be >= 1 and, beyond one node, whole nodes of {hw['gpus'][args.gpu]['gpus_per_node']}")
     a = Assumptions(mfu=args.mfu, overlap=args.overlap)
-    result = table(args.preset, args.gpus, args.micro_batch, args.gpu, args.network, a)
+    try:
+        result = table(args.preset, args.gpus, args.micro_batch, args.gpu, args.network, a, args.configs,
+                       args.counted)
+    except RuntimeError as e:
+        print(f"python -m analysis.project: {e}", file=sys.stderr)
+        return 1
+    bytes_from = ("counted: each backend's real collectives at W under the fake process group; memory peak "
+                  "as measured there on this machine's device" if args.counted else
+                  f"each backend's theory (comm_theory), cut into {a.bucket_mib} MiB buckets")
     lines = [f"{args.preset} preset, micro-batch {args.micro_batch}, bf16, {args.gpu} x W over {args.network}",
-             f"assumptions: MFU {a.mfu}, overlap {a.overlap}, bucket {a.bucket_mib} MiB, CPU Adam "
-             f"{a.cpu_adam_gparams_s} G params/s per GPU, datasheet bandwidths and peaks (analysis/hardware.yaml)", ""]
+             f"assumptions: MFU {a.mfu}, overlap {a.overlap}, CPU Adam {a.cpu_adam_gparams_s} G params/s per GPU, "
+             "datasheet bandwidths and peaks (analysis/hardware.yaml)", f"bytes and calls: {bytes_from}", ""]
     for w, group in result.groupby("gpus"):
         ranked = group.sort_values("samples/s", ascending=False)
         lines += [f"W = {w}:", ranked.to_string(index=False, float_format=lambda v: f"{v:,.3g}"), ""]
-    if 8 in args.gpus:
+    if 8 in args.gpus and set(ARTICLE) <= set(result["config"]):
         eight = result[result["gpus"] == 8].set_index("config")
         lines += ["the article's 8-GPU measurements (micro-batch 1) beside this projection's order:"]
         order = sorted(ARTICLE, key=lambda c: -ARTICLE[c])
@@ -179,7 +245,8 @@ def _write(out: Path, text: str, args, a: Assumptions) -> None:
     import seaborn as sns
 
     out.mkdir(parents=True, exist_ok=True)
-    curve = table(args.preset, [8, 16, 32, 64, 128, 256, 512, 1024], args.micro_batch, args.gpu, args.network, a)
+    curve = table(args.preset, [8, 16, 32, 64, 128, 256, 512, 1024], args.micro_batch, args.gpu, args.network, a,
+                  args.configs)  # theory's bytes: counting 1024 ranks is not what this figure is for
     fig, ax = plt.subplots(figsize=(9, 5))
     sns.lineplot(curve, x="gpus", y="samples/s", hue="config", marker="o", ax=ax)
     ax.set(xscale="log", yscale="log", xlabel="GPUs", title=f"Projected samples/s, {args.preset}, {args.gpu}")

@@ -22,8 +22,10 @@ import contextlib
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel
 
 from backends.torch_backend import TorchBackend
+from core.dist import fake_world_allreduce_hook, is_fake_process_group
 from gptlite.errors import ConfigError
 
 PLUGINS = ("none", "fsdp", "deepspeed")
@@ -66,6 +68,8 @@ class AccelerateBackend(TorchBackend):
                                f"{dist.get_world_size()}")
         super().setup(model)
         self.model, self.optimizer = self.accelerator.prepare(self.model, self.optimizer)
+        if is_fake_process_group() and isinstance(self.model, DistributedDataParallel):
+            self.model.register_comm_hook(None, fake_world_allreduce_hook)
 
     def build_scaler(self, enabled: bool):
         return torch.amp.GradScaler(self.env.device.type, enabled=False)  # accelerate scales fp16 itself

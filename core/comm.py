@@ -55,22 +55,31 @@ def _tensor_bytes(value) -> int:
     return 0
 
 
-def message_bytes(kind: str, inputs: list, world_size: int) -> int:
-    """The logical message of one c10d op, from its recorded inputs (output and input tensors).
+def message_parts(kind: str, inputs: list) -> tuple[int, int]:
+    """The logical message of one c10d op, from its recorded inputs (output and input tensors), as
+    (bytes seen whole, bytes of a shard seen alone): exactly one of them is nonzero.
 
-    An all-gather's message is its whole output, n shards; a reduce-scatter's its whole input.
-    The profiler records a list-of-lists argument (c10d::allgather_'s outputs) without its
-    tensors, so the whole is taken as n times the shard where the recorded side falls short."""
+    An all-gather's message is its whole output, n shards; a reduce-scatter's its whole input: the
+    larger side. The profiler records some outputs without their tensors (c10d::allgather_'s
+    list of lists, FSDP1's gathers); there only the shard is seen, and the whole is n shards for
+    the size n of the group the op runs in, which the profiler does not record (in_groups)."""
     sides = [_tensor_bytes(v) for v in inputs[:2]]
     if kind in GATHERING:
+        whole = max(sides, default=0)
         shard = min((b for b in sides if b), default=0)
-        return max(max(sides, default=0), shard * world_size)
-    return sides[0] if sides else 0
+        return (whole, 0) if whole > shard else (0, shard)
+    return (sides[0] if sides else 0), 0
+
+
+def message_bytes(kind: str, inputs: list, group_size: int) -> int:
+    whole, shard = message_parts(kind, inputs)
+    return whole + shard * group_size
 
 
 def collectives(events, spans: list[tuple[int, int]], world_size: int) -> dict:
     """Per kind, the calls and bytes of the c10d ops that start inside `spans` (the step's phases,
-    so the harness's own small exchanges between steps are left out); outermost ops only."""
+    so the harness's own small exchanges between steps are left out); outermost ops only. Bytes
+    and bus bytes are for groups of the whole world; in_groups gives them for the backend's groups."""
     from torch._C._profiler import _EventType
 
     out: dict[str, dict] = {}
@@ -85,11 +94,39 @@ def collectives(events, spans: list[tuple[int, int]], world_size: int) -> dict:
             parent = parent.parent
         if parent is not None:
             continue  # inside another collective (a coalesced op's parts)
-        size = message_bytes(kind, list(e.typed[1].inputs), world_size)
-        entry = out.setdefault(kind, {"calls": 0, "bytes": 0, "bus_bytes": 0.0})
+        whole, shard = message_parts(kind, list(e.typed[1].inputs))
+        entry = out.setdefault(kind, {"calls": 0, "whole_bytes": 0, "shard_bytes": 0})
         entry["calls"] += 1
-        entry["bytes"] += size
-        entry["bus_bytes"] += size * bus_factor(kind, world_size)
+        entry["whole_bytes"] += whole
+        entry["shard_bytes"] += shard
+    return in_groups(out, {}, world_size)
+
+
+COPIES = ("aten::copy_",)  # every device-to-device copy (.to(), pinned copies, non_blocking) ends in it
+
+
+def transfers(events, spans: list[tuple[int, int]]) -> dict:
+    """The host<->device copies that start inside `spans` (outermost aten::copy_ whose two tensors
+    sit on different device types): bytes to the device, bytes to the host, and copies. ZeRO-Offload,
+    ZeRO-Infinity and FSDP's CPU offload move gradients and parameters this way; on a CPU-only run
+    host and device are one, so there is nothing to count."""
+    from torch._C._profiler import _EventType, _TensorMetadata
+
+    out = {"to_device_bytes": 0, "to_host_bytes": 0, "copies": 0}
+    for e in events:
+        if e.name not in COPIES or e.typed[0] != _EventType.TorchOp:
+            continue
+        if not any(start <= e.start_time_ns <= end for start, end in spans):
+            continue
+        if e.parent is not None and e.parent.name in COPIES:
+            continue
+        dst, src = (list(e.typed[1].inputs) + [None, None])[:2]
+        if not (isinstance(dst, _TensorMetadata) and isinstance(src, _TensorMetadata)):
+            continue
+        if dst.device.type == src.device.type:
+            continue
+        out["to_host_bytes" if dst.device.type == "cpu" else "to_device_bytes"] += _tensor_bytes(dst)
+        out["copies"] += 1
     return out
 
 
@@ -98,11 +135,16 @@ def totals(per_kind: dict) -> tuple[int, float]:
 
 
 def in_groups(measured: dict, groups: dict[str, int], world_size: int) -> dict:
-    """The measurement with each kind's bus bytes for the group it runs in (the profiler records
-    no group, so the backend says: HYBRID_SHARD's all-reduce runs across replicas only); kinds the
-    backend does not name run over the whole world."""
-    return {kind: {**v, "bus_bytes": v["bytes"] * bus_factor(kind, groups.get(kind, world_size))}
-            for kind, v in measured.items()}
+    """Per kind: calls, message bytes and bus bytes for the group the kind runs in (the profiler
+    records no group, so the backend says: HYBRID_SHARD's gathers run in a node, its all-reduce
+    across nodes); kinds the backend does not name run over the whole world."""
+    out = {}
+    for kind, v in measured.items():
+        group = groups.get(kind, world_size)
+        size = v["whole_bytes"] + v["shard_bytes"] * group
+        out[kind] = {"calls": v["calls"], "bytes": size, "bus_bytes": size * bus_factor(kind, group),
+                     "whole_bytes": v["whole_bytes"], "shard_bytes": v["shard_bytes"]}
+    return out
 
 
 def theory(formula: str, terms: dict[str, tuple[float, float, int]], world_size: int) -> dict:

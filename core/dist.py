@@ -115,6 +115,21 @@ def init_process_group(env: DistEnv, timeout_s: float) -> None:
     )
 
 
+def is_fake_process_group() -> bool:
+    """Whether this process runs one rank of a simulated world (training/fake_world.py)."""
+    return dist.is_initialized() and dist.get_backend() == "fake"
+
+
+def fake_world_allreduce_hook(state, bucket):
+    """DDP communication hook for the fake process group, whose work futures carry no tensor
+    (DDP's reducer refuses that): issue the same all-reduce of the bucket, so it is counted as the
+    reducer's own would be, and hand the bucket back."""
+    dist.all_reduce(bucket.buffer())
+    future = torch.futures.Future()
+    future.set_result(bucket.buffer())
+    return future
+
+
 def destroy_process_group() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()

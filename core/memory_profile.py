@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from core.comm import collectives
+from core.comm import collectives, transfers
 from core.memory import MARK as _MARK
 from core.memory import PHASES
 
@@ -96,10 +96,11 @@ class ProfiledWindow:
                 elif label.startswith("snapshot"):
                     snapshot_times[int(label[len("snapshot"):])] = e.start_time_ns
         world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
-        step_collectives = collectives(events, [(start, end) for start, end, _ in phases], world)
+        spans = [(start, end) for start, end, _ in phases]
+        step = {"collectives": collectives(events, spans, world), "transfers": transfers(events, spans)}
         blocks = self._blocks(events, _EventType)
         if not blocks:
-            return {"collectives": step_collectives}
+            return step
         for b in blocks:
             if b.start != float("-inf"):
                 b.phase = next((name for start, end, name in phases if start <= b.start <= end), None)
@@ -110,7 +111,7 @@ class ProfiledWindow:
             for b in blocks:
                 if b.role is None and b.ptr in roles and b.alive(t):
                     b.role = roles[b.ptr][0]
-        return {**_peak_and_breakdown(blocks), "collectives": step_collectives}
+        return {**_peak_and_breakdown(blocks), **step}
 
     def _blocks(self, events, _EventType) -> list[_Block]:
         device = self.device

@@ -49,3 +49,23 @@ def test_every_backend_records_its_collectives_and_they_agree_with_theory(quick_
     assert sgo["comm.collectives.all_gather.bytes"] == 4 * n_params
     fsdp2 = runs[(runs["label"] == "fsdp2.fsdp2_no_reshard") & (runs["ckpt"] == "none")].iloc[0]
     assert fsdp2["comm.collectives.all_gather.bytes"] >= 4 * n_params  # FSDP2 pads each shard
+
+
+def test_host_device_copies_are_counted_by_direction_and_same_device_copies_are_not():
+    """core.comm.transfers on a real profile; the meta device stands in for an accelerator (on a
+    CPU-only machine the offloading backends' copies stay on one device and count 0)."""
+    import torch
+    from torch.profiler._utils import traverse_dfs
+
+    from core.comm import transfers
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+        torch.empty(7).copy_(torch.ones(7))  # before the span: left out
+        with torch.profiler.record_function("span"):
+            torch.empty(1000, device="meta").copy_(torch.ones(1000))  # 4000 bytes to the "device"
+            torch.ones(256, dtype=torch.bfloat16).to("meta")  # 512 more, through .to()
+            torch.empty(10).copy_(torch.ones(10))  # host to host: not a transfer
+    events = list(traverse_dfs(prof.profiler.kineto_results.experimental_event_tree()))
+    span = next(e for e in events if e.name == "span")
+    result = transfers(events, [(span.start_time_ns, span.end_time_ns)])
+    assert result == {"to_device_bytes": 4512, "to_host_bytes": 0, "copies": 2}

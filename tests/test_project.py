@@ -6,7 +6,7 @@ import sys
 import pytest
 import yaml
 
-from analysis.project import HARDWARE, Assumptions, configurations, project
+from analysis.project import HARDWARE, Assumptions, configurations, count, project
 from conftest import REPO, base_env
 
 HW = yaml.safe_load(HARDWARE.read_text())
@@ -48,8 +48,30 @@ def test_a_slower_network_never_speeds_a_backend_up_and_zero3_moves_more_than_dd
     assert z3["comm GiB/step"] == pytest.approx(1.5 * z1["comm GiB/step"])  # 3 Psi against 2 Psi, same dtypes
 
 
-@pytest.mark.parametrize("flags", [["--mfu", "0"], ["--gpus", "12"], ["--overlap", "2"]])
+@pytest.mark.parametrize("flags", [["--mfu", "0"], ["--gpus", "12"], ["--overlap", "2"], ["--configs", "single"],
+                                   ["--configs", "ds_configs/z9.json"]])
 def test_bad_arguments_are_refused(flags):
     proc = subprocess.run([sys.executable, "-m", "analysis.project", *flags], cwd=REPO, env=base_env(),
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.distributed
+def test_counted_bytes_are_the_backends_real_ones_at_w():
+    """Counted under the fake process group at 8 ranks: DDP's all-reduce is its theory; the shipped
+    ZeRO-3 config gathers once where the theory gathers twice (the 0.667 measured on 2 real ranks,
+    tests/test_comm.py), and the projection's step follows the counted bytes."""
+    net = HW["networks"]["infiniband-ndr"]
+    rows = {}
+    for entry in ("ddp", "ds_configs/z3.json"):
+        counted = count(entry, "tiny", 8, 1, H100["gpus_per_node"])
+        assert counted["status"] == "ok" and counted["world_size"] == 8
+        rows[entry] = (counted, project(entry, "tiny", 8, 1, H100, net, HW["nvlink_latency_us"], Assumptions(), counted),
+                       project(entry, "tiny", 8, 1, H100, net, HW["nvlink_latency_us"], Assumptions()))
+    ddp, z3 = rows["ddp"][0]["comm"], rows["ds_configs/z3.json"][0]["comm"]
+    assert ddp["collectives"]["all_reduce"]["bytes"] == ddp["theory"]["by_kind"]["all_reduce"]["bytes"]
+    assert z3["measured_over_theory"] == pytest.approx(2 / 3, rel=0.02)
+    for counted, with_counts, with_theory in rows.values():
+        assert with_counts["bytes"] == "counted" and with_theory["bytes"] == "theory"
+        assert with_counts["comm GiB/step"] == pytest.approx(counted["comm"]["bus_bytes"] / 2**30)
+    assert rows["ds_configs/z3.json"][1]["comm GiB/step"] < rows["ds_configs/z3.json"][2]["comm GiB/step"]

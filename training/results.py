@@ -40,15 +40,17 @@ def gather_ranks(result: LoopResult) -> list[dict]:
     return ranks
 
 
-def comm_record(measured: dict | None, theory: dict) -> dict | None:
-    """summary.json's `comm`: the profiled step's collectives (rank 0's), the theory, their ratio."""
+def comm_record(measured: dict | None, theory: dict, host_device: dict | None = None) -> dict | None:
+    """summary.json's `comm`: the profiled step's collectives (rank 0's), the theory, their ratio,
+    and its host<->device copies."""
     if measured is None:
         return None
     groups = {kind: v["group_size"] for kind, v in theory["by_kind"].items()}
     measured = comm.in_groups(measured, groups, theory["world_size"])
     total, bus = comm.totals(measured)
     return {"collectives": measured, "bytes": total, "bus_bytes": bus, "theory": theory,
-            "measured_over_theory": bus / theory["bus_bytes"] if theory["bus_bytes"] else None}
+            "measured_over_theory": bus / theory["bus_bytes"] if theory["bus_bytes"] else None,
+            "host_device": host_device}
 
 
 def finished_summary(base: RunSummary, result: LoopResult, ranks: list[dict], block_size: int,
@@ -79,7 +81,7 @@ def finished_summary(base: RunSummary, result: LoopResult, ranks: list[dict], bl
         mem_reserved_peak_bytes=max(r["allocator"]["reserved_peak_bytes"] for r in ranks) if result.allocator else None,
         mem_rss_peak_bytes=max(r["rss_peak"] for r in ranks),
         mem_breakdown=peak_rank["profiled"].get("breakdown") if peak_rank and result.profiled else None,
-        comm=comm_record(ranks[0]["profiled"].get("collectives"), comm_theory),
+        comm=comm_record(ranks[0]["profiled"].get("collectives"), comm_theory, ranks[0]["profiled"].get("transfers")),
         model_state_bytes=states,
         final_loss=result.final_loss,
         val_loss=result.val_loss,

@@ -1,0 +1,86 @@
+"""training.fake_world: one process as rank 0 of W ranks predicts the real run's collectives and memory."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from analysis import load_runs
+from conftest import REPO, base_env
+
+MEMORY_TOLERANCE = 0.10  # the issue's bar: the peak within 10% (measured: 0.0-3.5%)
+DROPPED = {"--runs_dir", "--run_name", "--local_rank"}  # the record's own place; the launcher's rank
+
+
+def _fake_world(world: int, train_flags: list[str], tmp_path, gpus_per_node: int = 8) -> dict:
+    out = tmp_path / "fake.json"
+    proc = subprocess.run([sys.executable, "-m", "training.fake_world", "--world", str(world), "--gpus_per_node",
+                           str(gpus_per_node), "--out", str(out), "--", *train_flags], cwd=REPO, env=base_env(),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def _replayed_flags(argv: list[str]) -> list[str]:
+    """A record's train.py flags without its place and the launcher's rank."""
+    flags, rest = [], iter(argv[1:])
+    for a in rest:
+        if a.split("=", 1)[0] in DROPPED:
+            if "=" not in a:
+                next(rest, None)  # its value
+            continue
+        flags.append(a)
+    return flags
+
+
+def test_replayed_flags_drop_only_the_place_and_the_rank():
+    argv = ["train.py", "--local_rank=1", "--runs_dir", "r", "--run_name", "n", "--preset", "tiny", "--quiet"]
+    assert _replayed_flags(argv) == ["--preset", "tiny", "--quiet"]
+
+
+@pytest.mark.distributed
+def test_fake_world_at_2_matches_every_real_2_rank_run(quick_sweep, tmp_path):
+    """Every multi-rank configuration of the quick matrix (checkpointing off), replayed with its own
+    flags as rank 0 of a fake 2-rank world: the same collectives, byte for byte, and the memory
+    peak within 10%."""
+    runs = load_runs(quick_sweep)
+    real = runs[(runs["world_size"] == 2) & (runs["ckpt_interval"] == 0)]
+    assert len(real) == 14
+    bad = []
+    for _, run in real.iterrows():
+        config = json.loads((quick_sweep / run["run_name"] / "config.json").read_text())
+        summary = json.loads((quick_sweep / run["run_name"] / "summary.json").read_text())
+        fake = _fake_world(2, _replayed_flags(config["environment"]["argv"]), tmp_path)
+        assert fake["status"] == "ok", (run["label"], fake["error"])
+        measured = {k: (v["calls"], v["bytes"]) for k, v in summary["comm"]["collectives"].items()}
+        predicted = {k: (v["calls"], v["bytes"]) for k, v in fake["comm"]["collectives"].items()}
+        if measured != predicted:
+            bad.append(f"{run['label']}: collectives {predicted} predicted, {measured} measured")
+        ratio = fake["mem_peak_bytes"] / summary["mem_peak_bytes"]
+        if abs(ratio - 1) > MEMORY_TOLERANCE:
+            bad.append(f"{run['label']}: memory peak {ratio:.3f} of the real run's")
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.distributed
+def test_hybrid_shard_across_two_nodes_splits_its_traffic(tmp_path):
+    """At 4 ranks in nodes of 2, HYBRID_SHARD gathers and reduce-scatters inside a node and
+    all-reduces shards across the 2 nodes: the measured bytes follow its theory (the root unit is
+    gathered once, as at 2 ranks), which a world-sized accounting of the gathers would double."""
+    flags = ["--preset", "tiny", "--micro_batch", "2", "--fsdp_config", "fsdp_configs/hybrid_shard.yaml"]
+    result = _fake_world(4, flags, tmp_path, gpus_per_node=2)
+    comm = result["comm"]
+    assert comm["theory"]["by_kind"]["all_gather"]["group_size"] == 2
+    assert comm["theory"]["by_kind"]["all_reduce"]["group_size"] == 2
+    assert comm["measured_over_theory"] == pytest.approx(0.98, abs=0.02)
+
+
+@pytest.mark.parametrize("args", [["--world", "0", "--", "--preset", "tiny"],
+                                  ["--world", "12", "--gpus_per_node", "8", "--", "--preset", "tiny"],
+                                  ["--world", "2", "--", "--preset", "tiny", "--save_dir", "x"],
+                                  ["--world", "2", "--", "--preset", "tny"]])
+def test_bad_input_is_refused_in_one_line(args):
+    proc = subprocess.run([sys.executable, "-m", "training.fake_world", *args], cwd=REPO, env=base_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr

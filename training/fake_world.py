@@ -1,0 +1,107 @@
+"""Rank 0 of a W-rank world, in this one process: its real collectives and memory, no cluster.
+
+    python -m training.fake_world --world 64 --gpus_per_node 8 -- --preset paper --deepspeed_config ds_configs/z3.json
+    python -m training.fake_world --world 2 --out z3.json -- --preset tiny --fsdp_config fsdp_configs/fsdp2.yaml
+
+torch's fake process group (torch.testing._internal.distributed.fake_pg) answers every collective
+at once without moving a byte, so one process runs the backend exactly as rank 0 of W ranks would:
+the same sharding, the same buckets, the same collectives with the same shapes (counted by the
+profiled step as in any run, core/comm.py), the same tensors alive (the memory peak, measured as in
+any run, core/memory_profile.py). What the collectives would have carried is missing, so the
+losses are meaningless and nothing else of the run is kept: the record goes to a temporary
+directory and the result is the step's communication and memory, printed and, with --out, written
+as JSON. Checked against real 2-rank runs of every backend it runs (tests/test_fake_world.py):
+the same bytes, and the memory peak within 10%.
+
+Every train.py flag applies (after `--`); by default the run is 2 steps (the second profiled), with
+one validation batch. The backend runs on this machine's device: on a GPU, its memory is that of a
+rank of the simulated world.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+# Short by default: the first step settles the allocations, the second (the last) is profiled.
+DEFAULT_FLAGS = ("--steps", "2", "--warmup_steps", "0", "--eval_batches", "1", "--quiet")
+REFUSED_FLAGS = ("--runs_dir", "--run_name", "--resume", "--save_dir", "--save_every", "--overwrite")
+
+
+def simulate(world: int, gpus_per_node: int, train_argv: list[str]) -> dict:
+    """Run train.py's flags as rank 0 of `world` ranks (nodes of `gpus_per_node`); the summary of
+    the run plus the resolved config, or a ConfigError/DataError for bad input."""
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE=str(world),
+                      LOCAL_WORLD_SIZE=str(min(world, gpus_per_node)), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=os.environ.get("MASTER_PORT", "29500"))
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from training.cli import parse_args
+    from training.run import main as run
+
+    with tempfile.TemporaryDirectory(prefix="fake_world-") as runs_dir:
+        cfg = parse_args([*DEFAULT_FLAGS, *train_argv, "--runs_dir", runs_dir, "--run_name", "fake_world"])
+        # Initialised before the run starts, the fake group is the one the backend finds and uses.
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+        code = run(cfg)
+        record = Path(runs_dir) / "fake_world"
+        summary = json.loads((record / "summary.json").read_text()) if (record / "summary.json").exists() else None
+        config = json.loads((record / "config.json").read_text()) if (record / "config.json").exists() else None
+    if summary is None:  # refused before a record was made; train.py has said why
+        return {"exit_code": code}
+    return {"exit_code": code, "world_size": world, "gpus_per_node": gpus_per_node, "status": summary["status"],
+            "error": summary.get("error"), "run": config["run"] if config else None,
+            "comm": summary.get("comm"), "mem_peak_bytes": summary.get("mem_peak_bytes"),
+            "model_state_bytes": summary.get("model_state_bytes")}
+
+
+def describe(result: dict) -> str:
+    comm = result["comm"] or {}
+    lines = [f"rank 0 of {result['world_size']} ({result['gpus_per_node']} per node), fake process group: "
+             f"{result['status']}"]
+    for kind, v in sorted(comm.get("collectives", {}).items()):
+        lines.append(f"  {kind:<15} {v['calls']:5d} calls  {v['bytes'] / 2**20:10.3f} MiB  "
+                     f"bus {v['bus_bytes'] / 2**20:10.3f} MiB")
+    if comm:
+        lines.append(f"  total bus {comm['bus_bytes'] / 2**20:.3f} MiB, theory {comm['theory']['bus_bytes'] / 2**20:.3f} "
+                     f"MiB ({comm['theory']['formula']})")
+    if result["mem_peak_bytes"] is not None:
+        lines.append(f"  memory peak {result['mem_peak_bytes'] / 2**20:.1f} MiB (live tensors, profiled step)")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    from training.cli import OneLineParser
+
+    argv = sys.argv[1:] if argv is None else argv
+    own, train_argv = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    p = OneLineParser(prog="python -m training.fake_world", description=__doc__.splitlines()[0],
+                      epilog="\n".join(__doc__.splitlines()[1:]), formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--world", type=int, required=True, help="ranks in the simulated world")
+    p.add_argument("--gpus_per_node", type=int, default=8, help="ranks per node (HYBRID_SHARD's shard groups)")
+    p.add_argument("--out", default=None, help="also write the result as JSON to this file")
+    args = p.parse_args(own)
+    if args.world < 1 or args.gpus_per_node < 1:
+        p.error("--world and --gpus_per_node must be >= 1")
+    if args.world > args.gpus_per_node and args.world % args.gpus_per_node:
+        p.error(f"--world {args.world}: beyond one node, whole nodes of --gpus_per_node {args.gpus_per_node}")
+    refused = [f for f in REFUSED_FLAGS if any(a == f or a.startswith(f + "=") for a in train_argv)]
+    if refused:
+        p.error(f"{refused[0]}: a simulated run keeps no record or checkpoint (its losses are meaningless)")
+    result = simulate(args.world, args.gpus_per_node, train_argv)
+    if "status" not in result:
+        return result["exit_code"]
+    print(describe(result))
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=2))
+    return 0 if result["status"] == "ok" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
