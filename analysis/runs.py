@@ -49,8 +49,9 @@ def load_runs(path: str | Path) -> pd.DataFrame:
     the config's flattened under `config.`.
 
     Failed, out-of-memory, timed-out and still-running (or killed) runs are included with their
-    status. Derived columns: `label` (the backend configuration's short name, see config_label)
-    and `ckpt` ("none", or "every k (impl)", plus the activation offload if any).
+    status. Derived columns: `label` (the backend configuration's short name, see config_label),
+    `ckpt` ("none", or "every k (impl)", plus the activation offload if any) and `compile` ("none",
+    or the torch.compile backend).
     """
     rows = []
     for run_dir in run_dirs(path):
@@ -66,6 +67,7 @@ def load_runs(path: str | Path) -> pd.DataFrame:
         row["label"] = config_label(row.get("backend", "?"), row.get("config.run.fsdp_config"),
                                     row.get("config.run.deepspeed_config"))
         row["ckpt"] = ckpt_label(row)
+        row["compile"] = row.get("config.run.compile_backend", "?") if row.get("config.run.compile") else "none"
         rows.append(row)
     return pd.DataFrame(rows)
 

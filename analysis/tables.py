@@ -40,6 +40,10 @@ def main_table(runs: pd.DataFrame) -> pd.DataFrame:
         table["estimate error"] = ok["estimate.total_bytes"] / ok["mem_peak_bytes"] - 1
         table["model states est. error"] = ok["estimate.model_states_bytes"] / ok["model_state_bytes.total"] - 1
     table["final loss"] = ok.get("final_loss")
+    if "compile" in ok and (ok["compile"] != "none").any():  # only where a sweep compared it
+        table.insert(2, "compile", ok["compile"])
+        table["compile s"] = ok.get("compile.compile_s")
+        table["graph breaks"] = ok.get("compile.graph_breaks")
     return table.sort_values(["batch", "config", "ckpt"]).reset_index(drop=True)
 
 
@@ -49,18 +53,22 @@ def ddp_ratios(runs: pd.DataFrame) -> pd.DataFrame:
     ok = ok_runs(runs)
     if ok.empty or "ddp" not in set(ok["label"]):
         return pd.DataFrame()
-    ddp = ok[ok["label"] == "ddp"].sort_values("ckpt_interval").drop_duplicates(GROUP)
+    ddp = ok[ok["label"] == "ddp"].assign(_compiled=lambda d: d.get("compile", "none") != "none")
+    ddp = ddp.sort_values(["_compiled", "ckpt_interval"]).drop_duplicates(GROUP)  # eager, no checkpointing first
     base = ddp.set_index(GROUP)[["samples_per_s", "mem_peak_bytes"]]
     joined = ok.merge(base, left_on=GROUP, right_index=True, how="left", suffixes=("", "_ddp"))
     joined = joined[joined["samples_per_s_ddp"].notna()]
-    return pd.DataFrame({
+    table = pd.DataFrame({
         "config": joined["label"],
         "ckpt": joined["ckpt"],
         "batch": joined["global_batch"],
         "ranks": joined["world_size"],
         "samples/s vs DDP": joined["samples_per_s"] / joined["samples_per_s_ddp"],
         "peak memory vs DDP": joined["mem_peak_bytes"] / joined["mem_peak_bytes_ddp"],
-    }).sort_values(["batch", "config", "ckpt"]).reset_index(drop=True)
+    })
+    if "compile" in joined and (joined["compile"] != "none").any():
+        table.insert(2, "compile", joined["compile"])
+    return table.sort_values(["batch", "config", "ckpt"]).reset_index(drop=True)
 
 
 def comm_table(runs: pd.DataFrame) -> pd.DataFrame:

@@ -21,6 +21,7 @@ import torch.nn as nn
 from backends import deepspeed_plan
 from backends.activation_checkpointing import apply_ac
 from backends.activation_offload import make_offloader
+from backends.compile import apply_compile
 from backends.base import Backend, Resolved
 from backends.deepspeed_support import (deepspeed_wrapper, import_deepspeed, model_state_estimate,
                                         replay_adam_step_count, unlink_shm_allreduce_buffer)
@@ -119,6 +120,8 @@ class DeepSpeedBackend(Backend):
             wrapper = deepspeed_wrapper(cfg.ckpt_impl)
         else:
             wrapper = None
+        # Before initialize, as for the torch backends (backends/compile.py).
+        self.compiled = apply_compile(blocks, cfg.compile_backend, cfg.compile_mode) if cfg.compile else None
         # Before initialize: ZeRO-3 partitions the parameters, the wrappers only move modules.
         self.offloader = make_offloader(cfg, self.env.device, model)
         self.activation_checkpointing = apply_ac(model, blocks, cfg.ckpt_interval, cfg.ckpt_impl, cfg.ckpt_offload,
@@ -183,6 +186,7 @@ class DeepSpeedBackend(Backend):
         return {
             "name": self.name,
             "activation_checkpointing": self.activation_checkpointing,
+            "compile": self.compiled,
             "zero_stage": plan.stage,
             "offload_optimizer": plan.offload_optimizer,
             "offload_param": plan.offload_param,

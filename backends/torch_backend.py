@@ -16,6 +16,7 @@ import torch.nn as nn
 
 from backends.activation_checkpointing import apply_ac
 from backends.activation_offload import make_offloader
+from backends.compile import apply_compile
 from backends.base import ADAM_BETAS, ADAM_EPS, WEIGHT_DECAY, Backend, local_tensor, warmup_factor
 from core import comm
 from core.config import DEEPSPEED_CKPT_IMPLS, TORCH_CKPT_IMPLS
@@ -66,6 +67,8 @@ class TorchBackend(Backend):
 
     def setup(self, model: nn.Module) -> None:
         blocks = list(model.blocks)
+        # Before wrapping: the wrappers' hooks then stay outside the compiled code (backends/compile.py).
+        self.compiled = apply_compile(blocks, self.cfg.compile_backend, self.cfg.compile_mode) if self.cfg.compile else None
         self.offloader = make_offloader(self.cfg, self.env.device, model)
         self.model = self.wrap(model.to(self.env.device))
         # After wrapping, as the FSDP tutorial does; see backends/activation_checkpointing.py.
@@ -152,6 +155,7 @@ class TorchBackend(Backend):
         return {
             "name": self.name,
             "activation_checkpointing": self.activation_checkpointing,
+            "compile": self.compiled,
             "optimizer": "torch.optim.AdamW",
             "master_dtype": "fp32",
             "compute_dtype": compute,

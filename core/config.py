@@ -23,6 +23,8 @@ DEVICES = ("auto", "cpu", "cuda")
 TORCH_CKPT_IMPLS = ("torch_nonreentrant", "torch_reentrant")
 DEEPSPEED_CKPT_IMPLS = ("deepspeed", "deepspeed_nonreentrant")
 CKPT_IMPLS = (*TORCH_CKPT_IMPLS, *DEEPSPEED_CKPT_IMPLS)
+COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 # Defaults of the flags a backend's config file may set instead (DeepSpeed JSON, FSDP YAML).
 DEFAULT_MICRO_BATCH = 8
 DEFAULT_GRAD_ACCUM = 1
@@ -134,6 +136,20 @@ class RunConfig:
     activation_loading_horizon: int = _flag(
         "With --offload_activations: how many checkpointed blocks ahead backward fetches saved inputs "
         "(0: when backward asks for them, like --ckpt_offload).", 2, group="activation checkpointing")
+    # Compilation.
+    compile: bool = _flag(
+        "torch.compile each block's forward in place, before the backend wraps the model (DDP's hooks "
+        "and FSDP's gathers stay outside the compiled code; ZeRO-3's per-layer fetches break it; parameter "
+        "names unchanged). The first step compiles; --warmup_steps keeps it out of the timing, and the "
+        "record counts graphs, graph breaks, recompilations and compile seconds.",
+        False, group="compilation")
+    compile_backend: str = _flag(
+        "torch.compile backend: inductor (generated kernels: what users run), aot_eager (graph capture "
+        "and AOTAutograd without code generation: for debugging and fast checks), eager (capture only).",
+        "inductor", choices=COMPILE_BACKENDS, group="compilation")
+    compile_mode: str = _flag(
+        "inductor's mode (reduce-overhead: CUDA graphs; max-autotune: kernel search).", "default",
+        choices=COMPILE_MODES, group="compilation")
     # Checkpoints.
     save_dir: str | None = _flag(
         "Directory of training checkpoints (model, optimizer, schedule, RNG; each backend's own "
@@ -189,6 +205,14 @@ class RunConfig:
                               "--ckpt_offload for DeepSpeed's cpu_checkpointing")
         if self.offload_activations and self.ckpt_offload:
             raise ConfigError("offload_activations and ckpt_offload are two ways of doing the same: choose one")
+        if not self.compile and (self.compile_backend, self.compile_mode) != ("inductor", "default"):
+            raise ConfigError("compile_backend and compile_mode need --compile")
+        if self.compile and self.compile_mode != "default" and self.compile_backend != "inductor":
+            raise ConfigError(f"compile_mode {self.compile_mode} is inductor's; compile_backend {self.compile_backend} "
+                              "has only the default mode")
+        if self.compile and not self.warmup_steps and not self.dry_run:
+            raise ConfigError("warmup_steps must be >= 1 with --compile: the first step compiles, and a timed "
+                              "compile would be reported as training speed")
         if self.ckpt_offload and not self.ckpt_interval:
             raise ConfigError("ckpt_offload requires ckpt_interval > 0 (it offloads the checkpointed blocks' inputs)")
         for name in ("mem_budget_gb", "grad_clip", "lr", "dist_timeout_s"):

@@ -31,6 +31,31 @@ def flops_per_token(cfg: GPTConfig, n_params: int) -> float:
     return 6 * matmul_params(cfg, n_params) + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
 
 
+def counted_flops(model, *inputs) -> int:
+    """FLOPs of one forward and backward of `model` on `inputs` as torch.utils.flop_counter counts
+    them: every matmul, convolution and attention kernel (elementwise work is not counted, as in
+    the formula above), whatever the model. `model(*inputs)` returns the loss, or a tuple whose
+    last element is. On the meta device it costs no memory and little time."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        out = model(*inputs)
+        loss = out[-1] if isinstance(out, tuple) else out
+        loss.backward()
+    return counter.get_total_flops()
+
+
+def counted_flops_per_token(cfg: GPTConfig) -> float:
+    """GPT-lite's FLOPs per token, counted (counted_flops) on the meta device over one sequence."""
+    import torch
+
+    from gptlite.model import meta_model
+
+    model = meta_model(cfg)
+    idx = torch.zeros(1, cfg.block_size, dtype=torch.long, device="meta")
+    return counted_flops(model, idx, idx) / cfg.block_size
+
+
 def peak_flops(device_name: str) -> float | None:
     for key, flops in PEAK_BF16_FLOPS.items():
         if key in device_name:

@@ -49,6 +49,8 @@ class RunSummary:
     model_state_estimate: dict | None = None
     # Communication: the collectives of the profiled step (core/comm.py), and the theory beside them.
     comm: dict | None = None
+    # Compilation (--compile): rank 0's dynamo statistics over the run (backends/compile.py).
+    compile: dict | None = None
     # Training.
     final_loss: float | None = None
     val_loss: float | None = None

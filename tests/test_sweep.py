@@ -55,6 +55,17 @@ def test_activation_offload_dimension(tmp_path):
     assert not {"ckpt_offload", "offload_activations"} & set(runs["ddp-w2-tiny-mb8-fp32-ckpt0"])
 
 
+def test_compile_dimension(tmp_path):
+    spec = load_spec(_spec(tmp_path, matrix={"backend": ["ddp"], "compile": ["none", "aot_eager"]}))
+    runs = {r.name: r for r in expand(spec)[0]}
+    assert sorted(runs) == ["ddp-w2-tiny-mb8-fp32-ckpt0", "ddp-w2-tiny-mb8-fp32-ckpt0-compile_aot_eager"]
+    compiled = runs["ddp-w2-tiny-mb8-fp32-ckpt0-compile_aot_eager"].argv(tmp_path)
+    assert "--compile" in compiled and compiled[compiled.index("--compile_backend") + 1] == "aot_eager"
+    assert "--compile" not in runs["ddp-w2-tiny-mb8-fp32-ckpt0"].argv(tmp_path)
+    with pytest.raises(Exception, match="matrix.compile values must be among none, inductor"):
+        load_spec(_spec(tmp_path, matrix={"backend": ["ddp"], "compile": ["tvm"]}))
+
+
 @pytest.mark.distributed
 def test_a_sweep_records_a_failure_goes_on_and_a_rerun_skips_what_is_done(tmp_path):
     spec = _spec(tmp_path, steps=3, matrix={"backend": ["single", "ddp", "fsdp_configs/full_shard.yaml"],

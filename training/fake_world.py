@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 
 # Short by default: the first step settles the allocations, the second (the last) is profiled.
-DEFAULT_FLAGS = ("--steps", "2", "--warmup_steps", "0", "--eval_batches", "1", "--quiet")
+DEFAULT_FLAGS = ("--steps", "2", "--warmup_steps", "1", "--eval_batches", "1", "--quiet")
 REFUSED_FLAGS = ("--runs_dir", "--run_name", "--resume", "--save_dir", "--save_every", "--overwrite")
 
 
@@ -56,7 +56,7 @@ def simulate(world: int, gpus_per_node: int, train_argv: list[str]) -> dict:
     return {"exit_code": code, "world_size": world, "gpus_per_node": gpus_per_node, "status": summary["status"],
             "error": summary.get("error"), "run": config["run"] if config else None,
             "comm": summary.get("comm"), "mem_peak_bytes": summary.get("mem_peak_bytes"),
-            "model_state_bytes": summary.get("model_state_bytes")}
+            "mem_breakdown": summary.get("mem_breakdown"), "model_state_bytes": summary.get("model_state_bytes")}
 
 
 def describe(result: dict) -> str:

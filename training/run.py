@@ -8,6 +8,7 @@ the process group and the record, trains (training/loop.py), writes the summary
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import os
@@ -23,6 +24,7 @@ import torch
 
 import backends
 from backends.base import Backend, Resolved
+from backends.compile import compile_stats
 from core.config import RunConfig
 from core.dist import DistEnv, broadcast_object, destroy_process_group, set_cpu_threads, stop_with_launcher
 from core.environment import device_name, environment
@@ -264,6 +266,8 @@ class Run:
         summary = finished_summary(self.summary, result, gather_ranks(result), self.s.model_cfg.block_size,
                                    self.s.model_cfg, self.s.n_params, env.world_size, cfg.mem_budget_gb, started,
                                    backend.comm_theory(self.s.n_params))
+        if cfg.compile:
+            summary = dataclasses.replace(summary, compile=compile_stats())
         if env.is_main:
             self.record.flush()
             self.record.write_summary(summary)

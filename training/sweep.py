@@ -1,7 +1,7 @@
 """Sweeps: a YAML matrix of runs, planned (training/runner.py launches them).
 
 A spec (sweeps/*.yaml) names a matrix over backend configurations, activation checkpointing,
-micro-batch, precision, world size and preset, plus train.py flags common to every run. Each run
+micro-batch, precision, world size, preset and compilation, plus train.py flags common to every run. Each run
 goes through its backend's real launcher (torchrun for torch backends, deepspeed's launcher for
 DeepSpeed, plain python for `single`) on a free port, with a per-run timeout, and leaves its
 record in the sweep's directory. A failed, out-of-memory or timed-out run is recorded with that
@@ -15,7 +15,7 @@ import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from core.config import PRECISIONS, RunConfig
+from core.config import COMPILE_BACKENDS, PRECISIONS, RunConfig
 from core.configfile import load_yaml
 from gptlite.errors import ConfigError
 from gptlite.model import PRESETS
@@ -24,7 +24,7 @@ from training.launch import REPO, launch_command, launcher_for
 # Flags the sweep sets itself for every run; a spec cannot set them in train_args.
 SWEEP_OWNED = {"backend", "fsdp_config", "deepspeed_config", "runs_dir", "run_name", "overwrite", "quiet",
                "dry_run", "local_rank", "preset", "micro_batch", "precision", "ckpt_interval", "ckpt_impl", "steps",
-               "ckpt_offload", "offload_activations", "activation_loading_horizon"}
+               "ckpt_offload", "offload_activations", "activation_loading_horizon", "compile", "compile_backend"}
 
 
 def _non_empty(name: str, values: list) -> None:
@@ -46,6 +46,8 @@ class Matrix:
     # (--ckpt_offload: torch's offload, fetched on demand) or "prefetch<H>" (--offload_activations
     # with --activation_loading_horizon H). Only with ckpt_interval > 0.
     activation_offload: list[str] = field(default_factory=lambda: ["none"])
+    # "none" (eager) or a torch.compile backend (--compile --compile_backend): inductor, aot_eager, eager.
+    compile: list[str] = field(default_factory=lambda: ["none"])
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
@@ -54,7 +56,8 @@ class Matrix:
             offload_flags(value)
         for entry in self.backend:
             backend_of(entry)
-        for name, allowed in (("precision", PRECISIONS), ("preset", tuple(PRESETS))):
+        for name, allowed in (("precision", PRECISIONS), ("preset", tuple(PRESETS)),
+                              ("compile", ("none", *COMPILE_BACKENDS))):
             for value in getattr(self, name):
                 if value not in allowed:
                     raise ConfigError(f"matrix.{name} values must be among {', '.join(allowed)} (got {value!r})")
@@ -183,9 +186,9 @@ def expand(spec: SweepSpec) -> tuple[list[PlannedRun], list[str]]:
     m = spec.matrix
     runs: dict[str, PlannedRun] = {}
     skipped: list[str] = []
-    for entry, interval, impl, offload, micro, precision, world, preset in itertools.product(
+    for entry, interval, impl, offload, micro, precision, world, preset, compiled in itertools.product(
             m.backend, m.ckpt_interval, m.ckpt_impl, m.activation_offload, m.micro_batch, m.precision, m.world_size,
-            m.preset):
+            m.preset, m.compile):
         backend, config_file, label = backend_of(entry)
         if backend == "single":
             world = 1  # one process by definition
@@ -197,10 +200,13 @@ def expand(spec: SweepSpec) -> tuple[list[PlannedRun], list[str]]:
         ckpt = f"ckpt{interval}-{impl}" if interval else "ckpt0"
         if offload != "none":
             ckpt += f"-offload_{offload}"
+        if compiled != "none":
+            ckpt += f"-compile_{compiled}"
         key = f"{label}-w{world}-{preset}-{precision}-{ckpt}"
         name = f"{label}-w{world}-{preset}-mb{micro}-{precision}-{ckpt}"
         flags = {"preset": preset, "micro_batch": micro, "precision": precision, "steps": spec.steps,
                  "ckpt_interval": interval, **({"ckpt_impl": impl} if interval else {}), **offload_flags(offload),
+                 **({"compile": True, "compile_backend": compiled} if compiled != "none" else {}),
                  **spec.train_args}
         if config_file and backend == "deepspeed":
             from backends import deepspeed_config, deepspeed_plan

@@ -1,0 +1,63 @@
+"""torch.compile for every backend: each transformer block's forward, compiled in place.
+
+Why blocks, and why their `forward`:
+- The blocks are identical, so one graph (forward and backward) serves them all: compile time is
+  that of one block, not of the model, and a graph break in one place costs one block's worth.
+- What a backend does around a block stays outside the compiled code: DDP's gradient hooks,
+  FSDP1's and FSDP2's gathers and reshards (module hooks and wrappers on the block), activation
+  checkpointing's wrapper (torch's checkpoint then reruns the compiled forward in backward).
+  ZeRO-3 is the exception: DeepSpeed fetches parameters in hooks on each layer inside the block,
+  which it keeps out of dynamo, so its blocks compile in pieces (the graph breaks are recorded;
+  DeepSpeed's DeepCompile, which moves the fetches into the graph, needs its CUDA ops).
+  Compiling `module.forward`, rather than
+  `module.compile()` (which compiles `_call_impl`, hooks included) or `torch.compile(module)`
+  (an OptimizedModule wrapper, `_orig_mod.` in every parameter name), leaves the module, its hooks
+  and its state-dict keys exactly as they were: checkpoints, export and init_from are unchanged.
+- The same placement works under every backend, so compiled runs compare backends as eager ones
+  do. (torchtitan compiles per block too, before sharding.)
+
+What the run records: the target, backend and mode (the plan), and, from dynamo's own compilation
+metrics (torch._dynamo.utils.get_compilation_metrics, counters), the frames compiled, the graphs,
+the graph breaks, the recompilations and the seconds spent compiling.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn as nn
+
+
+def apply_compile(blocks: Sequence[nn.Module], backend: str, mode: str) -> dict:
+    """Compile each block's forward in place; what was done, for the run record."""
+    if backend not in ("inductor", "aot_eager", "eager"):
+        raise ValueError(f"compile backend must be inductor, aot_eager or eager (got {backend!r})")
+    import torch._dynamo
+
+    torch._dynamo.reset()  # this run's compilation metrics only
+    options = {"backend": backend, **({"mode": mode} if backend == "inductor" and mode != "default" else {})}
+    for block in blocks:
+        block.forward = torch.compile(block.forward, **options)
+    return {"target": f"forward of each of the {len(blocks)} blocks, in place", "backend": backend, "mode": mode}
+
+
+def compile_stats() -> dict:
+    """What dynamo did in this process so far: frames compiled, graphs, graph breaks, recompilations
+    (frames compiled again after a guard failed, with the first reasons) and compile seconds
+    (dynamo's per-frame compile times, which include the backend's forward compilation, plus the
+    backward graphs compiled at the first backward)."""
+    from torch._dynamo.utils import counters, get_compilation_metrics
+
+    metrics = list(get_compilation_metrics())
+    recompiles = [m.recompile_reason for m in metrics if m.recompile_reason]
+    seconds = sum(m.entire_frame_compile_time_s or 0.0 for m in metrics)
+    seconds += sum((m.backward_cumulative_compile_time_us or 0) for m in metrics) / 1e6
+    return {
+        "frames": len(metrics),
+        "graphs": int(counters["stats"]["unique_graphs"]),
+        "graph_breaks": int(sum(counters["graph_break"].values())),
+        "recompiles": len(recompiles),
+        "recompile_reasons": [r.splitlines()[0][:200] for r in recompiles[:5]],
+        "compile_s": round(seconds, 3),
+    }
