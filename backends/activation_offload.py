@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
+from core.blocks import find_blocks
+
 
 @dataclass(eq=False)
 class _Saved:
@@ -196,6 +198,6 @@ def make_offloader(cfg, device: torch.device, model: nn.Module) -> ActivationOff
     from backends.activation_checkpointing import checkpointed_indices
 
     offloader = ActivationOffloader(device, cfg.activation_loading_horizon,
-                                    checkpointed_indices(len(model.blocks), cfg.ckpt_interval))
+                                    checkpointed_indices(len(find_blocks(model, cfg.block_class)), cfg.ckpt_interval))
     attach(model, offloader)
     return offloader

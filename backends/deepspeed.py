@@ -27,6 +27,7 @@ from backends.deepspeed_support import (deepspeed_wrapper, import_deepspeed, mod
                                         replay_adam_step_count, unlink_shm_allreduce_buffer)
 from core.dist import ensure_rendezvous_env
 from core import comm
+from core.blocks import find_blocks
 from core.memory import MemoryAccounting
 from gptlite.errors import ConfigError
 
@@ -113,7 +114,7 @@ class DeepSpeedBackend(Backend):
     def setup(self, model: nn.Module) -> None:
         deepspeed = import_deepspeed()
         cfg, plan = self.cfg, self.plan
-        blocks = list(model.blocks)
+        blocks = find_blocks(model, cfg.block_class)
         self.largest_layer_params = max(p.numel() for p in model.parameters())
         if cfg.ckpt_impl.startswith("deepspeed"):
             deepspeed.checkpointing.configure(None, deepspeed_config=plan.config)

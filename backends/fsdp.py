@@ -1,4 +1,5 @@
-"""`fsdp`: torch FullyShardedDataParallel (FSDP1), one FSDP unit per GPT-lite Block plus the root.
+"""`fsdp`: torch FullyShardedDataParallel (FSDP1), one FSDP unit per block (core/blocks.py: GPT-lite's
+Block) plus the root.
 
 Options come from an fsdp_configs/*.yaml file (backends/fsdp_config.py). Three adaptations keep
 every option usable on a CPU-only machine, each recorded in the run's config.json:
@@ -27,8 +28,8 @@ from backends import fsdp_config
 from backends.dcp_checkpoint import DCPCheckpointMixin
 from backends.torch_backend import TorchAccounting, TorchBackend
 from core import comm
+from core.blocks import find_blocks
 from gptlite.errors import ConfigError
-from gptlite.model import Block
 
 # FSDP1 warns that NO_SHARD is deprecated in favour of DDP; the suite runs it on purpose.
 warnings.filterwarnings("ignore", message=".*NO_SHARD.*deprecated", category=FutureWarning)
@@ -87,7 +88,7 @@ class FSDPBackend(DCPCheckpointMixin, TorchBackend):
         kwargs = dict(
             device_id=self.env.device,
             sharding_strategy=ShardingStrategy[o.sharding_strategy],
-            auto_wrap_policy=ModuleWrapPolicy({Block}),
+            auto_wrap_policy=ModuleWrapPolicy({type(find_blocks(model, self.cfg.block_class)[0])}),
             mixed_precision=_fsdp_mixed_precision(o.mixed_precision),
             cpu_offload=CPUOffload(offload_params=offload),
             backward_prefetch=BackwardPrefetch[o.backward_prefetch] if o.backward_prefetch else None,

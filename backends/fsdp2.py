@@ -1,4 +1,4 @@
-"""`fsdp2`: torch's composable `fully_shard` on each GPT-lite Block, then on the root.
+"""`fsdp2`: torch's composable `fully_shard` on each block (core/blocks.py: GPT-lite's Block), then on the root.
 
 Parameters become DTensors sharded on dim 0 over a 1-D device mesh of all ranks. FSDP2 has no
 `sync_module_states`: every rank builds identical weights from the seed (gptlite.model.build_model),
@@ -18,6 +18,7 @@ from backends import fsdp_config
 from backends.dcp_checkpoint import DCPCheckpointMixin
 from backends.torch_backend import TorchAccounting, TorchBackend
 from core import comm
+from core.blocks import find_blocks
 
 
 class FSDP2Accounting(TorchAccounting):
@@ -60,7 +61,7 @@ class FSDP2Backend(DCPCheckpointMixin, TorchBackend):
             offload_policy=CPUOffloadPolicy(pin_memory=self.env.device.type == "cuda") if o.cpu_offload
             else OffloadPolicy(),
         )
-        for block in model.blocks:
+        for block in find_blocks(model, self.cfg.block_class):
             fully_shard(block, **kwargs)
         fully_shard(model, **kwargs)
         return model

@@ -53,7 +53,7 @@ class MixedPrecisionConfig:
 
 @dataclass(frozen=True)
 class FSDPConfig:
-    """FSDP1 (torch.distributed.fsdp.FullyShardedDataParallel), auto-wrapped on GPT-lite's Block."""
+    """FSDP1 (torch.distributed.fsdp.FullyShardedDataParallel), auto-wrapped on the model's blocks (core/blocks.py)."""
 
     backend: str = "fsdp"
     sharding_strategy: str = "FULL_SHARD"
@@ -107,7 +107,7 @@ class MixedPrecisionPolicyConfig:
 
 @dataclass(frozen=True)
 class FSDP2Config:
-    """FSDP2 (torch.distributed.fsdp.fully_shard) on each Block, then the root."""
+    """FSDP2 (torch.distributed.fsdp.fully_shard) on each block (core/blocks.py), then the root."""
 
     backend: str = "fsdp2"
     # true: parameters resharded after forward (FULL_SHARD's analogue); false: kept unsharded until

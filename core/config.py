@@ -136,6 +136,10 @@ class RunConfig:
     activation_loading_horizon: int = _flag(
         "With --offload_activations: how many checkpointed blocks ahead backward fetches saved inputs "
         "(0: when backward asks for them, like --ckpt_offload).", 2, group="activation checkpointing")
+    block_class: str | None = _flag(
+        "The model's repeated block (what FSDP wraps, FSDP2 shards, checkpointing and --compile target), "
+        "by class name. Default: found (core/blocks.py: the repeated module class holding the most "
+        "parameters; GPT-lite's Block).", None, group="activation checkpointing")
     # Compilation.
     compile: bool = _flag(
         "torch.compile each block's forward in place, before the backend wraps the model (DDP's hooks "

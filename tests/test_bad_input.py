@@ -36,6 +36,8 @@ CASES = [
     ("dropout out of range", "train", ["--dropout", "1.5"], None, "dropout must be in [0, 1)"),
     ("unknown attention", "train", ["--attention", "flash"], None, "argument --attention: invalid choice"),
     ("offload without checkpointing", "train", ["--ckpt_offload"], None, "ckpt_offload requires ckpt_interval > 0"),
+    ("unknown block class", "train", ["--block_class", "Layer"], None,
+     "block_class Layer: no such module class holding parameters in the model (found: Block"),
     ("compile with no warm-up step", "train", ["--compile", "--warmup_steps", "0"], None,
      "warmup_steps must be >= 1 with --compile"),
     ("compile backend without compile", "train", ["--compile_backend", "aot_eager"], None,

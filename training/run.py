@@ -25,6 +25,7 @@ import torch
 import backends
 from backends.base import Backend, Resolved
 from backends.compile import compile_stats
+from core.blocks import find_blocks
 from core.config import RunConfig
 from core.dist import DistEnv, broadcast_object, destroy_process_group, set_cpu_threads, stop_with_launcher
 from core.environment import device_name, environment
@@ -33,7 +34,7 @@ from core.records import RunRecord
 from core.summary import RunSummary
 from gptlite.data import BatchLayout, CharDataset, DataError
 from gptlite.errors import ConfigError
-from gptlite.model import GPTConfig, build_model
+from gptlite.model import GPTConfig, build_model, meta_model
 from training import checkpoint, preflight
 from training.cli import report_bad_input
 from training.loop import StepLoop
@@ -126,6 +127,8 @@ def resolve(cfg: RunConfig, env: DistEnv | None = None, resolved: Resolved | Non
     fault = Fault.from_environment(cfg.backend, env.rank)  # a malformed GPTLITE_FAULT is bad input
     data = CharDataset.load(cfg.data, cfg.model_config().block_size)
     model_cfg = cfg.model_config(vocab_size=data.vocab_size)
+    if cfg.block_class is not None:  # checked on the model's structure, before anything runs
+        find_blocks(meta_model(model_cfg), cfg.block_class)
     setup = Setup(resolved, env, data, model_cfg, model_cfg.n_params, fault)
     if cfg.dry_run:
         return setup
