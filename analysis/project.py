@@ -55,10 +55,11 @@ def configurations() -> list[str]:
 
 
 def run_flags(entry: str, preset: str, micro_batch: int) -> list[str]:
-    """train.py's flags for one configuration as the projection sees it (bf16, SDPA attention)."""
-    flag = {"yaml": "--fsdp_config", "json": "--deepspeed_config"}.get(entry.rsplit(".", 1)[-1], "--backend")
+    """train.py's flags for one configuration as the projection sees it (bf16, SDPA attention): the
+    projection resolves them, and --counted runs them."""
+    flag = {"yaml": "--fsdp_config", "json": "--deepspeed_config"}.get(entry.rsplit(".", 1)[-1])
     return ["--preset", preset, "--micro_batch", str(micro_batch), "--grad_accum", "1", "--precision", "bf16",
-            "--attention", "sdpa", flag, entry]
+            "--attention", "sdpa", *([flag, str(REPO / entry)] if flag else ["--backend", entry])]
 
 
 def count(entry: str, preset: str, world: int, micro_batch: int, gpus_per_node: int) -> dict:
@@ -86,16 +87,14 @@ def project(entry: str, preset: str, world: int, micro_batch: int, gpu: dict, ne
     size; otherwise its theory's, cut into buckets of a.bucket_mib."""
     import backends
     from analysis.estimate import estimate_from_record
+    from analysis.runs import config_label
     from core import flops
-    from core.config import RunConfig
     from core.dist import DistEnv
+    from training.cli import config_from_argv
 
     per_node = min(world, gpu["gpus_per_node"])
-    flag = {"yaml": "fsdp_config", "json": "deepspeed_config"}.get(entry.rsplit(".", 1)[-1])
-    cfg = RunConfig(preset=preset, attention="sdpa", precision="bf16", micro_batch=micro_batch, grad_accum=1,
-                    **({flag: str(REPO / entry)} if flag else {"backend": entry}))
     env = DistEnv(0, 0, world, per_node, torch.device("cuda"), "torchrun")
-    resolved = backends.resolve(cfg, env)
+    resolved = backends.resolve(config_from_argv(run_flags(entry, preset, micro_batch)), env)
     model = resolved.cfg.model_config(vocab_size=65)
     n_params = model.n_params
     theory = resolved.build(env).comm_theory(n_params)
@@ -123,7 +122,7 @@ def project(entry: str, preset: str, world: int, micro_batch: int, gpu: dict, ne
         comm_s += bus_bytes / bandwidth
     offload_s = _offload_seconds(resolved, n_params, world, gpu, a)
     step_s = compute_s + (1 - a.overlap) * comm_s + offload_s
-    label = entry if "/" not in entry else f"{resolved.cfg.backend}.{Path(entry).stem}"
+    label = config_label(resolved.cfg.backend, resolved.cfg.fsdp_config, resolved.cfg.deepspeed_config)
     return {"config": label, "gpus": world, "nodes": math.ceil(world / per_node),
             "memory GiB": memory.total_bytes / 2**30, "fits": memory.total_bytes <= gpu["memory_gib"] * 2**30,
             "comm GiB/step": sum(bus for _, bus, _ in traffic.values()) / 2**30,

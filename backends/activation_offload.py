@@ -33,8 +33,6 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
-from core.blocks import find_blocks
-
 
 @dataclass(eq=False)
 class _Saved:
@@ -191,13 +189,14 @@ def attach(model: nn.Module, offloader: ActivationOffloader) -> None:
     model.register_forward_hook(post_forward)
 
 
-def make_offloader(cfg, device: torch.device, model: nn.Module) -> ActivationOffloader | None:
-    """The offloader a run asks for (--offload_activations), attached to `model`, or None."""
+def make_offloader(cfg, device: torch.device, model: nn.Module,
+                   blocks: list[nn.Module]) -> ActivationOffloader | None:
+    """The offloader a run asks for (--offload_activations), attached to `model` (its `blocks`), or None."""
     if not cfg.offload_activations:
         return None
     from backends.activation_checkpointing import checkpointed_indices
 
     offloader = ActivationOffloader(device, cfg.activation_loading_horizon,
-                                    checkpointed_indices(len(find_blocks(model, cfg.block_class)), cfg.ckpt_interval))
+                                    checkpointed_indices(len(blocks), cfg.ckpt_interval))
     attach(model, offloader)
     return offloader

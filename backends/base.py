@@ -29,6 +29,8 @@ import torch.nn as nn
 
 from core.config import (DEFAULT_GRAD_ACCUM, DEFAULT_GRAD_CLIP, DEFAULT_LR, DEFAULT_LR_WARMUP_STEPS,
                          DEFAULT_MICRO_BATCH, RunConfig)
+from backends.compile import apply_compile
+from core.blocks import find_blocks
 from core.dist import DistEnv, init_process_group
 from core import comm
 from core.memory import MemoryAccounting
@@ -127,6 +129,14 @@ class Backend(ABC):
     @abstractmethod
     def setup(self, model: nn.Module) -> None:
         """Wrap `model` (on the CPU, fp32, identical on every rank) and build the optimizer."""
+
+    def prepare_blocks(self, model: nn.Module) -> list[nn.Module]:
+        """The model's blocks (core/blocks.py), kept as self.blocks for the wrappers, checkpointing and
+        offload; with --compile, compiled here, before any wrapper sees them (backends/compile.py)."""
+        self.blocks = find_blocks(model, self.cfg.block_class)
+        self.compiled = apply_compile(self.blocks, self.cfg.compile_backend, self.cfg.compile_mode) \
+            if self.cfg.compile else None
+        return self.blocks
 
     def micro_step(self, sync: bool) -> contextlib.AbstractContextManager:
         """Context for one micro-step's forward and backward; sync=False skips gradient sync."""

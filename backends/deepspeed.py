@@ -21,13 +21,11 @@ import torch.nn as nn
 from backends import deepspeed_plan
 from backends.activation_checkpointing import apply_ac
 from backends.activation_offload import make_offloader
-from backends.compile import apply_compile
 from backends.base import Backend, Resolved
 from backends.deepspeed_support import (deepspeed_wrapper, import_deepspeed, model_state_estimate,
                                         replay_adam_step_count, unlink_shm_allreduce_buffer)
 from core.dist import ensure_rendezvous_env
 from core import comm
-from core.blocks import find_blocks
 from core.memory import MemoryAccounting
 from gptlite.errors import ConfigError
 
@@ -114,17 +112,15 @@ class DeepSpeedBackend(Backend):
     def setup(self, model: nn.Module) -> None:
         deepspeed = import_deepspeed()
         cfg, plan = self.cfg, self.plan
-        blocks = find_blocks(model, cfg.block_class)
+        blocks = self.prepare_blocks(model)  # before initialize, as for the torch backends
         self.largest_layer_params = max(p.numel() for p in model.parameters())
         if cfg.ckpt_impl.startswith("deepspeed"):
             deepspeed.checkpointing.configure(None, deepspeed_config=plan.config)
             wrapper = deepspeed_wrapper(cfg.ckpt_impl)
         else:
             wrapper = None
-        # Before initialize, as for the torch backends (backends/compile.py).
-        self.compiled = apply_compile(blocks, cfg.compile_backend, cfg.compile_mode) if cfg.compile else None
         # Before initialize: ZeRO-3 partitions the parameters, the wrappers only move modules.
-        self.offloader = make_offloader(cfg, self.env.device, model)
+        self.offloader = make_offloader(cfg, self.env.device, model, blocks)
         self.activation_checkpointing = apply_ac(model, blocks, cfg.ckpt_interval, cfg.ckpt_impl, cfg.ckpt_offload,
                                                  wrapper=wrapper, offloader=self.offloader)
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(

@@ -28,7 +28,6 @@ from backends import fsdp_config
 from backends.dcp_checkpoint import DCPCheckpointMixin
 from backends.torch_backend import TorchAccounting, TorchBackend
 from core import comm
-from core.blocks import find_blocks
 from gptlite.errors import ConfigError
 
 # FSDP1 warns that NO_SHARD is deprecated in favour of DDP; the suite runs it on purpose.
@@ -88,7 +87,7 @@ class FSDPBackend(DCPCheckpointMixin, TorchBackend):
         kwargs = dict(
             device_id=self.env.device,
             sharding_strategy=ShardingStrategy[o.sharding_strategy],
-            auto_wrap_policy=ModuleWrapPolicy({type(find_blocks(model, self.cfg.block_class)[0])}),
+            auto_wrap_policy=ModuleWrapPolicy({type(self.blocks[0])}),
             mixed_precision=_fsdp_mixed_precision(o.mixed_precision),
             cpu_offload=CPUOffload(offload_params=offload),
             backward_prefetch=BackwardPrefetch[o.backward_prefetch] if o.backward_prefetch else None,

@@ -18,7 +18,6 @@ from backends import fsdp_config
 from backends.dcp_checkpoint import DCPCheckpointMixin
 from backends.torch_backend import TorchAccounting, TorchBackend
 from core import comm
-from core.blocks import find_blocks
 
 
 class FSDP2Accounting(TorchAccounting):
@@ -61,7 +60,7 @@ class FSDP2Backend(DCPCheckpointMixin, TorchBackend):
             offload_policy=CPUOffloadPolicy(pin_memory=self.env.device.type == "cuda") if o.cpu_offload
             else OffloadPolicy(),
         )
-        for block in find_blocks(model, self.cfg.block_class):
+        for block in self.blocks:
             fully_shard(block, **kwargs)
         fully_shard(model, **kwargs)
         return model

@@ -16,10 +16,8 @@ import torch.nn as nn
 
 from backends.activation_checkpointing import apply_ac
 from backends.activation_offload import make_offloader
-from backends.compile import apply_compile
 from backends.base import ADAM_BETAS, ADAM_EPS, WEIGHT_DECAY, Backend, local_tensor, warmup_factor
 from core import comm
-from core.blocks import find_blocks
 from core.config import DEEPSPEED_CKPT_IMPLS, TORCH_CKPT_IMPLS
 from core.memory import MemoryAccounting
 from gptlite.errors import ConfigError
@@ -67,10 +65,8 @@ class TorchBackend(Backend):
         return super().resolve(cfg, env)
 
     def setup(self, model: nn.Module) -> None:
-        blocks = find_blocks(model, self.cfg.block_class)
-        # Before wrapping: the wrappers' hooks then stay outside the compiled code (backends/compile.py).
-        self.compiled = apply_compile(blocks, self.cfg.compile_backend, self.cfg.compile_mode) if self.cfg.compile else None
-        self.offloader = make_offloader(self.cfg, self.env.device, model)
+        blocks = self.prepare_blocks(model)  # before wrapping: the wrappers' hooks stay outside compiled code
+        self.offloader = make_offloader(self.cfg, self.env.device, model, blocks)
         self.model = self.wrap(model.to(self.env.device))
         # After wrapping, as the FSDP tutorial does; see backends/activation_checkpointing.py.
         self.activation_checkpointing = apply_ac(

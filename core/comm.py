@@ -71,29 +71,32 @@ def message_parts(kind: str, inputs: list) -> tuple[int, int]:
     return (sides[0] if sides else 0), 0
 
 
-def message_bytes(kind: str, inputs: list, group_size: int) -> int:
-    whole, shard = message_parts(kind, inputs)
-    return whole + shard * group_size
-
-
-def collectives(events, spans: list[tuple[int, int]], world_size: int) -> dict:
-    """Per kind, the calls and bytes of the c10d ops that start inside `spans` (the step's phases,
-    so the harness's own small exchanges between steps are left out); outermost ops only. Bytes
-    and bus bytes are for groups of the whole world; in_groups gives them for the backend's groups."""
+def _outermost_ops(events, spans: list[tuple[int, int]], names) -> list:
+    """The profiler's op events named in `names` that start inside `spans` (the step's phases, so
+    the harness's own small exchanges between steps are left out) and sit inside no other of them
+    (a coalesced collective's parts, a copy inside a copy)."""
     from torch._C._profiler import _EventType
 
-    out: dict[str, dict] = {}
+    found = []
     for e in events:
-        kind = KINDS.get(e.name)
-        if kind is None or e.typed[0] != _EventType.TorchOp:
+        if e.name not in names or e.typed[0] != _EventType.TorchOp:
             continue
         if not any(start <= e.start_time_ns <= end for start, end in spans):
             continue
         parent = e.parent
-        while parent is not None and parent.name not in KINDS:
+        while parent is not None and parent.name not in names:
             parent = parent.parent
-        if parent is not None:
-            continue  # inside another collective (a coalesced op's parts)
+        if parent is None:
+            found.append(e)
+    return found
+
+
+def collectives(events, spans: list[tuple[int, int]], world_size: int) -> dict:
+    """Per kind, the calls and bytes of the c10d ops of the step. Bytes and bus bytes are for
+    groups of the whole world; in_groups gives them for the backend's groups."""
+    out: dict[str, dict] = {}
+    for e in _outermost_ops(events, spans, KINDS):
+        kind = KINDS[e.name]
         whole, shard = message_parts(kind, list(e.typed[1].inputs))
         entry = out.setdefault(kind, {"calls": 0, "whole_bytes": 0, "shard_bytes": 0})
         entry["calls"] += 1
@@ -106,20 +109,14 @@ COPIES = ("aten::copy_",)  # every device-to-device copy (.to(), pinned copies, 
 
 
 def transfers(events, spans: list[tuple[int, int]]) -> dict:
-    """The host<->device copies that start inside `spans` (outermost aten::copy_ whose two tensors
-    sit on different device types): bytes to the device, bytes to the host, and copies. ZeRO-Offload,
-    ZeRO-Infinity and FSDP's CPU offload move gradients and parameters this way; on a CPU-only run
-    host and device are one, so there is nothing to count."""
-    from torch._C._profiler import _EventType, _TensorMetadata
+    """The host<->device copies of the step (aten::copy_ whose two tensors sit on different device
+    types): bytes to the device, bytes to the host, and copies. ZeRO-Offload, ZeRO-Infinity and
+    FSDP's CPU offload move gradients and parameters this way; on a CPU-only run host and device
+    are one, so there is nothing to count."""
+    from torch._C._profiler import _TensorMetadata
 
     out = {"to_device_bytes": 0, "to_host_bytes": 0, "copies": 0}
-    for e in events:
-        if e.name not in COPIES or e.typed[0] != _EventType.TorchOp:
-            continue
-        if not any(start <= e.start_time_ns <= end for start, end in spans):
-            continue
-        if e.parent is not None and e.parent.name in COPIES:
-            continue
+    for e in _outermost_ops(events, spans, COPIES):
         dst, src = (list(e.typed[1].inputs) + [None, None])[:2]
         if not (isinstance(dst, _TensorMetadata) and isinstance(src, _TensorMetadata)):
             continue

@@ -32,8 +32,9 @@ REFUSED_FLAGS = ("--runs_dir", "--run_name", "--resume", "--save_dir", "--save_e
 
 
 def simulate(world: int, gpus_per_node: int, train_argv: list[str]) -> dict:
-    """Run train.py's flags as rank 0 of `world` ranks (nodes of `gpus_per_node`); the summary of
-    the run plus the resolved config, or a ConfigError/DataError for bad input."""
+    """Run train.py's flags as rank 0 of `world` ranks (nodes of `gpus_per_node`): what the run
+    recorded (its step's collectives, memory, status), or only train.py's exit code where it refused
+    the flags before making a record (it has said why)."""
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE=str(world),
                       LOCAL_WORLD_SIZE=str(min(world, gpus_per_node)), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=os.environ.get("MASTER_PORT", "29500"))
