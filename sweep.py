@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import shlex
 import sys
 import textwrap
 
@@ -63,7 +64,7 @@ def main(argv=None) -> int:
         return 2
     if args.dry_run:
         for run in runs:
-            print(f"{run.name}\n    {' '.join(run.command(spec.directory))}")
+            print(f"{run.name}\n    {shlex.join(run.command(spec.directory))}")
         for reason in skipped:
             print(f"left out: {reason}")
         print(f"{len(runs)} runs into {spec.directory}")

@@ -3,6 +3,8 @@
     python -m analysis.estimate --preset paper --world 8 --config ds_configs/z3.json
     python -m analysis.estimate --preset small --world 2 --fsdp_config fsdp_configs/shard_grad_op.yaml \\
         --ckpt_interval 1 --micro_batch 8 --json
+    python -m analysis.estimate --model hf:llama --model_args num_hidden_layers=4,hidden_size=256 --world 8 \\
+        --config ds_configs/z3.json --micro_batch 4
 
 DeepSpeed's estimators cover model states only; the peak of a training step is usually set by
 activations. This estimator adds them, from the tensors GPT-lite's forward keeps for backward
@@ -46,6 +48,7 @@ from pathlib import Path
 
 from analysis.memory_model import (DS_MAX_LIVE, DS_PERSISTENCE, DS_PREFETCH_BUCKET, DS_REDUCE_BUCKET, F32, Counts,
                                    activation_per_block, backward_transient, head_activations, layout_for)
+from gptlite.data import DataError
 from gptlite.errors import ConfigError
 from gptlite.model import PRESETS, GPTConfig, preset
 
@@ -67,16 +70,58 @@ class Estimate:
         return self.params + self.params_gathered + self.grads + self.optimizer
 
 
-def estimate(cfg: GPTConfig, backend: str, world: int = 1, micro_batch: int = 1, precision: str = "fp32",
+@dataclass
+class Activations:
+    """A model's activation terms at one micro-batch, in bytes (per block: lists)."""
+
+    full: list[int]  # what each block keeps for backward
+    kept: list[int]  # what a checkpointed block keeps instead (its input)
+    transient: int  # the largest short-lived buffers of one block's backward
+    head: int  # kept after the blocks, alive until backward leaves the head
+    before: int  # kept before the blocks, alive through all of backward
+    logits_grad: int  # the output's gradient, made first in backward
+    batch: int  # inputs and targets
+
+
+def gptlite_activations(cfg: GPTConfig, micro_batch: int, act: int, mask: int, device: str, autocast: bool,
+                        residual: int) -> Activations:
+    """GPT-lite's, by formula (analysis/memory_model.py)."""
+    full = activation_per_block(cfg, micro_batch, act, mask, device, autocast=autocast)
+    return Activations(
+        full=[full] * cfg.n_layer, kept=[micro_batch * cfg.block_size * cfg.n_embd * residual] * cfg.n_layer,
+        transient=backward_transient(cfg, micro_batch, act, device),
+        head=head_activations(cfg, micro_batch, act, residual), before=0,
+        logits_grad=micro_batch * cfg.block_size * cfg.vocab_size * F32,
+        batch=2 * micro_batch * cfg.block_size * 8)  # token ids of inputs and targets
+
+
+def traced_activations(traced, micro_batch: int, act: int) -> Activations:
+    """Any model's, traced (analysis/traced_model.py), scaled to 16 bits where the run computes in 16."""
+    t = traced.at(micro_batch)
+
+    def scale(value: int) -> int:
+        return value * act // F32
+
+    transient = max((2 * big + inp for big, inp in zip(t["largest"], t["kept"])), default=0)
+    return Activations(full=[scale(v) for v in t["full"]], kept=[scale(v) for v in t["kept"]],
+                       transient=scale(transient), head=scale(t["after"]), before=scale(t["before"]),
+                       logits_grad=t["output"], batch=t["batch"])
+
+
+def estimate(cfg, backend: str, world: int = 1, micro_batch: int = 1, precision: str = "fp32",
              ckpt_interval: int = 0, device: str = "cpu", fsdp_options=None, ds_config: dict | None = None,
              ranks_per_node: int | None = None) -> Estimate:
-    """The per-rank memory of one training step of `cfg` under a backend configuration."""
+    """The per-rank memory of one training step of a model under a backend configuration.
+
+    `cfg`: GPT-lite's GPTConfig (activations by formula), or any model traced once
+    (analysis/traced_model.TracedModel)."""
     for name, value, minimum in (("world", world, 1), ("micro_batch", micro_batch, 1),
                                  ("ckpt_interval", ckpt_interval, 0)):
         if not isinstance(value, int) or value < minimum:
             raise ConfigError(f"{name} must be an integer >= {minimum} (got {value!r})")
     lay = layout_for(backend, world, precision, fsdp_options, ds_config, ranks_per_node)
-    n = Counts.of(cfg)
+    traced = not isinstance(cfg, GPTConfig)
+    n = cfg.counts if traced else Counts.of(cfg)
     P, W, c = n.total, lay.shards, lay.compute_bytes
     assumptions = ["fp32 master weights and AdamW state (exp_avg, exp_avg_sq) in every backend"]
     if precision != "fp32":
@@ -114,12 +159,15 @@ def estimate(cfg: GPTConfig, backend: str, world: int = 1, micro_batch: int = 1,
     autocast = act != F32 and backend in ("single", "ddp", "accelerate")
     residual = F32 if autocast else act
     mask = act if on_cpu else 1
-    full = activation_per_block(cfg, micro_batch, act, mask, device, autocast=autocast)
-    kept = micro_batch * cfg.block_size * cfg.n_embd * residual
-    transient = backward_transient(cfg, micro_batch, act, device)
-    head = head_activations(cfg, micro_batch, act, residual)
-    checkpointed = [bool(ckpt_interval) and i % ckpt_interval == 0 for i in range(cfg.n_layer)]
-    per_block = [kept if ck else full for ck in checkpointed]
+    a = traced_activations(cfg, micro_batch, act) if traced else \
+        gptlite_activations(cfg, micro_batch, act, mask, device, autocast, residual)
+    if traced:
+        assumptions.append("activations traced once in fp32 on fake tensors (analysis/traced_model.py)"
+                           + (", scaled to 16 bits" if act != F32 else ""))
+    blocks = len(a.full)
+    transient, head = a.transient, a.head
+    checkpointed = [bool(ckpt_interval) and i % ckpt_interval == 0 for i in range(blocks)]
+    per_block = [a.kept[i] if ck else a.full[i] for i, ck in enumerate(checkpointed)]
 
     # On an accelerator, offloaded states live in host memory, not in the device's: the optimizer
     # state always; the parameter shards under FSDP's CPU offload and ZeRO-Infinity's offload_param;
@@ -136,40 +184,64 @@ def estimate(cfg: GPTConfig, backend: str, world: int = 1, micro_batch: int = 1,
         resident += grads
     if lay.kind == "zero3":
         resident += 0 if grads_host else grads
-        resident += c * min(P, int(float(lay.ds.get("reduce_bucket_size", DS_REDUCE_BUCKET))))
+        # The gradient bucket is allocated whole when contiguous_gradients is on, however small the model.
+        bucket = int(float(lay.ds.get("reduce_bucket_size", DS_REDUCE_BUCKET)))
+        resident += c * (bucket if lay.ds.get("contiguous_gradients", True) else min(P, bucket))
         resident += c * min(P, int(float(lay.ds.get("stage3_prefetch_bucket_size", DS_PREFETCH_BUCKET))))
+    if lay.kind == "zero12" and lay.offload and on_cpu:
+        resident += F32 * P // W  # ZeRO-Offload's fp32 gradient partition for the CPU optimizer (host memory)
     if lay.kind == "zero12":
         # ZeRO-1/2 reduce gradients through two buckets of reduce_bucket_size elements.
         transient += 2 * F32 * int(float(lay.ds.get("reduce_bucket_size", DS_REDUCE_BUCKET)))
     if lay.kind in ("full_shard",):
-        transient += 2 * c * n.per_block  # the unit in backward and the one prefetched
+        # In a unit's backward: its parameters gathered again and the next unit's prefetched, and its
+        # whole gradients (FSDP2 copies them into the reduce-scatter's input as well). The largest
+        # unit bounds it: it sets the peak of models whose blocks are large beside their activations
+        # (ResNet's last stage).
+        unit = max(n.per_block, default=0)
+        transient += 2 * c * unit + (2 if backend == "fsdp2" else 1) * c * unit
     grad_bytes = F32 if lay.kind != "zero12" else c
     # FSDP's CPU offload copies each gradient shard to host memory asynchronously and waits for
     # the copies at the end of backward: until then the fp32 shards stay on the device as well.
     # Backward starts in the head: every block's activations and the head's are alive.
-    logits_grad = micro_batch * cfg.block_size * cfg.vocab_size * F32
-    peak, where = resident + sum(per_block) + head + logits_grad, cfg.n_layer
-    for i in reversed(range(cfg.n_layer)):
+    resident += a.before  # what the forward kept before the first block lives through backward
+    peak, where = resident + sum(per_block) + head + a.logits_grad, blocks
+    for i in reversed(range(blocks)):
         grads_so_far = 0 if (lay.ddp_bucket or lay.kind in ("zero12", "zero3")) else grad_bytes * (
-            n.head + (cfg.n_layer - 1 - i) * n.per_block + n.per_block // 3) // W
+            n.head + sum(n.per_block[i + 1:]) + n.per_block[i] // 3) // W
         # Blocks below i still hold what they kept; block i holds all its activations (kept, or
         # recomputed if it is checkpointed) while its backward runs.
-        total = resident + grads_so_far + sum(per_block[:i]) + full + transient
+        total = resident + grads_so_far + sum(per_block[:i]) + a.full[i] + transient
         if total > peak:
             peak, where = total, i
-    batch = 2 * micro_batch * cfg.block_size * 8  # token ids of inputs and targets
-    if where == cfg.n_layer:
+    # The optimizer step: every resident state with the gradients complete, and the update's
+    # temporaries (torch's single-tensor AdamW: about two of the largest tensor's shard). It sets the
+    # peak of models whose activations are small beside their states.
+    separate_grads = not (lay.ddp_bucket or lay.kind == "zero3" or grads_host) or lay.grads_beside_buckets
+    step = resident + (grads if separate_grads else 0) + \
+        2 * F32 * max(n.small, default=0) // (1 if lay.kind == "replicated" else W)
+    if backend == "deepspeed" and lay.kind == "replicated":
+        step += c * P  # ZeRO-0 all-reduces the gradients flattened into one buffer after backward
+    elif lay.kind == "zero12" and not lay.offload:
+        step += F32 * P // W  # ZeRO-1/2's step flattens this rank's gradient partition (fp32) first
+    if step > peak:
+        peak, where = step, -1
+    batch = a.batch
+    if where == -1:
+        activation_at_peak = 0
+    elif where == blocks:
         activation_at_peak = sum(per_block) + head
     else:
-        activation_at_peak = sum(per_block[:where]) + (0 if checkpointed[where] else full)
+        activation_at_peak = sum(per_block[:where]) + (0 if checkpointed[where] else a.full[where])
     return Estimate(
         params=int(params), params_gathered=int(gathered), grads=int(grads), optimizer=int(optimizer),
         activation_bytes=int(activation_at_peak), total_bytes=int(peak + batch),
         host_bytes=int(host),
-        terms={"resident_model_states": int(resident), "activation_per_block": int(full),
-               "checkpointed_block_input": int(kept), "backward_transient": int(transient),
+        terms={"resident_model_states": int(resident), "activation_per_block": int(max(a.full, default=0)),
+               "checkpointed_block_input": int(max(a.kept, default=0)), "backward_transient": int(transient),
                "head_activations": int(head),
-               "peak_in_backward_of_block": where},  # n_layer: at the start of backward, in the head
+               # the block count: at the start of backward, in the head; -1: in the optimizer step
+               "peak_in_backward_of_block": where},
         assumptions=assumptions)
 
 
@@ -186,7 +258,12 @@ def estimate_from_record(config: dict) -> Estimate:
     from backends import fsdp_config
 
     run = config["run"]
-    model = GPTConfig(**{k: config["model"][k] for k in GPTConfig.field_names()})
+    if config["model"].get("name", "gptlite") == "gptlite":
+        model = GPTConfig(**{k: config["model"][k] for k in GPTConfig.field_names()})
+    else:  # any other model: traced once from the run's own flags
+        from analysis.traced_model import traced_for_run
+
+        model = traced_for_run(run)
     backend = run["backend"]
     plan = config.get("plan")
     described = config.get("backend") or {}
@@ -206,6 +283,11 @@ def main(argv=None) -> int:
     p = OneLineParser(prog="python -m analysis.estimate", description=__doc__.splitlines()[0],
                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog="\n".join(__doc__.splitlines()[2:5]))
     p.add_argument("--preset", default="paper", choices=tuple(PRESETS))
+    p.add_argument("--model", default="gptlite",
+                   help="gptlite (by formula), or any train.py --model (traced once on fake tensors)")
+    p.add_argument("--model_args", default=None, help="the model's settings, as train.py's --model_args")
+    p.add_argument("--block_size", type=int, default=None, help="context length of hf: text models "
+                   "(default: the preset's)")
     p.add_argument("--world", type=int, default=1, help="ranks")
     p.add_argument("--ranks_per_node", type=int, default=None,
                    help="ranks (GPUs) per node: HYBRID_SHARD's default shard group (default: --world)")
@@ -227,7 +309,16 @@ def main(argv=None) -> int:
     try:
         if args.config and args.fsdp_config:
             raise ConfigError("--config (DeepSpeed) and --fsdp_config exclude each other: one backend at a time")
-        cfg = preset(args.preset, attention=args.attention, dropout=args.dropout, vocab_size=args.vocab_size)
+        if args.model == "gptlite":
+            cfg = preset(args.preset, attention=args.attention, dropout=args.dropout, vocab_size=args.vocab_size)
+        else:
+            import models
+            from analysis.traced_model import TracedModel
+            from core.config import RunConfig
+
+            run = RunConfig(model=args.model, model_args=args.model_args, preset=args.preset,
+                            block_size=args.block_size, dropout=args.dropout)
+            cfg = TracedModel.of(models.load(run.model_request()))
         options = fsdp_config.load(args.fsdp_config) if args.fsdp_config else None
         ds = deepspeed_config.read(args.config) if args.config else None
         backend = "deepspeed" if ds else (options.backend if options else args.backend or "single")
@@ -235,14 +326,15 @@ def main(argv=None) -> int:
             raise ConfigError(f"--backend {args.backend} does not match the config file's backend {backend}")
         est = estimate(cfg, backend, args.world, args.micro_batch, args.precision, args.ckpt_interval, args.device,
                        options, ds, args.ranks_per_node)
-    except ConfigError as e:
+    except (ConfigError, DataError) as e:
         print(f"estimate: error: {e}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps({**asdict(est), "model_states_bytes": est.model_states_bytes}, indent=2))
         return 0
     gib = 2**30
-    print(f"{args.preset} preset, {backend}, {args.world} rank(s), micro-batch {args.micro_batch}, {args.precision}, "
+    what = f"{args.preset} preset" if args.model == "gptlite" else args.model
+    print(f"{what}, {backend}, {args.world} rank(s), micro-batch {args.micro_batch}, {args.precision}, "
           f"checkpoint interval {args.ckpt_interval}, per rank:")
     for name, value in (("parameters", est.params), ("gathered parameters", est.params_gathered),
                         ("gradients", est.grads), ("optimizer state", est.optimizer),

@@ -23,7 +23,7 @@ class Counts:
     """Parameter counts of the model, from the model itself (built on the meta device)."""
 
     total: int
-    per_block: int
+    per_block: list[int]  # parameters of each block, in order
     root: int  # embeddings, final LayerNorm, lm_head: FSDP's root unit
     head: int  # final LayerNorm and lm_head: their gradients come first in backward
     tensors: int
@@ -35,7 +35,7 @@ class Counts:
         sizes = [p.numel() for p in model.parameters()]
         block = sum(p.numel() for p in model.blocks[0].parameters())
         head = sum(p.numel() for p in (*model.ln.parameters(), *model.lm_head.parameters()))
-        return cls(sum(sizes), block, sum(sizes) - cfg.n_layer * block, head, len(sizes), sizes)
+        return cls(sum(sizes), [block] * cfg.n_layer, sum(sizes) - cfg.n_layer * block, head, len(sizes), sizes)
 
 
 def activation_per_block(cfg: GPTConfig, micro_batch: int, act_bytes: int, mask_bytes: int, device: str,
@@ -81,6 +81,7 @@ class Layout:
     kind: str  # replicated | full_shard | shard_grad_op | zero12 | zero3
     shards: int = 1
     ddp_bucket: bool = False  # DDP keeps a gradient bucket the size of all gradients
+    grads_beside_buckets: bool = False  # and the gradients apart from it (not bucket views)
     fsdp1_root_gathered: bool = False
     offload: bool = False
     compute_bytes: int = F32  # bytes of the parameters the forward computes with
@@ -90,8 +91,9 @@ class Layout:
 def layout_for(backend: str, world: int, precision: str, fsdp_options=None, ds_config: dict | None = None,
                ranks_per_node: int | None = None) -> Layout:
     c = 2 if precision in ("bf16", "fp16") else F32
-    if backend in ("single", "ddp"):
-        return Layout("replicated", ddp_bucket=backend == "ddp")
+    if backend in ("single", "ddp", "accelerate"):
+        # accelerate's Accelerator runs DDP underneath, without gradients as views of its buckets.
+        return Layout("replicated", ddp_bucket=backend != "single", grads_beside_buckets=backend == "accelerate")
     if backend == "fsdp":
         from backends.fsdp_config import FSDPConfig
 
@@ -120,4 +122,4 @@ def layout_for(backend: str, world: int, precision: str, fsdp_options=None, ds_c
                       for k in ("offload_optimizer", "offload_param"))
         kind = {0: "replicated", 1: "zero12", 2: "zero12", 3: "zero3"}[stage]
         return Layout(kind, world, offload=offload, compute_bytes=c, ds=zero)
-    raise ConfigError(f"backend must be one of single, ddp, fsdp, fsdp2, deepspeed (got {backend!r})")
+    raise ConfigError(f"backend must be one of single, ddp, accelerate, fsdp, fsdp2, deepspeed (got {backend!r})")

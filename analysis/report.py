@@ -16,6 +16,7 @@ import pandas as pd
 from analysis import figures, tables
 from analysis.estimate import estimate_run
 from analysis.runs import load_metrics, load_runs
+from models.spec import model_label
 
 FIGURES = {
     "throughput_memory.png": "Throughput, and average and peak memory per rank, per backend configuration",
@@ -32,7 +33,7 @@ def with_estimates(runs: pd.DataFrame) -> pd.DataFrame:
     for _, run in runs.iterrows():
         try:
             est = estimate_run(run) if run.get("status") == "ok" else None
-        except (OSError, KeyError, ValueError, TypeError) as e:  # no config.json, or another schema: no estimate
+        except Exception as e:  # noqa: BLE001 - no config.json, another schema, a model that cannot be traced here
             print(f"no estimate for {run.get('run_name')}: {e}", file=sys.stderr)
             est = None
         rows.append({} if est is None else {
@@ -56,12 +57,15 @@ def write_report(runs_dir: str | Path, out: str | Path) -> Path:
     metrics = load_metrics(runs_dir)
     if runs.empty:
         raise SystemExit(f"no run records under {runs_dir}")
+    # With several models, the figures name each configuration with its model.
+    drawn = runs.assign(label=runs["model"].map(model_label) + " " + runs["label"]) \
+        if runs["model"].nunique() > 1 else runs
     draw = {
-        "throughput_memory.png": lambda: figures.throughput_and_memory(runs),
-        "memory_vs_batch.png": lambda: figures.memory_vs_batch(runs, memory_limit(runs_dir, runs)),
-        "throughput_vs_batch.png": lambda: figures.throughput_vs_batch(runs),
-        "pareto.png": lambda: figures.pareto(runs),
-        "loss_curves.png": lambda: figures.loss_curves(metrics, runs),
+        "throughput_memory.png": lambda: figures.throughput_and_memory(drawn),
+        "memory_vs_batch.png": lambda: figures.memory_vs_batch(drawn, memory_limit(runs_dir, runs)),
+        "throughput_vs_batch.png": lambda: figures.throughput_vs_batch(drawn),
+        "pareto.png": lambda: figures.pareto(drawn),
+        "loss_curves.png": lambda: figures.loss_curves(metrics, drawn),
     }
     for name, make in draw.items():
         fig = make()
@@ -83,7 +87,7 @@ def write_report(runs_dir: str | Path, out: str | Path) -> Path:
         "## Runs",
         "",
         tables.markdown(tables.main_table(runs)),
-        "## Against DDP (same preset, global batch, precision and ranks)",
+        "## Against DDP (same model, preset, global batch, precision and ranks)",
         "",
         tables.markdown(tables.ddp_ratios(runs)),
     ]

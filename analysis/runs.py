@@ -49,7 +49,8 @@ def load_runs(path: str | Path) -> pd.DataFrame:
     the config's flattened under `config.`.
 
     Failed, out-of-memory, timed-out and still-running (or killed) runs are included with their
-    status. Derived columns: `label` (the backend configuration's short name, see config_label),
+    status. Derived columns: `model` (--model; gptlite for older records), `label` (the backend
+    configuration's short name, see config_label),
     `ckpt` ("none", or "every k (impl)", plus the activation offload if any) and `compile` ("none",
     or the torch.compile backend).
     """
@@ -68,6 +69,9 @@ def load_runs(path: str | Path) -> pd.DataFrame:
                                     row.get("config.run.deepspeed_config"))
         row["ckpt"] = ckpt_label(row)
         row["compile"] = row.get("config.run.compile_backend", "?") if row.get("config.run.compile") else "none"
+        row["model"] = row.get("model") or "gptlite"  # records from before --model are GPT-lite's
+        if row.get("preset") is None:
+            row["preset"] = "-"  # a model other than GPT-lite has no preset; "-" keeps it in groupings
         rows.append(row)
     return pd.DataFrame(rows)
 

@@ -14,6 +14,7 @@ COLUMNS = {
     "run_name": "run",
     "status": "status",
     "backend": "backend",
+    "model": "model",
     "world_size": "ranks",
     "global_batch": "batch",
     "precision": "precision",

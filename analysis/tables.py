@@ -11,7 +11,15 @@ import pandas as pd
 
 MIB = 2**20
 # The configuration a run is compared with: same model, batch, precision and ranks.
-GROUP = ["preset", "global_batch", "precision", "world_size"]
+GROUP = ["model", "preset", "global_batch", "precision", "world_size"]
+
+
+def with_model_column(table: pd.DataFrame, runs: pd.DataFrame, sort: list[str]) -> pd.DataFrame:
+    """`table` with a `model` column first and sorted by it, where the runs compared several models."""
+    if "model" in runs and runs["model"].nunique() > 1:
+        table.insert(0, "model", runs["model"].values)
+        sort = ["model", *sort]
+    return table.sort_values(sort).reset_index(drop=True)
 
 
 def ok_runs(runs: pd.DataFrame) -> pd.DataFrame:
@@ -44,11 +52,11 @@ def main_table(runs: pd.DataFrame) -> pd.DataFrame:
         table.insert(2, "compile", ok["compile"])
         table["compile s"] = ok.get("compile.compile_s")
         table["graph breaks"] = ok.get("compile.graph_breaks")
-    return table.sort_values(["batch", "config", "ckpt"]).reset_index(drop=True)
+    return with_model_column(table, ok, ["batch", "config", "ckpt"])
 
 
 def ddp_ratios(runs: pd.DataFrame) -> pd.DataFrame:
-    """Each run's samples/s and peak memory as ratios to DDP's at the same preset, global batch,
+    """Each run's samples/s and peak memory as ratios to DDP's with the same model, preset, global batch,
     precision and world size (DDP without checkpointing where there is one)."""
     ok = ok_runs(runs)
     if ok.empty or "ddp" not in set(ok["label"]):
@@ -68,7 +76,7 @@ def ddp_ratios(runs: pd.DataFrame) -> pd.DataFrame:
     })
     if "compile" in joined and (joined["compile"] != "none").any():
         table.insert(2, "compile", joined["compile"])
-    return table.sort_values(["batch", "config", "ckpt"]).reset_index(drop=True)
+    return with_model_column(table, joined, ["batch", "config", "ckpt"])
 
 
 def comm_table(runs: pd.DataFrame) -> pd.DataFrame:
@@ -86,7 +94,7 @@ def comm_table(runs: pd.DataFrame) -> pd.DataFrame:
     table["theory MiB"] = ok["comm.theory.bus_bytes"] / MIB
     table["measured / theory"] = ok["comm.measured_over_theory"]
     table["theory"] = ok["comm.theory.formula"]
-    return table.sort_values(["config", "ckpt"]).reset_index(drop=True)
+    return with_model_column(table, ok, ["config", "ckpt"])
 
 
 def failures(runs: pd.DataFrame) -> pd.DataFrame:

@@ -167,10 +167,10 @@ class _OffloadedBlock(nn.Module):
         self.offloader = offloader
         self.block = block
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, *args, **kwargs):
         offloader, block = self.offloader, self.block
         with torch.autograd.graph.saved_tensors_hooks(lambda t: offloader.pack(block, t), offloader.unpack):
-            return self.module(x)
+            return self.module(*args, **kwargs)
 
 
 def attach(model: nn.Module, offloader: ActivationOffloader) -> None:

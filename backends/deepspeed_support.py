@@ -66,12 +66,15 @@ class DeepSpeedCheckpointed(nn.Module):
         self.module = module
         self.non_reentrant = non_reentrant
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, *args, **kwargs):
         checkpointing = import_deepspeed().checkpointing
         if torch.is_grad_enabled() and not x.requires_grad:
             x = x.detach().requires_grad_()
         run = checkpointing.non_reentrant_checkpoint if self.non_reentrant else checkpointing.checkpoint
-        return run(self.module, x)
+        # DeepSpeed's checkpoint passes positional arguments only: keyword arguments (a transformers
+        # layer's attention mask, position embeddings) are bound here. They need no gradient.
+        function = functools.partial(self.module, **kwargs) if kwargs else self.module
+        return run(function, x, *args)
 
 
 def unlink_shm_allreduce_buffer(rank: int) -> None:

@@ -16,6 +16,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 
 from gptlite.errors import ConfigError
 from gptlite.model import ATTENTION_IMPLS, PRESETS, GPTConfig, preset
+from models.spec import ModelRequest, check_name, model_label, parse_model_args
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 DEVICES = ("auto", "cpu", "cuda")
@@ -77,12 +78,26 @@ class RunConfig:
         "Keep the checkpointed blocks' saved inputs in host memory (torch's offload_wrapper), "
         "fetched back when backward reaches them.", False, group="activation checkpointing")
     # The model.
-    preset: str = _flag("Model size preset.", "small", choices=tuple(PRESETS), group="model")
+    model: str = _flag(
+        "What to train: gptlite (the article's model, sized by --preset); hf:<model_type>, a Hugging Face "
+        "transformers model built from its config with random weights (hf:gpt2, hf:llama: a causal LM on the "
+        "text; hf:resnet, hf:vit: an image classifier on CIFAR-10-shaped data); torchvision:<name> where "
+        "torchvision imports; or your own .py file or module with get_model() and get_dataset() "
+        "(README, 'Your own model').", "gptlite", group="model", metavar="MODEL")
+    model_args: str | None = _flag(
+        "Settings of a non-GPT-lite model, key=value separated by commas (values read as YAML): an HF config's "
+        "fields (n_layer=2,n_embd=64 for gpt2; layer_type=basic,depths=[2,2,2,2] makes hf:resnet ResNet-18), "
+        "or your get_model()'s keyword arguments.", None, group="model", metavar="K=V,...")
+    preset: str = _flag("GPT-lite's size preset.", "small", choices=tuple(PRESETS), group="model")
     n_layer: int | None = _flag("Override the preset's number of transformer blocks.", None, group="model")
     n_embd: int | None = _flag("Override the preset's embedding width.", None, group="model")
     n_head: int | None = _flag("Override the preset's number of attention heads.", None, group="model")
-    block_size: int | None = _flag("Override the preset's context length (tokens per sample).", None, group="model")
-    dropout: float | None = _flag("Override the preset's dropout probability.", None, group="model")
+    block_size: int | None = _flag(
+        "Override the preset's context length (tokens per sample); for hf: text models, their context length "
+        "(default: the preset's).", None, group="model")
+    dropout: float | None = _flag(
+        "Override the preset's dropout probability; for hf: models, every dropout probability of the config.",
+        None, group="model")
     attention: str = _flag(
         "naive: explicit T x T attention scores (the article's memory profile); "
         "sdpa: torch's fused scaled_dot_product_attention. Same outputs.",
@@ -90,8 +105,9 @@ class RunConfig:
     )
     # Data and batch.
     data: str | None = _flag(
-        "UTF-8 text file to train on (e.g. tiny-shakespeare's input.txt). "
-        "Default: the embedded generated corpus.", None, metavar="PATH",
+        "UTF-8 text file to train on (e.g. tiny-shakespeare's input.txt); for an image model, a CIFAR-10 "
+        "directory (cifar-10-batches-py). Default: the embedded generated corpus, or synthetic "
+        "CIFAR-10-shaped images.", None, metavar="PATH",
     )
     steps: int = _flag("Optimizer steps to run.", 50)
     micro_batch: int | None = _flag(
@@ -238,6 +254,13 @@ class RunConfig:
             raise ConfigError(f"run_name must be a plain directory name of at most {MAX_RUN_NAME} characters, not "
                               f"starting with '.' (got {_shorten(self.run_name)!r})")
         self.model_config()  # checks the model overrides (n_embd divisible by n_head, ...)
+        check_name(self.model)
+        parse_model_args(self.model_args)
+        if self.model != "gptlite":
+            for name in GPTLITE_ONLY:
+                if getattr(self, name) != _default(name):
+                    raise ConfigError(f"{name} applies to --model gptlite; set {model_label(self.model)}'s size "
+                                      "with --model_args")
 
     def backend_specific(self) -> dict[str, tuple[str, ...]]:
         """The fields set away from their defaults that only some backends read: {field: those backends}."""
@@ -248,8 +271,23 @@ class RunConfig:
         overrides = {name: getattr(self, name) for name in ("n_layer", "n_embd", "n_head", "block_size", "dropout")}
         return preset(self.preset, attention=self.attention, vocab_size=vocab_size, **overrides)
 
+    def model_request(self) -> ModelRequest:
+        """What the flags say about the model and its data (models.load builds it)."""
+        return ModelRequest(self.model, parse_model_args(self.model_args), self.data,
+                            seq_len=self.model_config().block_size,
+                            dropout=self.dropout if self.model != "gptlite" else None,
+                            gptlite_config=lambda vocab_size: self.model_config(vocab_size=vocab_size))
+
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+# GPT-lite's own size flags; other models are sized by --model_args.
+GPTLITE_ONLY = ("n_layer", "n_embd", "n_head", "attention")
+
+
+def _default(name: str):
+    return next(f.default for f in fields(RunConfig) if f.name == name)
 
 
 def _shorten(text: str, limit: int = 60) -> str:

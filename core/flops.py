@@ -1,4 +1,4 @@
-"""Model FLOPs and MFU.
+"""Model FLOPs, hardware FLOPs, MFU and HFU.
 
 Model FLOPs per token (PaLM's accounting): 6 x the parameters that take part in matmuls (all but
 the embedding tables, which are lookups) for forward and backward, plus attention's
@@ -23,26 +23,33 @@ PEAK_BF16_FLOPS = {
 }
 
 
-def matmul_params(cfg: GPTConfig, n_params: int) -> int:
-    return n_params - (cfg.vocab_size + cfg.block_size) * cfg.n_embd
+def flops_per_token(cfg: GPTConfig, n_params: int | None = None) -> float:
+    """GPT-lite's model FLOPs per token by formula (GPTConfig.flops_per_token)."""
+    return cfg.flops_per_token
 
 
-def flops_per_token(cfg: GPTConfig, n_params: int) -> float:
-    return 6 * matmul_params(cfg, n_params) + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
-
-
-def counted_flops(model, *inputs) -> int:
+def counted_flops(model, *inputs, modules: dict | None = None) -> int | tuple[int, dict]:
     """FLOPs of one forward and backward of `model` on `inputs` as torch.utils.flop_counter counts
     them: every matmul, convolution and attention kernel (elementwise work is not counted, as in
     the formula above), whatever the model. `model(*inputs)` returns the loss, or a tuple whose
-    last element is. On the meta device it costs no memory and little time."""
+    last element is. On the meta device it costs no memory and little time.
+
+    With `modules` ({name: module} of submodules of `model`): also the forward FLOPs of each,
+    ({name: forward FLOPs}), what activation checkpointing runs again in backward."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    with FlopCounterMode(display=False) as counter:
+    with FlopCounterMode(display=False) as forward:
         out = model(*inputs)
-        loss = out[-1] if isinstance(out, tuple) else out
+    loss = out[-1] if isinstance(out, tuple) else out
+    with FlopCounterMode(display=False) as backward:
         loss.backward()
-    return counter.get_total_flops()
+    total = forward.get_total_flops() + backward.get_total_flops()
+    if modules is None:
+        return total
+    counts = forward.get_flop_counts()
+    # FlopCounterMode names modules by their path under the root's class name: "GPTLite.blocks.0".
+    root = type(model).__name__
+    return total, {name: sum(counts.get(f"{root}.{name}", {}).values()) for name in modules}
 
 
 def counted_flops_per_token(cfg: GPTConfig) -> float:
@@ -56,6 +63,24 @@ def counted_flops_per_token(cfg: GPTConfig) -> float:
     return counted_flops(model, idx, idx) / cfg.block_size
 
 
+def sample_flops(workload, block_class: str | None, ckpt_interval: int) -> dict:
+    """FLOPs of one sample's forward and backward: `model` (the formula where the model has one, GPT-lite;
+    else counted) and `recomputed`, the forward FLOPs of the checkpointed blocks, which activation
+    checkpointing runs again in backward: hardware FLOPs are model + recomputed. Counted on fake
+    tensors (models.Workload.fake) over two samples, halved."""
+    from core.blocks import find_blocks
+
+    mode, model, x, y = workload.fake(2)
+    blocks = find_blocks(model, block_class)
+    names = {id(m): n for n, m in model.named_modules()}
+    wanted = {names[id(b)]: b for i, b in enumerate(blocks) if ckpt_interval and i % ckpt_interval == 0}
+    with mode:
+        counted, per_block = counted_flops(model, x, y, modules=wanted)
+    formula = workload.flops_formula
+    return {"model": formula if formula is not None else counted / 2, "source": "formula" if formula else "counted",
+            "counted": counted / 2, "recomputed": sum(per_block.values()) / 2}
+
+
 def peak_flops(device_name: str) -> float | None:
     for key, flops in PEAK_BF16_FLOPS.items():
         if key in device_name:
@@ -63,9 +88,11 @@ def peak_flops(device_name: str) -> float | None:
     return None
 
 
-def mfu(tokens_per_s: float | None, cfg: GPTConfig, n_params: int, device_name: str, world_size: int) -> float | None:
-    """Model FLOPs utilisation of all devices together, or None when the peak is unknown."""
+def utilisation(samples_per_s: float | None, flops_per_sample: float | None, device_name: str,
+                world_size: int) -> float | None:
+    """FLOPs utilisation of all devices together (MFU with model FLOPs, HFU with hardware FLOPs), or
+    None when the peak is unknown."""
     peak = peak_flops(device_name)
-    if peak is None or tokens_per_s is None:
+    if peak is None or samples_per_s is None or flops_per_sample is None:
         return None
-    return tokens_per_s * flops_per_token(cfg, n_params) / (peak * world_size)
+    return samples_per_s * flops_per_sample / (peak * world_size)

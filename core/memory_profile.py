@@ -187,8 +187,8 @@ def _peak_and_breakdown(blocks: list[_Block]) -> dict:
                                                                               if b.end != float("inf")})
     if not changes:
         total = sum(b.size for b in blocks)
-        return {"peak_bytes": total, "avg_bytes": float(total),
-                "breakdown": _breakdown(blocks, lambda b: True)}
+        return {"peak_bytes": total, "avg_bytes": float(total), "breakdown": _breakdown(blocks, lambda b: True),
+                "activation_peak_bytes": sum(b.size for b in blocks if _category(b) == "activation")}
     # Live bytes just after each change: +size at a start, -size at an end.
     delta: dict[float, int] = {}
     for b in blocks:
@@ -209,7 +209,18 @@ def _peak_and_breakdown(blocks: list[_Block]) -> dict:
         "peak_bytes": peak_bytes,
         "avg_bytes": weighted / span if span > 0 else float(peak_bytes),
         "breakdown": _breakdown(blocks, lambda b: b.alive(peak_time)),
+        "activation_peak_bytes": _most_alive_at_once([b for b in blocks if _category(b) == "activation"]),
     }
+
+
+def _most_alive_at_once(blocks: list[_Block]) -> int:
+    """The largest total size of `blocks` alive at one time (frees before allocations at a tie)."""
+    events = sorted([(b.start, b.size) for b in blocks] + [(b.end, -b.size) for b in blocks if b.end != float("inf")])
+    live = most = 0
+    for _, size in events:
+        live += size
+        most = max(most, live)
+    return most
 
 
 def _breakdown(blocks, alive) -> dict[str, int]:

@@ -22,6 +22,7 @@ class RunSummary:
     error: str | None = None
     # What ran.
     backend: str | None = None
+    model: str | None = None  # --model: gptlite, hf:<type>, torchvision:<name>, or the user's file or module
     preset: str | None = None
     attention: str | None = None
     world_size: int | None = None
@@ -38,6 +39,9 @@ class RunSummary:
     samples_per_s: float | None = None
     tokens_per_s: float | None = None
     mfu: float | None = None
+    hfu: float | None = None
+    # FLOPs of one sample's forward and backward (core/flops.sample_flops): model, counted, recomputed.
+    flops_per_sample: dict | None = None
     # Memory.
     mem_source: str | None = None
     mem_peak_bytes: int | None = None
@@ -45,6 +49,7 @@ class RunSummary:
     mem_reserved_peak_bytes: int | None = None
     mem_rss_peak_bytes: int | None = None
     mem_breakdown: dict | None = None
+    mem_activation_peak_bytes: int | None = None
     model_state_bytes: dict | None = None
     model_state_estimate: dict | None = None
     # Communication: the collectives of the profiled step (core/comm.py), and the theory beside them.

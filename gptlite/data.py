@@ -28,6 +28,14 @@ class DataError(ValueError):
     """The data file cannot be used. The message says which file and why."""
 
 
+def draw_indices(split: str, seed: int, step: int, n: int, high: int) -> np.ndarray:
+    """The first `n` sample indices in [0, high) of `step`'s global batch: a pure function of its
+    inputs. Raw Philox output (a counter-based stream numpy keeps stable across versions, unlike
+    Generator.integers), keyed by (seed, split) and counted from the step."""
+    bits = np.random.Philox(key=[seed, _SPLIT_IDS[split]], counter=[0, 0, step, 0])
+    return (bits.random_raw(n) % np.uint64(high)).astype(np.int64)
+
+
 @dataclass(frozen=True)
 class CharTokenizer:
     chars: str  # the sorted distinct characters; token id = index
@@ -101,11 +109,12 @@ class CharDataset:
 
     def window_starts(self, split: str, seed: int, step: int, n: int) -> np.ndarray:
         """Start offsets of the first `n` global samples of `step`: a pure function of its inputs."""
-        high = len(self.splits[split]) - self.block_size
-        # Raw Philox output (a counter-based stream numpy keeps stable across versions, unlike
-        # Generator.integers), keyed by (seed, split) and counted from the step.
-        bits = np.random.Philox(key=[seed, _SPLIT_IDS[split]], counter=[0, 0, step, 0])
-        return (bits.random_raw(n) % np.uint64(high)).astype(np.int64)
+        return draw_indices(split, seed, step, n, len(self.splits[split]) - self.block_size)
+
+    def describe(self) -> dict:
+        """The record's description of the data (config.json's `data`)."""
+        return {"source": self.source, "vocab_size": self.vocab_size, "train_tokens": len(self.splits["train"]),
+                "val_tokens": len(self.splits["val"])}
 
     def batch(
         self, split: str, seed: int, step: int, global_index: int, size: int, global_batch: int
@@ -132,7 +141,8 @@ class BatchLayout:
     def micro_start(self, micro_step: int) -> int:
         return (self.rank * self.grad_accum + micro_step) * self.micro_batch
 
-    def micro_batches(self, data: CharDataset, split: str, seed: int, step: int):
-        """This rank's `grad_accum` micro-batches of `step`, in order."""
+    def micro_batches(self, data, split: str, seed: int, step: int):
+        """This rank's `grad_accum` micro-batches of `step`, in order. `data`: anything with CharDataset's
+        `batch` (models/sampling.py's SampledDataset for any map-style dataset)."""
         for m in range(self.grad_accum):
             yield data.batch(split, seed, step, self.micro_start(m), self.micro_batch, self.global_batch)

@@ -66,6 +66,14 @@ class GPTConfig:
         C = self.n_embd
         return self.n_layer * (12 * C * C + 10 * C) + 2 * self.vocab_size * C + self.block_size * C + 2 * C
 
+    @property
+    def flops_per_token(self) -> float:
+        """Model FLOPs per token of one forward and backward (PaLM's accounting, core/flops.py): 6 x the
+        parameters that take part in matmuls (all but the two embedding tables, which are lookups),
+        plus attention's 12 x n_layer x n_embd x T (QK^T and AV, causal masking not subtracted)."""
+        matmul_params = self.n_params - (self.vocab_size + self.block_size) * self.n_embd
+        return 6 * matmul_params + 12 * self.n_layer * self.n_embd * self.block_size
+
     def to_dict(self) -> dict:
         return asdict(self)
 

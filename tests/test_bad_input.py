@@ -72,6 +72,14 @@ CASES = [
     ("missing init_from file", "train", ["--init_from", "/nonexistent/model.pt"], None, "init_from: file not found"),
     ("fsdp config on ddp", "train", ["--backend", "ddp", "--fsdp_config", "fsdp_configs/full_shard.yaml"], None,
      "fsdp_config applies to backends fsdp and fsdp2"),
+    # the model (--model, --model_args)
+    ("unknown transformers model type", "train", ["--model", "hf:nosuchmodel"], None,
+     "model hf:nosuchmodel: not a transformers model type"),
+    ("GPT-lite size flag on another model", "train", ["--model", "hf:llama", "--n_layer", "2"], None,
+     "n_layer applies to --model gptlite"),
+    ("missing model file", "train", ["--model", "nowhere/my_model.py"], None, "model: file not found"),
+    ("model_args without values", "train", ["--model", "hf:gpt2", "--model_args", "n_layer"], None,
+     "model_args: expected key=value pairs"),
     # values checked before anything starts (the trust issue)
     ("infinite learning rate", "train", ["--lr", "inf"], None, "lr must be a finite number"),
     ("NaN gradient clipping", "train", ["--grad_clip", "nan"], None, "grad_clip must be a finite number"),
@@ -192,7 +200,15 @@ def test_bad_input(tmp_path, name, tool, args, file, message):
     assert not list(runs.rglob("summary.json"))  # nothing recorded at all
 
 
-TRAIN_CASES = [c for c in CASES if c[1] == "train" and "--device" not in c[2]]
+# Under torchrun, one case of each way bad input is caught (they share the path from there on: an
+# error raised before any process group, written to torch elastic's error file): argparse, the run
+# configuration, a backend's resolve, a backend config file, a file the run reads, the data, the
+# model, the model's structure. Every case above runs under plain python.
+UNDER_TORCHRUN = ("unknown backend", "negative steps", "fsdp config on ddp", "ds batch mismatch", "fsdp unknown key",
+                  "missing init_from file", "data too short", "unknown transformers model type", "missing model file",
+                  "unknown block class")
+TRAIN_CASES = [c for c in CASES if c[0] in UNDER_TORCHRUN]
+assert len(TRAIN_CASES) == len(UNDER_TORCHRUN)
 
 
 @pytest.mark.distributed

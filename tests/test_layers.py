@@ -1,6 +1,6 @@
 """The packages form layers that point one way, and a run loads only its own backend's library.
 
-gptlite (model, data) <- core (config, records, memory, dist) <- backends <- training (loop, run,
+gptlite (model, data) <- models (any model and its data) <- core (config, records, memory, dist) <- backends <- training (loop, run,
 sweep, CLI) <- analysis. Each package's modules are imported in a fresh interpreter, and the
 project modules that got loaded must all belong to that package or to a layer below it.
 """
@@ -14,7 +14,7 @@ import pytest
 
 from conftest import REPO, TRAIN, base_env
 
-LAYERS = ["gptlite", "core", "backends", "training", "analysis"]
+LAYERS = ["gptlite", "models", "core", "backends", "training", "analysis"]
 
 
 def _loaded_after(code: str) -> set[str]:

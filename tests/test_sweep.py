@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from conftest import REPO, base_env
+from models.spec import parse_model_args
 from training.sweep import expand, load_spec
 
 SWEEP = REPO / "sweep.py"
@@ -64,6 +65,42 @@ def test_compile_dimension(tmp_path):
     assert "--compile" not in runs["ddp-w2-tiny-mb8-fp32-ckpt0"].argv(tmp_path)
     with pytest.raises(Exception, match="matrix.compile values must be among none, inductor"):
         load_spec(_spec(tmp_path, matrix={"backend": ["ddp"], "compile": ["tvm"]}))
+
+
+def test_model_dimension(tmp_path):
+    spec = load_spec(_spec(tmp_path, matrix={
+        "backend": ["ddp"], "preset": ["tiny", "small"],
+        "model": ["gptlite", {"model": "hf:resnet", "args": {"layer_type": "basic", "depths": [2, 2, 2, 2]},
+                              "label": "resnet18"}, "examples/my_model.py"]}))
+    runs = {r.name: r for r in expand(spec)[0]}
+    # The presets size GPT-lite; another model runs once, named by its label.
+    assert sorted(runs) == ["ddp-w2-my_model-mb8-fp32-ckpt0", "ddp-w2-resnet18-mb8-fp32-ckpt0",
+                            "ddp-w2-small-mb8-fp32-ckpt0", "ddp-w2-tiny-mb8-fp32-ckpt0"]
+    argv = runs["ddp-w2-resnet18-mb8-fp32-ckpt0"].argv(tmp_path)
+    assert argv[argv.index("--model") + 1] == "hf:resnet"
+    assert parse_model_args(argv[argv.index("--model_args") + 1]) == {"layer_type": "basic", "depths": [2, 2, 2, 2]}
+    assert "--model" not in runs["ddp-w2-tiny-mb8-fp32-ckpt0"].argv(tmp_path)
+    assert "model_file_sha256" in runs["ddp-w2-my_model-mb8-fp32-ckpt0"].key()  # an edited file is a new run
+    for bad, message in (([{"model": "hf:gpt2", "flavour": 1}], "matrix.model entries must be"),
+                         (["hf:gpt2", "hf:gpt2"], "same label"), (["hf:"], "needs a model type")):
+        with pytest.raises(Exception, match=message):
+            load_spec(_spec(tmp_path, matrix={"backend": ["ddp"], "model": bad}))
+
+
+@pytest.mark.distributed
+def test_a_sweep_compares_models_and_the_report_says_which(tmp_path):
+    path = _spec(tmp_path, steps=3, matrix={
+        "backend": ["single"], "model": ["gptlite", {"model": "examples/my_model.py", "args": {"width": 32},
+                                                     "label": "mlp"}]},
+        train_args={"warmup_steps": 1, "mem_profile_steps": 1, "eval_batches": 1})
+    proc = _sweep(path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = tmp_path / "report"
+    report = subprocess.run([sys.executable, "-m", "analysis.report", str(tmp_path / "runs"), "--out", str(out)],
+                            cwd=REPO, env=base_env(), capture_output=True, text=True, timeout=300)
+    assert report.returncode == 0, report.stderr
+    runs_table = (out / "report.md").read_text().split("## Runs", 1)[1].split("##", 1)[0]
+    assert "| model " in runs_table and "examples/my_model.py" in runs_table and "gptlite" in runs_table
 
 
 @pytest.mark.distributed

@@ -151,7 +151,7 @@ class StepLoop:
             "lr": line["lr"],
             "step_time_s": step_time,
             "samples_per_s": rate,
-            "tokens_per_s": rate * self.s.model_cfg.block_size,
+            "tokens_per_s": rate * self.s.workload.tokens_per_sample if self.s.workload.tokens_per_sample else None,
             "timed": timed,
             "mem_rss_bytes": max(r[2] for r in ranks),
             "mem_allocated_bytes": max(r[3] for r in ranks) if allocated is not None else None,
@@ -168,7 +168,7 @@ class StepLoop:
         if cfg.save_every and (step + 1) % cfg.save_every == 0:
             checkpoint.save(self.backend, cfg.save_dir, step, env.rank, {
                 "backend": cfg.backend, "world_size": env.world_size, "global_batch": self.s.layout.global_batch,
-                "run_name": self.record.dir.name, "model": self.s.model_cfg.to_dict()}, keep=cfg.keep_checkpoints)
+                "run_name": self.record.dir.name, "model": self.s.workload.description}, keep=cfg.keep_checkpoints)
 
     def evaluate(self) -> float:
         """Mean validation loss over --eval_batches global batches (every rank its slice)."""

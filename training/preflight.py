@@ -20,7 +20,6 @@ import torch
 
 from core.records import read_json, read_summary
 from gptlite.errors import ConfigError
-from gptlite.model import GPTConfig, meta_model
 from training import checkpoint
 
 
@@ -39,7 +38,7 @@ def writable_dir(name: str, path: str) -> None:
         raise ConfigError(f"{name}: {path} is not writable (creating a file in {existing} failed: {e.strerror})") from None
 
 
-def init_weights(path: str, model_cfg: GPTConfig) -> dict:
+def init_weights(path: str, workload) -> dict:
     """The export in `path` (python -m training.export), checked against this run's model."""
     try:
         exported = torch.load(path, map_location="cpu", weights_only=True)
@@ -49,7 +48,7 @@ def init_weights(path: str, model_cfg: GPTConfig) -> dict:
     if not isinstance(exported, dict) or not isinstance(exported.get("model"), dict) or "step" not in exported:
         raise ConfigError(f"init_from: {path} is not an export of python -m training.export (it needs 'model' and "
                           "'step'; a plain state dict has neither)")
-    expected = {k: tuple(v.shape) for k, v in meta_model(model_cfg).state_dict().items()}
+    expected = {k: tuple(v.shape) for k, v in workload.meta().state_dict().items()}
     found = {k: tuple(v.shape) for k, v in exported["model"].items() if isinstance(v, torch.Tensor)}
     if found != expected:
         wrong = sorted(set(expected) ^ set(found)) or sorted(k for k in expected if expected[k] != found.get(k))
@@ -68,7 +67,7 @@ class Resume:
         return self.meta["step"] + 1
 
 
-def resume_point(cfg, world_size: int, global_batch: int, model_cfg: GPTConfig, record_dir: Path | None,
+def resume_point(cfg, world_size: int, global_batch: int, workload, record_dir: Path | None,
                  checkpoint_format: str) -> Resume | None:
     """Where `--resume` continues from: a checkpoint it can continue, or None to start afresh
     (only when no record would be lost: none exists, or it is the same run's unfinished attempt
@@ -92,8 +91,10 @@ def resume_point(cfg, world_size: int, global_batch: int, model_cfg: GPTConfig, 
         if meta.get(key) != ours:
             raise ConfigError(f"{where} has {key} {meta.get(key)!r}, this run {ours!r}; start a new run, or move "
                               "between backends with python -m training.export and --init_from")
-    if "model" in meta and meta["model"] != model_cfg.to_dict():
-        raise ConfigError(f"{where} is of another model ({_model_difference(meta['model'], model_cfg.to_dict())})")
+    # Checkpoints from before models had names are GPT-lite's.
+    written = {"name": "gptlite", **meta["model"]} if "model" in meta else None
+    if written is not None and written != workload.description:
+        raise ConfigError(f"{where} is of another model ({_model_difference(written, workload.description)})")
     if checkpoint_format != "torch" and meta.get("world_size") != world_size:
         raise ConfigError(f"{where} was written by {meta.get('world_size')} ranks; a {checkpoint_format} checkpoint "
                           f"resumes on the same number (this run has {world_size})")

@@ -53,9 +53,9 @@ def comm_record(measured: dict | None, theory: dict, host_device: dict | None = 
             "host_device": host_device}
 
 
-def finished_summary(base: RunSummary, result: LoopResult, ranks: list[dict], block_size: int,
-                     model_cfg, n_params: int, world_size: int, budget_gb: float | None,
-                     started: float, comm_theory: dict) -> RunSummary:
+def finished_summary(base: RunSummary, result: LoopResult, ranks: list[dict], workload, world_size: int,
+                     budget_gb: float | None, started: float, comm_theory: dict,
+                     sample_flops: dict | None) -> RunSummary:
     """The summary of a run whose every step ran (raises MemoryBudgetExceeded over the budget)."""
     source = "cuda_allocator" if result.allocator else ("torch_profiler" if "peak_bytes" in result.profiled else None)
     key = "allocator" if result.allocator else "profiled"
@@ -64,7 +64,10 @@ def finished_summary(base: RunSummary, result: LoopResult, ranks: list[dict], bl
         raise MemoryBudgetExceeded(f"peak {peak / 2**30:.3f} GiB > --mem_budget_gb {budget_gb:g}", peak)
     peak_rank = max(ranks, key=lambda r: r[key].get("peak_bytes", 0)) if source else None
     samples_per_s = statistics.median(result.timed_rates) if result.timed_rates else None
-    tokens_per_s = samples_per_s * block_size if samples_per_s else None
+    tokens = workload.tokens_per_sample
+    tokens_per_s = samples_per_s * tokens if samples_per_s and tokens else None
+    model_flops = sample_flops["model"] if sample_flops else None
+    hardware_flops = model_flops + sample_flops["recomputed"] if sample_flops else None
     states = {k: max(r["state"].get(k, 0) for r in ranks) for k in STATE_KEYS}
     states["total"] = states["params"] + states["params_gathered"] + states["grads"] + states["optimizer"]
     return dataclasses.replace(
@@ -74,13 +77,17 @@ def finished_summary(base: RunSummary, result: LoopResult, ranks: list[dict], bl
         timed_steps=len(result.timed_rates),
         samples_per_s=samples_per_s,
         tokens_per_s=tokens_per_s,
-        mfu=flops.mfu(tokens_per_s, model_cfg, n_params, base.device_name, world_size),
+        mfu=flops.utilisation(samples_per_s, model_flops, base.device_name, world_size),
+        hfu=flops.utilisation(samples_per_s, hardware_flops, base.device_name, world_size),
+        flops_per_sample=sample_flops,
         mem_source=source,
         mem_peak_bytes=peak,
         mem_avg_bytes=max(r[key]["avg_bytes"] for r in ranks) if source else None,
         mem_reserved_peak_bytes=max(r["allocator"]["reserved_peak_bytes"] for r in ranks) if result.allocator else None,
         mem_rss_peak_bytes=max(r["rss_peak"] for r in ranks),
         mem_breakdown=peak_rank["profiled"].get("breakdown") if peak_rank and result.profiled else None,
+        mem_activation_peak_bytes=max((r["profiled"].get("activation_peak_bytes", 0) for r in ranks), default=None)
+        if result.profiled else None,
         comm=comm_record(ranks[0]["profiled"].get("collectives"), comm_theory, ranks[0]["profiled"].get("transfers")),
         model_state_bytes=states,
         final_loss=result.final_loss,

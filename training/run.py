@@ -30,11 +30,13 @@ from core.config import RunConfig
 from core.dist import DistEnv, broadcast_object, destroy_process_group, set_cpu_threads, stop_with_launcher
 from core.environment import device_name, environment
 from core.faults import Fault
+from core.flops import sample_flops
 from core.records import RunRecord
 from core.summary import RunSummary
-from gptlite.data import BatchLayout, CharDataset, DataError
+import models
+from gptlite.data import BatchLayout, DataError
 from gptlite.errors import ConfigError
-from gptlite.model import GPTConfig, build_model, meta_model
+from models import Workload
 from training import checkpoint, preflight
 from training.cli import report_bad_input
 from training.loop import StepLoop
@@ -75,9 +77,7 @@ class Setup:
 
     resolved: Resolved
     env: DistEnv
-    data: CharDataset
-    model_cfg: GPTConfig
-    n_params: int
+    workload: Workload  # the model and its data (models/)
     fault: Fault | None = None  # an injected fault (GPTLITE_FAULT), for the fault tests
     init: dict | None = None  # the --init_from export, read and checked once
     resume: preflight.Resume | None = None  # the checkpoint --resume continues
@@ -95,18 +95,26 @@ class Setup:
     def backend_cls(self) -> type[Backend]:
         return self.resolved.backend
 
+    @property
+    def data(self):
+        return self.workload.data
+
+    @property
+    def n_params(self) -> int:
+        return self.workload.n_params
+
     def record(self) -> dict:
         """config.json's description of the run (the part known before training)."""
         return {
             "run": self.cfg.to_dict(),
             "plan": self.resolved.plan_record(),
-            "model": self.model_cfg.to_dict(),
+            "model": self.workload.description,
             "n_params": self.n_params,
             "world_size": self.env.world_size,
             "global_batch": self.layout.global_batch,
-            "tokens_per_step": self.layout.global_batch * self.model_cfg.block_size,
-            "data": {"source": self.data.source, "vocab_size": self.data.vocab_size,
-                     "train_tokens": len(self.data.splits["train"]), "val_tokens": len(self.data.splits["val"])},
+            "tokens_per_step": (self.layout.global_batch * self.workload.tokens_per_sample
+                                if self.workload.tokens_per_sample else None),
+            "data": self.data.describe(),
             "launcher": self.env.launcher,
         }
 
@@ -125,24 +133,22 @@ def resolve(cfg: RunConfig, env: DistEnv | None = None, resolved: Resolved | Non
         raise ConfigError(f"run_name: {Path(cfg.runs_dir) / cfg.run_name} already exists "
                           "(choose another --run_name, pass --overwrite, or --resume it)")
     fault = Fault.from_environment(cfg.backend, env.rank)  # a malformed GPTLITE_FAULT is bad input
-    data = CharDataset.load(cfg.data, cfg.model_config().block_size)
-    model_cfg = cfg.model_config(vocab_size=data.vocab_size)
-    if cfg.block_class is not None:  # checked on the model's structure, before anything runs
-        find_blocks(meta_model(model_cfg), cfg.block_class)
-    setup = Setup(resolved, env, data, model_cfg, model_cfg.n_params, fault)
+    workload = models.load(cfg.model_request())
+    find_blocks(workload.meta(), cfg.block_class)  # checked on the model's structure, before anything runs
+    setup = Setup(resolved, env, workload, fault)
     if cfg.dry_run:
         return setup
     preflight.writable_dir("runs_dir", cfg.runs_dir)
     if cfg.save_dir:
         preflight.writable_dir("save_dir", cfg.save_dir)
     if cfg.init_from:
-        setup.init = preflight.init_weights(cfg.init_from, model_cfg)
+        setup.init = preflight.init_weights(cfg.init_from, workload)
         if setup.init["step"] + 1 >= cfg.steps:
             raise ConfigError(f"init_from: {cfg.init_from} ends at step {setup.init['step']}; with --steps "
                               f"{cfg.steps} there is nothing left to train; ask for more --steps")
     if cfg.resume:
         record_dir = Path(cfg.runs_dir) / cfg.run_name if cfg.run_name else None
-        setup.resume = preflight.resume_point(cfg, env.world_size, setup.layout.global_batch, model_cfg, record_dir,
+        setup.resume = preflight.resume_point(cfg, env.world_size, setup.layout.global_batch, workload, record_dir,
                                               resolved.backend.checkpoint_format)
     if env.is_main and cfg.run_name:
         setup.lock = preflight.RecordLock(cfg.runs_dir, cfg.run_name)  # last: every other check has passed
@@ -228,8 +234,9 @@ class Run:
             destroy_process_group()
 
     def _create_record(self) -> RunRecord:
+        size = self.cfg.preset if self.cfg.model == "gptlite" else models.model_label(self.cfg.model)
         name = self.cfg.run_name or (
-            f"{self.cfg.backend}-{self.cfg.preset}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}")
+            f"{self.cfg.backend}-{size}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}")
         record = RunRecord(Path(self.cfg.runs_dir) / name)
         if self.env.is_main:
             if self.s.resume is not None and record.dir.exists():
@@ -244,7 +251,7 @@ class Run:
         cfg, env = self.cfg, self.env
         # Each rank's own dropout stream, the same in every run of this configuration.
         torch.manual_seed(cfg.seed * 1000 + env.rank)
-        model = build_model(self.s.model_cfg, cfg.seed)
+        model = self.s.workload.build(cfg.seed)
         if self.s.init is not None:
             model.load_state_dict(self.s.init["model"])
             self.start_step = self.s.init["step"] + 1
@@ -266,9 +273,9 @@ class Run:
             torch.cuda.set_per_process_memory_fraction(min(1.0, cfg.mem_budget_gb * 2**30 / total), env.device)
 
         result = StepLoop(self.s, backend, self.record, start).run()
-        summary = finished_summary(self.summary, result, gather_ranks(result), self.s.model_cfg.block_size,
-                                   self.s.model_cfg, self.s.n_params, env.world_size, cfg.mem_budget_gb, started,
-                                   backend.comm_theory(self.s.n_params))
+        summary = finished_summary(self.summary, result, gather_ranks(result), self.s.workload, env.world_size,
+                                   cfg.mem_budget_gb, started, backend.comm_theory(self.s.n_params),
+                                   self._sample_flops())
         if cfg.compile:
             summary = dataclasses.replace(summary, compile=compile_stats())
         if env.is_main:
@@ -279,10 +286,22 @@ class Run:
                 print(f"{self.record.dir.name}: ok | loss {summary.final_loss:.4f} | val {summary.val_loss:.4f} | "
                       f"{rate} | record {self.record.dir}", flush=True)
 
+    def _sample_flops(self) -> dict | None:
+        """FLOPs per sample (core/flops.py), or None, said once, for a model fake tensors cannot run:
+        counting is a measurement beside the run, never a reason for it to fail."""
+        try:
+            return sample_flops(self.s.workload, self.cfg.block_class, self.cfg.ckpt_interval)
+        except Exception as e:  # noqa: BLE001
+            if self.env.is_main:
+                print(f"note: FLOPs not counted ({type(e).__name__}: {e}); mfu and hfu left empty", file=sys.stderr)
+            return None
+
     def _base_summary(self, model_state_estimate: dict | None) -> RunSummary:
         cfg, layout = self.cfg, self.s.layout
         return RunSummary(
-            run_name=self.record.dir.name, backend=cfg.backend, preset=cfg.preset, attention=cfg.attention,
+            run_name=self.record.dir.name, backend=cfg.backend, model=cfg.model,
+            preset=cfg.preset if cfg.model == "gptlite" else None,
+            attention=cfg.attention if cfg.model == "gptlite" else None,
             world_size=self.env.world_size, micro_batch=cfg.micro_batch, grad_accum=cfg.grad_accum,
             global_batch=layout.global_batch, precision=cfg.precision, ckpt_interval=cfg.ckpt_interval,
             n_params=self.s.n_params, steps=cfg.steps, device_name=device_name(self.env.device),

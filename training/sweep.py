@@ -1,7 +1,7 @@
 """Sweeps: a YAML matrix of runs, planned (training/runner.py launches them).
 
 A spec (sweeps/*.yaml) names a matrix over backend configurations, activation checkpointing,
-micro-batch, precision, world size, preset and compilation, plus train.py flags common to every run. Each run
+micro-batch, precision, world size, preset, compilation and model, plus train.py flags common to every run. Each run
 goes through its backend's real launcher (torchrun for torch backends, deepspeed's launcher for
 DeepSpeed, plain python for `single`) on a free port, with a per-run timeout, and leaves its
 record in the sweep's directory. A failed, out-of-memory or timed-out run is recorded with that
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,7 +23,8 @@ from gptlite.model import PRESETS
 from training.launch import REPO, launch_command, launcher_for
 
 # Flags the sweep sets itself for every run; a spec cannot set them in train_args.
-SWEEP_OWNED = {"backend", "fsdp_config", "deepspeed_config", "runs_dir", "run_name", "overwrite", "quiet",
+SWEEP_OWNED = {"backend", "fsdp_config", "deepspeed_config", "runs_dir", "run_name", "overwrite", "quiet", "model",
+               "model_args",
                "dry_run", "local_rank", "preset", "micro_batch", "precision", "ckpt_interval", "ckpt_impl", "steps",
                "ckpt_offload", "offload_activations", "activation_loading_horizon", "compile", "compile_backend"}
 
@@ -48,12 +50,20 @@ class Matrix:
     activation_offload: list[str] = field(default_factory=lambda: ["none"])
     # "none" (eager) or a torch.compile backend (--compile --compile_backend): inductor, aot_eager, eager.
     compile: list[str] = field(default_factory=lambda: ["none"])
+    # The model (--model): "gptlite", "hf:<type>", "torchvision:<name>", a model file; or a mapping
+    # {model: hf:llama, args: {hidden_size: 64, ...} (or "k=v,..."), label: llama_small} with its
+    # --model_args and the name it takes in run names (default: hf_llama). The presets size GPT-lite
+    # (and give hf: text models their context length); other models run with the first preset.
+    model: list = field(default_factory=lambda: ["gptlite"])
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
             _non_empty(f.name, getattr(self, f.name))
         for value in self.activation_offload:
             offload_flags(value)
+        labels = [model_entry(entry).label for entry in self.model]
+        if len(set(labels)) != len(labels):
+            raise ConfigError(f"matrix.model: two entries have the same label ({', '.join(labels)}); give each a label")
         for entry in self.backend:
             backend_of(entry)
         for name, allowed in (("precision", PRECISIONS), ("preset", tuple(PRESETS)),
@@ -66,6 +76,43 @@ class Matrix:
             for value in getattr(self, name):
                 if value < minimum:
                     raise ConfigError(f"matrix.{name} values must be >= {minimum} (got {value})")
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    name: str
+    args: str | None
+    label: str
+
+
+def model_entry(entry) -> ModelEntry:
+    """A matrix.model entry, checked: a --model value, or {model, args, label}."""
+    from models.spec import check_name, model_label, parse_model_args
+
+    if isinstance(entry, str):
+        entry = {"model": entry}
+    if not isinstance(entry, dict) or not isinstance(entry.get("model"), str) or set(entry) - {"model", "args", "label"}:
+        raise ConfigError(f"matrix.model entries must be a --model value or a mapping with model, args and label "
+                          f"(got {entry!r})")
+    check_name(entry["model"])
+    args = entry.get("args")
+    if isinstance(args, dict):
+        args = ",".join(f"{k}={_model_arg_value(v)}" for k, v in args.items())
+    elif args is not None and not isinstance(args, str):
+        raise ConfigError(f"matrix.model: args of {entry['model']} must be a mapping or a k=v,... string")
+    parse_model_args(args)
+    label = entry.get("label") or model_label(entry["model"])
+    if not isinstance(label, str) or not label.replace("_", "").replace(".", "").isalnum():
+        raise ConfigError(f"matrix.model: label must be letters, digits, '_' and '.' (got {label!r})")
+    return ModelEntry(entry["model"], args or None, label)
+
+
+def _model_arg_value(value) -> str:
+    """`value` as --model_args writes it: plain where YAML reads it back as the same string, else JSON."""
+    import yaml
+
+    plain = isinstance(value, str) and value.isidentifier() and yaml.safe_load(value) == value
+    return value if plain else json.dumps(value, separators=(",", ":"))
 
 
 def offload_flags(value: str) -> dict:
@@ -166,14 +213,17 @@ class PlannedRun:
     def key(self) -> dict:
         """Everything about the run that changes its result, so a record is reused only for the same
         run: flags, launcher, world size, environment, and the contents of the files it reads (the
-        backend's config file, --data). The suite's own code is not in it: a sweep reruns nothing
+        backend's config file, --data, a --model file). The suite's own code is not in it: a sweep reruns nothing
         when the code changes; give it another name for that."""
         flags = [f for f in self.argv(Path("."))[4:] if f != "--quiet"]  # without --runs_dir, --run_name
-        data = dict(self.flags).get("data")
+        data, model = dict(self.flags).get("data"), dict(self.flags).get("model")
+        model_file = Path(model) if model and model.endswith(".py") else None
         return {"backend": self.backend, "world_size": self.world_size, "launcher": launcher_for(self.backend),
                 "flags": flags, "env": dict(self.env),
                 "config_file_sha256": _sha256(REPO / self.config_file) if self.config_file else None,
-                "data_sha256": _sha256(Path(data)) if data else None}
+                "data_sha256": _sha256(Path(data)) if data else None,
+                **({"model_file_sha256": _sha256(model_file if model_file.is_absolute() else REPO / model_file)}
+                   if model_file else {})}
 
     def with_flags(self, name: str, **flags) -> "PlannedRun":
         merged = dict(self.flags)
@@ -186,10 +236,13 @@ def expand(spec: SweepSpec) -> tuple[list[PlannedRun], list[str]]:
     m = spec.matrix
     runs: dict[str, PlannedRun] = {}
     skipped: list[str] = []
-    for entry, interval, impl, offload, micro, precision, world, preset, compiled in itertools.product(
+    for entry, interval, impl, offload, micro, precision, world, preset, compiled, model in itertools.product(
             m.backend, m.ckpt_interval, m.ckpt_impl, m.activation_offload, m.micro_batch, m.precision, m.world_size,
-            m.preset, m.compile):
+            m.preset, m.compile, [model_entry(e) for e in m.model]):
         backend, config_file, label = backend_of(entry)
+        gptlite = model.name == "gptlite"
+        if not gptlite and preset != m.preset[0]:
+            continue  # the presets size GPT-lite; another model runs once, with the first
         if backend == "single":
             world = 1  # one process by definition
         if not interval:
@@ -202,9 +255,11 @@ def expand(spec: SweepSpec) -> tuple[list[PlannedRun], list[str]]:
             ckpt += f"-offload_{offload}"
         if compiled != "none":
             ckpt += f"-compile_{compiled}"
-        key = f"{label}-w{world}-{preset}-{precision}-{ckpt}"
-        name = f"{label}-w{world}-{preset}-mb{micro}-{precision}-{ckpt}"
-        flags = {"preset": preset, "micro_batch": micro, "precision": precision, "steps": spec.steps,
+        size = preset if gptlite else model.label
+        key = f"{label}-w{world}-{size}-{precision}-{ckpt}"
+        name = f"{label}-w{world}-{size}-mb{micro}-{precision}-{ckpt}"
+        model_flags = {} if gptlite else {"model": model.name, "model_args": model.args}
+        flags = {**model_flags, "preset": preset, "micro_batch": micro, "precision": precision, "steps": spec.steps,
                  "ckpt_interval": interval, **({"ckpt_impl": impl} if interval else {}), **offload_flags(offload),
                  **({"compile": True, "compile_backend": compiled} if compiled != "none" else {}),
                  **spec.train_args}

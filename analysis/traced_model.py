@@ -1,0 +1,131 @@
+"""What the memory estimator needs to know about any model, traced once without real memory.
+
+GPT-lite's activations have explicit formulas (analysis/memory_model.py); another model's are
+measured by running its forward once on fake tensors (torch's FakeTensorMode: shapes, dtypes and
+storages, no memory, no data) with autograd's saved-tensor hooks: every tensor the forward keeps
+for backward is counted once, by storage, against the block that saved it first (parameters and
+buffers left out). Traced in fp32 at micro-batches 2 and 4 (batch normalisation refuses one sample
+in training); everything the estimator uses is linear in the micro-batch, so other sizes are
+extrapolated from the two.
+
+Per block: `full` (bytes kept for backward), `kept` (its input: what a checkpointed block keeps),
+`largest` (its largest saved tensor). Outside the blocks: `before` (saved before the first block,
+alive through all of backward) and `after` (saved after the last: alive until backward leaves the
+head), `output` (the output's fp32 gradient, the first thing backward makes), and `batch` (the
+input and target tensors). Parameters: the counts the model-state formulas need.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+
+import torch
+
+from analysis.memory_model import Counts
+from core.blocks import find_blocks
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.untyped_storage().nbytes()
+
+
+def trace(workload, micro_batch: int, block_class: str | None = None) -> dict:
+    """One fp32 forward of `workload`'s model on `micro_batch` fake samples: saved bytes by place."""
+    mode, model, x, y = workload.fake(micro_batch)
+    blocks = find_blocks(model, block_class)
+    owned = {p.untyped_storage() for p in (*model.parameters(), *model.buffers())}
+    seen: set = set()
+    keep = []  # the storages stay alive (and their ids unique) until the trace ends
+    out = {"full": [0] * len(blocks), "kept": [0] * len(blocks), "largest": [0] * len(blocks), "before": 0, "after": 0}
+    state = {"block": None, "finished": 0}
+
+    def pre(i, module, args):
+        state["block"] = i
+        first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+        out["kept"][i] = _nbytes(first) if first is not None else 0
+
+    def post(i, module, args, output):
+        state["block"] = None
+        state["finished"] = max(state["finished"], i + 1)
+
+    def pack(t: torch.Tensor):
+        storage = t.untyped_storage()
+        if storage in owned or storage in seen:
+            return t
+        seen.add(storage)
+        keep.append(storage)
+        size, i = storage.nbytes(), state["block"]
+        if i is not None:
+            out["full"][i] += size
+            out["largest"][i] = max(out["largest"][i], size)
+        else:
+            out["before" if state["finished"] < len(blocks) else "after"] += size
+        return t
+
+    handles = [b.register_forward_pre_hook(functools.partial(pre, i)) for i, b in enumerate(blocks)]
+    handles += [b.register_forward_hook(functools.partial(post, i)) for i, b in enumerate(blocks)]
+    try:
+        with torch.random.fork_rng(devices=[]), mode, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            output, loss = model(x, y)
+    finally:
+        for h in handles:
+            h.remove()
+    out["output"] = output.numel() * 4
+    out["batch"] = _nbytes(x) + _nbytes(y)
+    return out
+
+
+@dataclass
+class TracedModel:
+    """A model's parameter counts and its traced activations at micro-batches 2 and 4."""
+
+    name: str
+    counts: Counts
+    at2: dict
+    at4: dict
+
+    @classmethod
+    def of(cls, workload, block_class: str | None = None) -> "TracedModel":
+        model = workload.meta()
+        blocks = find_blocks(model, block_class)
+        sizes = [p.numel() for p in model.parameters()]
+        per_block = [sum(p.numel() for p in b.parameters()) for b in blocks]
+        root = sum(sizes) - sum(per_block)
+        # FSDP's root unit; the part of it after the blocks (the head) is approximated as half.
+        counts = Counts(sum(sizes), per_block, root, root // 2, len(sizes), sizes)
+        return cls(workload.name, counts, trace(workload, 2, block_class), trace(workload, 4, block_class))
+
+    @property
+    def n_blocks(self) -> int:
+        return len(self.counts.per_block)
+
+    def at(self, micro_batch: int) -> dict:
+        """The traced quantities at `micro_batch`, on the line through the traces at 2 and 4."""
+        def line(a, b):
+            if isinstance(a, list):
+                return [line(u, v) for u, v in zip(a, b)]
+            return max(0, int(a + (b - a) * (micro_batch - 2) / 2))
+        return {k: line(self.at2[k], self.at4[k]) for k in self.at2}
+
+
+@functools.lru_cache(maxsize=16)
+def _cached(key: str) -> TracedModel:
+    import models
+    from core.config import RunConfig
+
+    run = json.loads(key)
+    cfg = RunConfig(**run)
+    return TracedModel.of(models.load(cfg.model_request()), cfg.block_class)
+
+
+def traced_for_run(run: dict) -> TracedModel:
+    """The traced model of a config.json's `run` (every train.py flag), traced once per model."""
+    from dataclasses import fields
+
+    from core.config import RunConfig
+
+    names = {f.name for f in fields(RunConfig)}
+    wanted = ("model", "model_args", "data", "preset", "block_size", "dropout", "block_class")
+    return _cached(json.dumps({k: run.get(k) for k in wanted if k in names and k in run}, sort_keys=True))

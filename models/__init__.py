@@ -1,0 +1,29 @@
+"""The model a run trains and the data it trains on: GPT-lite (the default), a Hugging Face
+transformers model built from its config (`hf:<model_type>`), a torchvision model
+(`torchvision:<name>`, where torchvision imports), or the user's own file or module with the
+article's `get_model()` and `get_dataset()`.
+
+Whatever the source, a run gets a `Workload` (models/workload.py): a module whose
+`forward(x, y)` returns `(output, loss)` (GPT-lite's own contract; other models are wrapped in
+`WithLoss`), built the same from the seed on every rank, and a data source whose global batch of
+a step is a pure function of (seed, step). Backends see nothing else of the model.
+"""
+
+from __future__ import annotations
+
+from models.spec import ModelRequest, check_name, model_label, parse_model_args  # noqa: F401
+from models.workload import Workload  # noqa: F401
+
+
+def load(request: ModelRequest) -> Workload:
+    """The workload `request` names. Raises ConfigError/DataError with a one-line reason."""
+    kind = request.kind
+    if kind == "gptlite":
+        from models.gptlite_workload import load as load_kind
+    elif kind == "hf":
+        from models.hf import load as load_kind
+    elif kind == "torchvision":
+        from models.vision import load_torchvision as load_kind
+    else:
+        from models.user import load as load_kind
+    return load_kind(request)

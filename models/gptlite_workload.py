@@ -1,0 +1,22 @@
+"""GPT-lite as a workload: the article's model on character data (--data, or the embedded corpus)."""
+
+from __future__ import annotations
+
+from gptlite.data import CharDataset
+from gptlite.errors import ConfigError
+from gptlite.model import GPTLite, meta_model
+from models.spec import ModelRequest
+from models.workload import Workload
+
+
+def load(request: ModelRequest) -> Workload:
+    if request.args:
+        raise ConfigError("model_args apply to hf:, torchvision: and file models; GPT-lite takes --preset, "
+                          "--n_layer, --n_embd, --n_head, --block_size and --dropout")
+    data = CharDataset.load(request.data, request.gptlite_config(None).block_size)
+    cfg = request.gptlite_config(data.vocab_size)
+    # The record's model section is GPT-lite's config as before, named: old records (without
+    # `name`) read as GPT-lite.
+    return Workload("gptlite", {"name": "gptlite", **cfg.to_dict()}, data, lambda: GPTLite(cfg),
+                    tokens_per_sample=cfg.block_size, flops_formula=cfg.flops_per_token * cfg.block_size,
+                    _meta=meta_model(cfg))

@@ -1,0 +1,122 @@
+"""Hugging Face transformers models built from their config: random weights, no download.
+
+`hf:<model_type>` (a transformers model type: gpt2, llama, mistral, resnet, vit, ...) becomes
+`AutoConfig.for_model(<model_type>, **settings)` and then, by what transformers registers for the
+type, a causal LM trained on the character data (vocabulary and context length from the data and
+--block_size) or an image classifier trained on CIFAR-10-shaped images (models/vision.py).
+--model_args sets config fields (checked against the type's own settings); --dropout sets every
+dropout probability of the config. The loss is computed here, from the logits, exactly as for
+GPT-lite (the targets are already the next tokens, so the model's own shifted loss is not used).
+"""
+
+from __future__ import annotations
+
+from gptlite.data import CharDataset
+from gptlite.errors import ConfigError
+from models.spec import ModelRequest
+from models.workload import Workload, WithLoss
+
+
+def _import():
+    try:
+        import transformers
+    except ImportError:
+        raise ConfigError("model hf:...: transformers is not installed (pip install transformers; `make setup` "
+                          "installs it)") from None
+    transformers.logging.set_verbosity_error()  # no advice about generation or weights loading per rank
+    return transformers
+
+
+def task_of(model_type: str) -> str:
+    """"causal_lm" or "image_classification": what this suite trains a model type for."""
+    from transformers.models.auto import modeling_auto
+
+    if model_type in modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return "causal_lm"
+    if model_type in modeling_auto.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES:
+        return "image_classification"
+    raise ConfigError(f"model hf:{model_type}: transformers has no causal language model or image classifier for "
+                      "this type (e.g. hf:gpt2, hf:llama, hf:mistral, hf:resnet, hf:vit)")
+
+
+def _dropout_fields(config) -> list[str]:
+    return [k for k, v in config.to_dict().items()
+            if isinstance(v, float) and (k.endswith("dropout") or k.endswith("pdrop") or k.endswith("dropout_prob")
+                                         or k.endswith("drop_rate"))]
+
+
+def build_config(request: ModelRequest, task: str, vocab_size: int | None):
+    transformers = _import()
+    model_type = request.name.split(":", 1)[1]
+    default = transformers.AutoConfig.for_model(model_type)
+    known = set(default.to_dict()) | set(getattr(default, "attribute_map", {}))
+    unknown = sorted(set(request.args) - known)
+    if unknown:
+        some = ", ".join(sorted(k for k in default.to_dict() if not k.startswith("_"))[:25])
+        raise ConfigError(f"model_args: hf:{model_type} has no setting {', '.join(unknown)} (its settings include "
+                          f"{some}, ...)")
+    settings = {}
+    if task == "causal_lm":
+        settings.update(vocab_size=vocab_size, max_position_embeddings=request.seq_len)
+        # A character vocabulary has no room for the type's default special tokens (GPT-2's 50256).
+        for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            if getattr(default, name, None) is not None:
+                settings[name] = None
+    else:
+        settings.update(num_labels=10)
+        for name, value in (("image_size", 32), ("num_channels", 3)):
+            if hasattr(default, name):
+                settings[name] = value
+    if request.dropout is not None:
+        settings.update({k: request.dropout for k in _dropout_fields(default)})
+    settings.update(request.args)
+    try:
+        return transformers.AutoConfig.for_model(model_type, **settings)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"model_args: hf:{model_type}: {e}") from None
+
+
+def _causal_lm_logits(net, x):
+    return net(input_ids=x, use_cache=False).logits
+
+
+def _classifier_logits(net, x):
+    return net(pixel_values=x).logits
+
+
+def load(request: ModelRequest) -> Workload:
+    transformers = _import()
+    model_type = request.name.split(":", 1)[1]
+    if model_type not in transformers.models.auto.configuration_auto.CONFIG_MAPPING_NAMES:
+        raise ConfigError(f"model hf:{model_type}: not a transformers model type (e.g. gpt2, llama, mistral, resnet, "
+                          "vit)")
+    task = task_of(model_type)
+    if task == "causal_lm":
+        data = CharDataset.load(request.data, request.seq_len)
+        config = build_config(request, task, data.vocab_size)
+        auto, call, tokens = transformers.AutoModelForCausalLM, _causal_lm_logits, request.seq_len
+    else:
+        from models.vision import image_data
+
+        data = image_data(request.data)
+        config = build_config(request, task, None)
+        auto, call, tokens = transformers.AutoModelForImageClassification, _classifier_logits, None
+
+    def make():
+        return WithLoss(auto.from_config(config), call)
+
+    description = {"name": request.name, "task": task, "args": request.args, "config": config.to_diff_dict()}
+    return Workload(request.name, description, data, make, tokens_per_sample=tokens,
+                    fake_patches=(_one_sequence_per_row,) if task == "causal_lm" else ())
+
+
+def _one_sequence_per_row():
+    """On fake tensors, transformers cannot read the position ids to see that no row packs several
+    sequences, so it builds a full causal mask, and SDPA with a mask takes its math path (which keeps
+    the B x H x T x T weights) where real training passes is_causal. Our batches never pack
+    sequences: say so, as real tensors would."""
+    from unittest import mock
+
+    from transformers import masking_utils
+
+    return mock.patch.object(masking_utils, "find_packed_sequence_indices", lambda position_ids: None)

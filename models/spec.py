@@ -1,0 +1,103 @@
+"""Naming a model: `--model` and `--model_args`, checked without importing any model library."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gptlite.errors import ConfigError
+
+KINDS = ("gptlite", "hf", "torchvision", "file", "module")
+_MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+def kind_of(name: str) -> str:
+    """Which kind of model `name` is: gptlite, hf, torchvision, file (a .py path) or module."""
+    if name == "gptlite":
+        return "gptlite"
+    for prefix in ("hf", "torchvision"):
+        if name.startswith(prefix + ":"):
+            return prefix
+    if name.endswith(".py"):
+        return "file"
+    return "module"
+
+
+def check_name(name: str) -> None:
+    """Refuse a --model value that cannot name a model (one line, ConfigError)."""
+    kind = kind_of(name)
+    if kind in ("hf", "torchvision") and not re.fullmatch(r"[A-Za-z0-9_\-.]+", name.split(":", 1)[1]):
+        raise ConfigError(f"model: {name!r} needs a model type after '{kind}:' (e.g. hf:gpt2, hf:llama, hf:resnet)")
+    if kind == "module" and not _MODULE_NAME.match(name):
+        raise ConfigError(f"model must be gptlite, hf:<model_type>, torchvision:<name>, a .py file or an importable "
+                          f"module name (got {name!r})")
+
+
+def model_label(name: str) -> str:
+    """A short name for run names and tables: gptlite, hf_gpt2, torchvision_resnet18, my_model."""
+    kind = kind_of(name)
+    if kind in ("hf", "torchvision"):
+        return name.replace(":", "_")
+    if kind == "file":
+        return Path(name).stem
+    return name.rsplit(".", 1)[-1] if kind == "module" else name
+
+
+def _split_top_level(text: str) -> list[str]:
+    """`text` split at the commas outside brackets and quotes."""
+    parts, depth, quote, start = [], 0, None, 0
+    for i, ch in enumerate(text):
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "[{(":
+            depth += 1
+        elif ch in "]})":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return [p.strip() for p in parts if p.strip()]
+
+
+def parse_model_args(text: str | None) -> dict:
+    """`--model_args n_layer=4,n_embd=128,depths=[2,2,2,2]` as a dict (values read as YAML)."""
+    if not text:
+        return {}
+    import yaml
+
+    args = {}
+    for part in _split_top_level(text):
+        key, sep, value = part.partition("=")
+        key = key.strip()
+        if not sep or not key.isidentifier():
+            raise ConfigError(f"model_args: expected key=value pairs separated by commas, e.g. n_layer=4,n_embd=128 "
+                              f"(got {part!r})")
+        if key in args:
+            raise ConfigError(f"model_args: {key} given twice")
+        try:
+            args[key] = yaml.safe_load(value) if value.strip() else None
+        except yaml.YAMLError:
+            raise ConfigError(f"model_args: {key}: cannot read the value {value!r}") from None
+    return args
+
+
+@dataclass(frozen=True)
+class ModelRequest:
+    """What train.py's flags say about the model and its data (core/config.py builds it)."""
+
+    name: str = "gptlite"
+    args: dict = field(default_factory=dict)
+    data: str | None = None  # --data: a text file, an image directory (CIFAR-10), or None
+    seq_len: int = 256  # tokens per sample for text models (--block_size, or the preset's)
+    dropout: float | None = None  # --dropout: every dropout probability of an HF config
+    # GPT-lite's config for a vocabulary size (the preset with its overrides): gptlite only.
+    gptlite_config: Callable | None = None
+
+    @property
+    def kind(self) -> str:
+        return kind_of(self.name)

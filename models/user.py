@@ -1,0 +1,80 @@
+"""The user's own model: a Python file (`--model path/to/my_model.py`) or an importable module
+(`--model mypackage.my_model`) with the article's two functions, and optionally a loss:
+
+    get_model(**model_args) -> torch.nn.Module      # called with --model_args, under the run's seed
+    get_dataset() -> Dataset | (train, val)          # map-style: len(ds), ds[i] -> (input, target)
+    loss_fn(output, target) -> scalar tensor         # optional; default: cross-entropy on the logits
+
+One dataset is split 90/10 into training and validation, as the text is. The model's forward
+takes the batched inputs and returns the output that `loss_fn` reads.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import sys
+from pathlib import Path
+
+from gptlite.errors import ConfigError
+from models.sampling import SampledDataset
+from models.spec import ModelRequest
+from models.workload import Workload, WithLoss
+
+
+def import_user_module(name: str):
+    if name.endswith(".py"):
+        path = Path(name)
+        if not path.is_file():
+            raise ConfigError(f"model: file not found: {name}")
+        module_name = f"user_model_{path.stem}"
+        spec = importlib.util.spec_from_file_location(module_name, path.resolve())
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module  # dataclasses and pickling look modules up by name
+        try:
+            spec.loader.exec_module(module)
+        except Exception as e:  # noqa: BLE001 - the user's code: say where it failed, in one line
+            raise ConfigError(f"model: importing {name} failed: {type(e).__name__}: {e}") from None
+        return module
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        if e.name and name.startswith(e.name):
+            raise ConfigError(f"model must be gptlite, hf:<model_type>, torchvision:<name>, a .py file or an "
+                              f"importable module (no module named {name!r})") from None
+        raise ConfigError(f"model: importing {name} failed: {type(e).__name__}: {e}") from None
+    except Exception as e:  # noqa: BLE001
+        raise ConfigError(f"model: importing {name} failed: {type(e).__name__}: {e}") from None
+
+
+def load(request: ModelRequest) -> Workload:
+    module = import_user_module(request.name)
+    for function in ("get_model", "get_dataset"):
+        if not callable(getattr(module, function, None)):
+            raise ConfigError(f"model: {request.name} defines no {function}() (a model file needs get_model() and "
+                              "get_dataset(); see README, 'Your own model')")
+    if request.dropout is not None:
+        raise ConfigError("dropout applies to gptlite and hf: models; give your model's its own argument in "
+                          "--model_args")
+    if request.data is not None:
+        raise ConfigError(f"data: {request.name}'s get_dataset() provides the data; --data applies to gptlite, "
+                          "hf: and torchvision: models")
+    try:
+        inspect.signature(module.get_model).bind(**request.args)
+    except TypeError as e:
+        raise ConfigError(f"model_args: {request.name}'s get_model() does not take them ({e})") from None
+    try:
+        dataset = module.get_dataset()
+    except Exception as e:  # noqa: BLE001
+        raise ConfigError(f"model: {request.name}: get_dataset() failed: {type(e).__name__}: {e}") from None
+    train, val = dataset if isinstance(dataset, tuple) and len(dataset) == 2 else (dataset, None)
+    data = SampledDataset(train, val, f"{request.name}: get_dataset()")
+    loss = getattr(module, "loss_fn", None)
+    args = dict(request.args)
+
+    def make():
+        return WithLoss(module.get_model(**args), loss=loss)
+
+    return Workload(request.name, {"name": request.name, "args": args,
+                                   "loss": "loss_fn" if loss is not None else "cross_entropy"}, data, make)

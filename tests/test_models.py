@@ -1,0 +1,184 @@
+"""Any model: naming it, building it, its data and its FLOPs, in-process (no launcher)."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import torch
+
+import models
+from core.config import RunConfig
+from core.flops import sample_flops
+from gptlite.data import BatchLayout, DataError
+from gptlite.errors import ConfigError
+from models.sampling import SampledDataset
+from models.spec import kind_of, model_label, parse_model_args
+
+EXAMPLE = "examples/my_model.py"
+GPT2_ARGS = "n_layer=2,n_embd=64,n_head=4"
+
+
+def workload(**flags) -> models.Workload:
+    return models.load(RunConfig(**flags).model_request())
+
+
+def test_model_args_are_key_value_pairs_read_as_yaml():
+    assert parse_model_args("n_layer=4,depths=[2,2,2,2],layer_type=basic,ratio=0.5,flag=true") == {
+        "n_layer": 4, "depths": [2, 2, 2, 2], "layer_type": "basic", "ratio": 0.5, "flag": True}
+    assert parse_model_args(None) == {} and parse_model_args("") == {}
+    for bad in ("n_layer", "=4", "a=1,a=2", "x=[1,2"):
+        with pytest.raises(ConfigError, match="model_args"):
+            parse_model_args(bad)
+
+
+def test_model_names_say_their_kind():
+    assert [kind_of(n) for n in ("gptlite", "hf:gpt2", "torchvision:resnet18", "my/model.py", "pkg.mod")] == [
+        "gptlite", "hf", "torchvision", "file", "module"]
+    assert [model_label(n) for n in ("hf:llama", "examples/my_model.py", "pkg.mod")] == ["hf_llama", "my_model", "mod"]
+    for bad in ("hf:", "not a name", "hf:gpt 2"):
+        with pytest.raises(ConfigError, match="model"):
+            RunConfig(model=bad)
+
+
+def test_gptlite_size_flags_are_refused_for_other_models():
+    with pytest.raises(ConfigError, match="n_layer applies to --model gptlite"):
+        RunConfig(model="hf:gpt2", n_layer=2)
+    with pytest.raises(ConfigError, match="model_args apply to"):
+        workload(model_args="n_layer=2")  # GPT-lite is sized by its flags
+
+
+def test_hf_causal_lm_takes_its_vocabulary_and_context_from_the_data():
+    w = workload(model="hf:gpt2", model_args=GPT2_ARGS, block_size=32, dropout=0.0)
+    net = w.meta().net
+    assert type(net).__name__ == "GPT2LMHeadModel"
+    assert net.config.vocab_size == w.data.vocab_size and net.config.n_positions == 32 == w.tokens_per_sample
+    assert all(getattr(net.config, k) == 0.0 for k in ("resid_pdrop", "embd_pdrop", "attn_pdrop"))
+    assert w.description["task"] == "causal_lm" and w.description["args"] == parse_model_args(GPT2_ARGS)
+
+
+def test_hf_settings_are_checked_against_the_model_type():
+    with pytest.raises(ConfigError, match="hf:gpt2 has no setting n_layers"):
+        workload(model="hf:gpt2", model_args="n_layers=2")
+    with pytest.raises(ConfigError, match="not a transformers model type"):
+        workload(model="hf:nosuchmodel")
+
+
+def test_hf_resnet18_is_the_articles_resnet18_on_cifar_shaped_images():
+    w = workload(model="hf:resnet", model_args="layer_type=basic,depths=[2,2,2,2],hidden_sizes=[64,128,256,512]")
+    assert w.n_params == 11_181_642  # torchvision's resnet18(num_classes=10) has the same count
+    x, y = w.example(3)
+    assert x.shape == (3, 3, 32, 32) and y.tolist() == [int(v) for v in y] and w.tokens_per_sample is None
+    assert w.data.describe()["train_samples"] == 50_000
+
+
+def test_a_built_model_depends_on_the_seed_alone():
+    w = workload(model="hf:llama", model_args="num_hidden_layers=1,hidden_size=32,num_attention_heads=2,"
+                                               "intermediate_size=64")
+    torch.manual_seed(123)
+    a = w.build(7).state_dict()
+    torch.manual_seed(456)
+    b, c = w.build(7).state_dict(), w.build(8).state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not all(torch.equal(a[k], c[k]) for k in a)
+
+
+class Numbers(torch.utils.data.Dataset):
+    def __len__(self):
+        return 100
+
+    def __getitem__(self, i):
+        return torch.tensor([float(i)]), i
+
+
+def test_any_dataset_gives_every_world_size_the_same_global_batch():
+    data = SampledDataset(Numbers())
+    assert len(data.splits["train"]) == 90 and len(data.splits["val"]) == 10
+
+    def global_batch(world, accum, micro):
+        xs = [x for r in range(world)
+              for x, _ in BatchLayout(micro, accum, world, r).micro_batches(data, "train", 5, 3)]
+        return torch.cat(xs).flatten().tolist()
+
+    one = global_batch(1, 1, 8)
+    assert one == global_batch(2, 1, 4) == global_batch(2, 2, 2) == global_batch(4, 2, 1)
+    assert max(one) < 90 and one != global_batch(1, 1, 8)[::-1]
+    assert one != SampledDataset(Numbers()).batch("train", 6, 3, 0, 8, 8)[0].flatten().tolist()  # another seed
+
+
+def write_model_file(tmp_path, body: str) -> str:
+    path = tmp_path / "m.py"
+    path.write_text(textwrap.dedent(body))
+    return str(path)
+
+
+def test_a_model_file_is_checked_before_anything_runs(tmp_path):
+    cases = [
+        ("def get_model(): pass\n", "defines no get_dataset()"),
+        ("raise RuntimeError('boom')\n", "importing .* failed: RuntimeError: boom"),
+        ("def get_model(width=1): pass\ndef get_dataset(): return [1, 2]\n", "model_args: .*does not take them"),
+    ]
+    for body, message in cases:
+        with pytest.raises(ConfigError, match=message):
+            workload(model=write_model_file(tmp_path, body), model_args="depth=2")
+    with pytest.raises(ConfigError, match="file not found"):
+        workload(model=str(tmp_path / "missing.py"))
+    with pytest.raises(DataError, match="too few to split"):
+        workload(model=write_model_file(tmp_path, "def get_model(): pass\ndef get_dataset(): return [(1, 1)]\n"))
+
+
+def test_the_example_file_trains_with_its_own_loss():
+    w = workload(model=EXAMPLE, model_args="width=32,depth=3")
+    model = w.build(0)
+    x, y = w.example(4)
+    out, loss = model(x, y)
+    assert out.shape == (4, 10) and torch.allclose(loss, torch.nn.functional.cross_entropy(out, y))
+    assert w.description == {"name": EXAMPLE, "args": {"width": 32, "depth": 3}, "loss": "loss_fn"}
+
+
+def test_counted_flops_of_a_stack_of_linears_are_six_per_weight_and_the_recompute_two():
+    """Each Linear weight costs 2 FLOPs per sample forward and 4 backward; checkpointing every block
+    runs the blocks' forward again."""
+    w = workload(model=EXAMPLE, model_args="width=32,depth=3")
+    net = w.meta().net
+    linear = sum(m.weight.numel() for m in net.modules() if isinstance(m, torch.nn.Linear))
+    in_blocks = sum(m.weight.numel() for b in net.blocks for m in b.modules() if isinstance(m, torch.nn.Linear))
+    # The first Linear's input needs no gradient: autograd skips that one product (2 FLOPs per weight).
+    first = net.embed.weight.numel()
+    flops = sample_flops(w, None, 1)
+    assert flops["source"] == "counted" and flops["model"] == 6 * linear - 2 * first
+    assert flops["recomputed"] == 2 * in_blocks
+    assert sample_flops(w, None, 0)["recomputed"] == 0
+
+
+def test_gptlite_keeps_its_formula_beside_the_count():
+    w = workload(preset="tiny")
+    flops = sample_flops(w, None, 2)
+    assert flops["source"] == "formula" and flops["model"] == w.flops_formula
+    assert abs(flops["counted"] / flops["model"] - 1) < 0.02  # the LayerNorm and bias terms (test_model.py)
+    assert 0 < flops["recomputed"] < flops["counted"] / 3
+
+
+def test_torchvision_is_refused_with_the_reason_where_it_does_not_import():
+    try:
+        import torchvision  # noqa: F401
+    except Exception:  # noqa: BLE001 - absent, or built against another torch
+        with pytest.raises(ConfigError, match="torchvision does not import here"):
+            workload(model="torchvision:resnet18")
+        return
+    assert workload(model="torchvision:resnet18").n_params == 11_181_642
+
+
+def test_the_readme_model_file_is_complete(tmp_path):
+    """The README's "Your own model" file, as printed, builds, samples and computes a loss."""
+    from conftest import REPO
+
+    text = (REPO / "README.md").read_text().split("## Your own model\n", 1)[1]
+    code = text.split("```python\n", 1)[1].split("```", 1)[0]
+    path = tmp_path / "readme_model.py"
+    path.write_text(code)
+    w = workload(model=str(path), model_args="width=16,depth=2")
+    x, y = w.example(4)
+    out, loss = w.build(0)(x, y)
+    assert out.shape == (4, 2) and loss.ndim == 0 and len(w.meta().net) == 4
+    assert w.data.describe()["train_samples"] == 9_000
