@@ -11,7 +11,7 @@ runs are checked against, tests/test_comm.py; or, with --counted, the backend's 
 W, counted by running it as rank 0 of W under torch's fake process group, training/fake_world.py),
 and a step time:
 
-    compute   = FLOPs per sample (core/flops.py) x samples per rank / (peak x MFU)
+    compute   = FLOPs per sample (GPTConfig.flops_per_token x block_size) x samples per rank / (peak x MFU)
     comm      = per kind: alpha x ring steps x calls + bus bytes / bandwidth of the slowest link
                 (NVLink when the kind's group fits in a node, else the network's share per GPU)
     offload   = host<->device bytes / PCIe bandwidth + the CPU optimizer's time (ZeRO-Offload, FSDP
@@ -88,7 +88,6 @@ def project(entry: str, preset: str, world: int, micro_batch: int, gpu: dict, ne
     import backends
     from analysis.estimate import estimate_from_record
     from analysis.runs import config_label
-    from core import flops
     from core.dist import DistEnv
     from training.cli import config_from_argv
 
@@ -102,7 +101,7 @@ def project(entry: str, preset: str, world: int, micro_batch: int, gpu: dict, ne
                                    "model": model.to_dict(), "world_size": world,
                                    "environment": {"device": "cuda:0"}})
     samples = micro_batch  # per rank per step
-    compute_s = flops.flops_per_token(model, n_params) * model.block_size * samples / (
+    compute_s = model.flops_per_token * model.block_size * samples / (
         gpu["bf16_tflops"] * 1e12 * a.mfu)
     groups = {kind: term["group_size"] for kind, term in theory["by_kind"].items()}
     if counted is not None:

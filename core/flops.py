@@ -23,11 +23,6 @@ PEAK_BF16_FLOPS = {
 }
 
 
-def flops_per_token(cfg: GPTConfig, n_params: int | None = None) -> float:
-    """GPT-lite's model FLOPs per token by formula (GPTConfig.flops_per_token)."""
-    return cfg.flops_per_token
-
-
 def counted_flops(model, *inputs, modules: dict | None = None) -> int | tuple[int, dict]:
     """FLOPs of one forward and backward of `model` on `inputs` as torch.utils.flop_counter counts
     them: every matmul, convolution and attention kernel (elementwise work is not counted, as in

@@ -89,14 +89,14 @@ def test_bad_model_config_names_the_field(kwargs, field):
 @pytest.mark.parametrize("attention", ["naive", "sdpa"])
 def test_counted_flops_agree_with_the_formula(name, attention):
     """torch's FlopCounterMode over one forward and backward (on the meta device) against PaLM's
-    formula in core/flops.py. They count the same matmuls; the formula also charges 6 FLOPs per
+    formula (GPTConfig.flops_per_token). They count the same matmuls; the formula also charges 6 FLOPs per
     LayerNorm and bias parameter (elementwise work the counter leaves out): measured 1.1% on tiny,
     0.36% on small, 0.08% on paper, the same with naive and SDPA attention."""
-    from core.flops import counted_flops_per_token, flops_per_token
-    from gptlite.model import count_parameters, meta_model
+    from core.flops import counted_flops_per_token
+    from gptlite.model import meta_model
 
     cfg = preset(name, attention=attention)
-    formula = flops_per_token(cfg, count_parameters(meta_model(cfg)))
+    formula = cfg.flops_per_token
     counted = counted_flops_per_token(cfg)
     assert counted == pytest.approx(formula, rel=0.02), (counted, formula)
     extra = sum(p.numel() for n, p in meta_model(cfg).named_parameters() if p.dim() == 1)  # LayerNorm, biases

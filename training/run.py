@@ -275,7 +275,7 @@ class Run:
         result = StepLoop(self.s, backend, self.record, start).run()
         summary = finished_summary(self.summary, result, gather_ranks(result), self.s.workload, env.world_size,
                                    cfg.mem_budget_gb, started, backend.comm_theory(self.s.n_params),
-                                   self._sample_flops())
+                                   self._sample_flops() if env.is_main else None)  # rank 0 writes the summary
         if cfg.compile:
             summary = dataclasses.replace(summary, compile=compile_stats())
         if env.is_main:
