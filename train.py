@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Train GPT-lite under one backend and leave a record in runs/.
+"""Train GPT-lite (or any model: --model) under one backend and leave a record in runs/.
 
     python train.py                                   # single process, embedded corpus
     torchrun --nproc_per_node 2 train.py --backend ddp
@@ -12,7 +12,7 @@ from training.cli import build_parser, parse_args
 from training.run import exit_process, main
 
 DESCRIPTION = (
-    "Train the GPT-lite model under one distributed-training backend, with the same data, "
+    "Train the GPT-lite model (or your own: --model) under one distributed-training backend, with the same data, "
     "optimizer and global batch as every other backend, and write a run record "
     "(config.json, metrics.jsonl, summary.json) under --runs_dir/--run_name."
 )

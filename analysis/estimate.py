@@ -7,9 +7,22 @@
         --config ds_configs/z3.json --micro_batch 4
 
 DeepSpeed's estimators cover model states only; the peak of a training step is usually set by
-activations. This estimator adds them, from the tensors GPT-lite's forward keeps for backward
-(counted op by op and checked against autograd's saved tensors), and walks backward block by block
-for the peak, where activations are freed while gradients and temporaries appear.
+activations, and otherwise by the buffers a backend reduces gradients through. This estimator adds
+both: the tensors the forward keeps for backward (GPT-lite's by formula, counted op by op and
+checked against autograd's saved tensors; any other model's traced once, analysis/traced_model.py),
+and the live bytes at each moment of the step that can set its peak, the largest of which is the
+estimate (`peak_moment` names it):
+- the start of backward (every activation kept, the head's, the output's gradient);
+- the backward of each block (its activations, recomputed if checkpointed, and their gradients;
+  FULL_SHARD's unit gathered again with the next one prefetched);
+- the end of each FSDP unit's backward (its gradients on their way into the reduce-scatter);
+- ZeRO-3's end of forward (every parameter gathered, the last gathers in flight);
+- the gradient reduction after backward (ZeRO-0's flattened all-reduce buffer; ZeRO-1/2's two
+  buckets, the flattened bucket and the fp32 gradient partition);
+- the optimizer step (every state, the gradients, the update's temporaries), and ZeRO-1/2's
+  all-gather of the updated parameters after it.
+On CPU the collectives run on gloo, which copies through buffers of its own: an all-gather's flat
+output, a reduce-scatter's input (ProcessGroupGloo); those copies are counted there.
 
 Model states (per rank, fp32 master weights everywhere; c = bytes of the compute dtype):
 - replicated (single, ddp, FSDP NO_SHARD, ZeRO-0): params 4P, grads 4P, Adam state 8P;
@@ -33,9 +46,16 @@ and q, k, v each save their own 16-bit cast. On CUDA the activations of the head
 lm_head, log-softmax) count at the start of backward, and one block's backward with fused
 attention holds about 10 B T C elements of gradients at once. Offloaded states are on the host.
 
-Accuracy: within 5% for model states and 15% for the peak against every fp32 configuration of
-sweeps/cpu_quick.yaml measured on CPU; within 10% of the allocator's peak for every bf16 run on the
-H100 in runs/reference/ (tests/test_estimate.py checks both).
+Accuracy (tests/test_estimate.py, tests/test_model_parity.py): model states within 5% and the peak
+within 10% of every fp32 configuration of sweeps/cpu_quick.yaml measured on CPU (GPT-lite), and of
+the four models of sweeps/models_estimate.yaml (HF GPT-2, HF Llama, HF ResNet-18, a user file)
+under the same 15 configurations; within 10% of the allocator's peak for every bf16 run on the
+H100 in runs/reference/. The exception is FSDP2 on CPU, whose reduce-scatters run asynchronously
+on gloo's thread: how long one stays in flight, holding its input and gloo's copy of it while
+backward goes on, varies from run to run, and with it the measured peak of identical runs:
+ResNet-18 129, 147 or 165 MiB (18 MiB, one unit, apart; 24 runs: 14, 8, 2), the example MLP 1.44 to
+1.76 MiB (21 runs). The estimate counts what the program's order fixes (133 and 1.42 MiB): within
+10% of 22 of the 24 ResNet-18 runs and 12 of the 21 MLP runs.
 """
 
 from __future__ import annotations
@@ -63,6 +83,7 @@ class Estimate:
     total_bytes: int  # the peak of a training step per rank
     host_bytes: int = 0  # of the model states, the part offloaded to host memory
     terms: dict = field(default_factory=dict)  # the named pieces of the peak
+    peak_moment: str = ""  # when in the step the peak falls: "backward of block 3", "optimizer step", ...
     assumptions: list[str] = field(default_factory=list)
 
     @property
@@ -141,7 +162,8 @@ def estimate(cfg, backend: str, world: int = 1, micro_batch: int = 1, precision:
         params, gathered, grads, optimizer = F32 * P // W, c * P, F32 * P // W, 8 * P // W
     elif lay.kind == "zero12":
         params, gathered, grads, optimizer = c * P, 0, c * P // W, 12 * P // W
-    else:  # zero3
+    persistent = 0  # ZeRO-3: the small parameters every rank keeps whole
+    if lay.kind == "zero3":
         threshold = float(lay.ds.get("stage3_param_persistence_threshold", DS_PERSISTENCE))
         persistent = sum(s for s in n.small if s < threshold)
         params = c * ((P - persistent) // W + persistent)
@@ -177,6 +199,14 @@ def estimate(cfg, backend: str, world: int = 1, micro_batch: int = 1, precision:
                                   or (lay.ds.get("offload_param") or {}).get("device", "none") != "none")
     grads_host = offloading and lay.kind == "zero3"
     host = (optimizer if offloading else 0) + (params if params_host else 0) + (grads if grads_host else 0)
+    # CPU runs communicate through gloo, whose all-gather fills a flat buffer of its output's size
+    # and copies out of it, and whose reduce-scatter copies its input first (ProcessGroupGloo).
+    gloo = on_cpu
+    largest = max(n.small, default=0)  # the largest parameter tensor
+    units = n.per_block
+    bucket = int(float(lay.ds.get("reduce_bucket_size", DS_REDUCE_BUCKET)))
+
+    # What lives through the whole step.
     resident = (0 if params_host else params) + (0 if offloading else optimizer)
     if lay.kind in ("shard_grad_op", "zero3") or lay.fsdp1_root_gathered:
         resident += gathered
@@ -185,63 +215,106 @@ def estimate(cfg, backend: str, world: int = 1, micro_batch: int = 1, precision:
     if lay.kind == "zero3":
         resident += 0 if grads_host else grads
         # The gradient bucket is allocated whole when contiguous_gradients is on, however small the model.
-        bucket = int(float(lay.ds.get("reduce_bucket_size", DS_REDUCE_BUCKET)))
         resident += c * (bucket if lay.ds.get("contiguous_gradients", True) else min(P, bucket))
-        resident += c * min(P, int(float(lay.ds.get("stage3_prefetch_bucket_size", DS_PREFETCH_BUCKET))))
-    if lay.kind == "zero12" and lay.offload and on_cpu:
-        resident += F32 * P // W  # ZeRO-Offload's fp32 gradient partition for the CPU optimizer (host memory)
-    if lay.kind == "zero12":
-        # ZeRO-1/2 reduce gradients through two buckets of reduce_bucket_size elements.
-        transient += 2 * F32 * int(float(lay.ds.get("reduce_bucket_size", DS_REDUCE_BUCKET)))
-    if lay.kind in ("full_shard",):
-        # In a unit's backward: its parameters gathered again and the next unit's prefetched, and its
-        # whole gradients (FSDP2 copies them into the reduce-scatter's input as well). The largest
-        # unit bounds it: it sets the peak of models whose blocks are large beside their activations
-        # (ResNet's last stage).
-        unit = max(n.per_block, default=0)
-        transient += 2 * c * unit + (2 if backend == "fsdp2" else 1) * c * unit
-    grad_bytes = F32 if lay.kind != "zero12" else c
-    # FSDP's CPU offload copies each gradient shard to host memory asynchronously and waits for
-    # the copies at the end of backward: until then the fp32 shards stay on the device as well.
-    # Backward starts in the head: every block's activations and the head's are alive.
+    if lay.kind == "zero12" and lay.offload:
+        if on_cpu:
+            # On a CPU-only machine the host is the device: ZeRO-Offload's fp32 gradient partition,
+            # which the CPU optimizer steps with, and its 16-bit copy of the updated partition.
+            # (Its two largest-parameter gradient buffers are allocated too, but no op touches them
+            # without gradient accumulation, so the CPU measurement cannot see them.)
+            resident += F32 * P // W + c * P // W
+        else:
+            resident += c * largest  # the device's buffer for one parameter's gradient on its way out
     resident += a.before  # what the forward kept before the first block lives through backward
-    peak, where = resident + sum(per_block) + head + a.logits_grad, blocks
+    if lay.kind == "zero12":
+        transient += 2 * c * bucket  # ZeRO-1/2's two gradient buckets, from the first gradient of backward on
+
+    # The moments of a step whose live bytes can set its peak: (bytes, moment, activations then).
+    moments = []
+    # Backward starts in the head: every block's activations and the head's are alive.
+    moments.append((resident + sum(per_block) + head + a.logits_grad, "start of backward", sum(per_block) + head))
+    if lay.kind == "zero3" and gloo:
+        # The end of forward: everything gathered, and the last gathers still in flight through
+        # gloo's buffers: the prefetch (up to stage3_prefetch_bucket_size elements: the whole model
+        # of a small one) or at least the module fetched and the next one (a parameter can exceed
+        # the bucket).
+        prefetch = int(float(lay.ds.get("stage3_prefetch_bucket_size", DS_PREFETCH_BUCKET)))
+        in_flight = c * max(min(P - persistent, prefetch), 2 * largest)
+        moments.append((resident + sum(per_block) + in_flight, "end of forward", sum(per_block)))
+    fsdp_unit = lay.kind in ("full_shard", "shard_grad_op") and backend in ("fsdp", "fsdp2")
+    # Where gradients are not held in buckets or partitions allocated up front, they grow as
+    # backward goes: the head's first, then block by block (sharded under FSDP).
+    growing_grads = not (lay.ddp_bucket or lay.kind in ("zero12", "zero3"))
+
+    def grads_so_far(i: int, part: int) -> int:
+        """The gradients made when backward is in block i: the head's, the blocks above, `part` of i's."""
+        return F32 * (n.head + sum(units[i + 1:]) + part) // W if growing_grads else 0
+
     for i in reversed(range(blocks)):
-        grads_so_far = 0 if (lay.ddp_bucket or lay.kind in ("zero12", "zero3")) else grad_bytes * (
-            n.head + sum(n.per_block[i + 1:]) + n.per_block[i] // 3) // W
-        # Blocks below i still hold what they kept; block i holds all its activations (kept, or
-        # recomputed if it is checkpointed) while its backward runs.
-        total = resident + grads_so_far + sum(per_block[:i]) + a.full[i] + transient
-        if total > peak:
-            peak, where = total, i
+        # FULL_SHARD gathers the unit again for its backward and prefetches the next one's.
+        regathered = c * (units[i] + (units[i - 1] if i else 0)) if lay.kind == "full_shard" else 0
+        # Block i holds all its activations (kept, or recomputed if it is checkpointed) while its
+        # backward runs; the blocks below still hold what they kept.
+        below = sum(per_block[:i])
+        moments.append((resident + grads_so_far(i, units[i] // 3) + below + a.full[i] + transient + regathered,
+                        f"backward of block {i}", below + (0 if checkpointed[i] else a.full[i])))
+        if fsdp_unit:
+            # The end of the unit's backward, its activations gone: two unit-sized buffers of its
+            # gradients at a time. FSDP1: op by op, then flattened (FlatParameter), then the flat
+            # gradient and gloo's copy of it for the reduce-scatter, beside the unit's new gradient
+            # shard. FSDP2: the gradients and the reduce-scatter's input they are copied into, before
+            # it allocates the shard. A unit that stays gathered is freed here. (FSDP2 issues the
+            # reduce-scatter asynchronously; on gloo, one still in flight keeps its input and gloo's
+            # copy while backward goes on, for a time that varies from run to run: measured peaks
+            # of identical runs lie up to about 25% above this moment. Not counted: it is not ordered.)
+            shards = grads_so_far(i, units[i] if backend == "fsdp" else 0)
+            freed = c * units[i] if lay.kind == "shard_grad_op" else 0
+            moments.append((resident + shards + below + regathered + 2 * c * units[i] - freed,
+                            f"gradient reduction of block {i}", below))
+            if backend == "fsdp2" and gloo:
+                # Its forward, on gloo: the unit's all-gather output and gloo's flat buffer of the
+                # same size, the previous unit's output not yet freed; a unit that stays gathered
+                # is counted in `resident` once copied out, so not yet here.
+                gathering = c * (2 * units[i] + (units[i - 1] if i else 0))
+                not_yet = c * sum(units[i:]) if lay.kind == "shard_grad_op" else 0
+                moments.append((resident - not_yet + below + gathering, f"forward of block {i}", below))
+        elif lay.kind == "zero12":
+            # ZeRO-1/2 reduce each gradient as backward makes it, into this rank's gradient
+            # partition (allocated at the first; ZeRO-Offload's is the fp32 one counted above): a
+            # block's gradients, and their copies on the way (into a bucket, or gloo's for a
+            # gradient larger than one), beside the two buckets.
+            partition = 0 if lay.offload else c * P // W
+            moments.append((resident + partition + 2 * c * bucket + below + 2 * c * units[i],
+                            f"gradient reduction of block {i}", below))
+    # After backward, the gradients reduced: ZeRO-0 all-reduces them flattened into one buffer;
+    # ZeRO-1/2 through two buckets, flattening each for the all-reduce, then copies this rank's
+    # partition out in fp32 (kept on the host under ZeRO-Offload: counted above).
+    if backend == "deepspeed" and lay.kind == "replicated":
+        moments.append((resident + grads + c * P, "gradient reduction", 0))
+    elif lay.kind == "zero12":
+        moments.append((resident + 2 * c * bucket + c * min(P, bucket) + (0 if lay.offload else F32 * P // W),
+                        "gradient reduction", 0))
     # The optimizer step: every resident state with the gradients complete, and the update's
     # temporaries (torch's single-tensor AdamW: about two of the largest tensor's shard). It sets the
     # peak of models whose activations are small beside their states.
     separate_grads = not (lay.ddp_bucket or lay.kind == "zero3" or grads_host) or lay.grads_beside_buckets
-    step = resident + (grads if separate_grads else 0) + \
-        2 * F32 * max(n.small, default=0) // (1 if lay.kind == "replicated" else W)
-    if backend == "deepspeed" and lay.kind == "replicated":
-        step += c * P  # ZeRO-0 all-reduces the gradients flattened into one buffer after backward
-    elif lay.kind == "zero12" and not lay.offload:
+    step = resident + (grads if separate_grads else 0) + 2 * F32 * largest // (1 if lay.kind == "replicated" else W)
+    if lay.kind == "zero12" and not lay.offload:
         step += F32 * P // W  # ZeRO-1/2's step flattens this rank's gradient partition (fp32) first
-    if step > peak:
-        peak, where = step, -1
+    moments.append((step, "optimizer step", 0))
+    if lay.kind == "zero12" and gloo:
+        # ZeRO-1/2 all-gather the updated partitions into the parameters, through gloo's buffer.
+        moments.append((resident + c * P, "parameter all-gather", 0))
+    peak, moment, activation_at_peak = max(moments, key=lambda m: m[0])
     batch = a.batch
-    if where == -1:
-        activation_at_peak = 0
-    elif where == blocks:
-        activation_at_peak = sum(per_block) + head
-    else:
-        activation_at_peak = sum(per_block[:where]) + (0 if checkpointed[where] else a.full[where])
     return Estimate(
         params=int(params), params_gathered=int(gathered), grads=int(grads), optimizer=int(optimizer),
         activation_bytes=int(activation_at_peak), total_bytes=int(peak + batch),
         host_bytes=int(host),
         terms={"resident_model_states": int(resident), "activation_per_block": int(max(a.full, default=0)),
                "checkpointed_block_input": int(max(a.kept, default=0)), "backward_transient": int(transient),
-               "head_activations": int(head),
-               # the block count: at the start of backward, in the head; -1: in the optimizer step
-               "peak_in_backward_of_block": where},
+               "head_activations": int(head)},
+        peak_moment=moment,
         assumptions=assumptions)
 
 
@@ -332,7 +405,8 @@ def main(argv=None) -> int:
     if args.json:
         print(json.dumps({**asdict(est), "model_states_bytes": est.model_states_bytes}, indent=2))
         return 0
-    gib = 2**30
+    # GiB, or MiB for a model whose whole step fits in less than one GiB.
+    unit, scale = ("GiB", 2**30) if est.total_bytes >= 2**30 else ("MiB", 2**20)
     what = f"{args.preset} preset" if args.model == "gptlite" else args.model
     print(f"{what}, {backend}, {args.world} rank(s), micro-batch {args.micro_batch}, {args.precision}, "
           f"checkpoint interval {args.ckpt_interval}, per rank:")
@@ -340,9 +414,10 @@ def main(argv=None) -> int:
                         ("gradients", est.grads), ("optimizer state", est.optimizer),
                         ("model states", est.model_states_bytes), ("activations at the peak", est.activation_bytes),
                         ("peak (total)", est.total_bytes)):
-        print(f"  {name:<26}{value / gib:10.3f} GiB")
+        print(f"  {name:<26}{value / scale:10.3f} {unit}")
     if est.host_bytes:
-        print(f"  {'of the states, in host memory':<26}{est.host_bytes / gib:10.3f} GiB")
+        print(f"  {'of the states, in host memory':<26}{est.host_bytes / scale:10.3f} {unit}")
+    print(f"  the peak falls in the {est.peak_moment}")
     return 0
 
 

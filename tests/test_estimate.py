@@ -62,6 +62,27 @@ def test_sharding_and_checkpointing_move_the_estimate_the_right_way():
     assert estimate(cfg, "ddp", world=4, micro_batch=4, ckpt_interval=1).activation_bytes < ddp.activation_bytes / 5
 
 
+def test_zero_gradient_buckets_set_the_peak_of_a_small_model():
+    """ZeRO-1/2 reduce gradients through two buckets of reduce_bucket_size elements, allocated
+    whole however small the model: for the example MLP (0.5 MiB of parameters) they set the peak,
+    which grows by exactly their bytes with them. Small buckets and ZeRO-Offload on CPU: the
+    all-gather of the updated parameters through gloo's buffer of their size sets it (as measured
+    for ResNet-18), which a CUDA run does not have."""
+    from analysis.traced_model import traced_for_run
+
+    mlp = traced_for_run({"model": "examples/my_model.py", "model_args": "width=64,depth=4"})
+
+    def zero2(bucket, device="cpu", offload="none"):
+        return estimate(mlp, "deepspeed", world=2, micro_batch=4, device=device, ds_config={"zero_optimization": {
+            "stage": 2, "reduce_bucket_size": bucket, "offload_optimizer": {"device": offload}}})
+
+    small, large = zero2(400_000), zero2(800_000)
+    assert small.peak_moment == large.peak_moment == "gradient reduction"
+    assert large.total_bytes - small.total_bytes == 2 * 4 * 400_000
+    assert zero2(1, offload="cpu").peak_moment == "parameter all-gather"
+    assert zero2(1, offload="cpu", device="cuda").peak_moment != "parameter all-gather"
+
+
 def test_the_estimate_of_a_run_comes_from_its_recorded_plan():
     """--precision bf16 over fsdp_configs/full_shard.yaml (fp32 in the file): the plan computes in
     bf16, so the root unit FSDP1 keeps gathered after forward is 2 bytes a parameter, not 4."""
@@ -90,7 +111,7 @@ def test_estimate_against_every_backend_of_the_quick_matrix(quick_sweep):
         states_error = est.model_states_bytes / measured_states - 1
         peak_error = est.total_bytes / run["mem_peak_bytes"] - 1
         errors.append((run["run_name"], states_error, peak_error))
-    bad = [e for e in errors if abs(e[1]) > 0.05 or abs(e[2]) > 0.15]
+    bad = [e for e in errors if abs(e[1]) > 0.05 or abs(e[2]) > 0.10]
     assert not bad, "\n".join(f"{n}: model states {s:+.1%}, peak {p:+.1%}" for n, s, p in bad)
 
 
