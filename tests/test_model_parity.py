@@ -67,22 +67,22 @@ CASES = [(model, backend) for k, backend in enumerate(BACKENDS) for model in MOD
          if FULL or model == MODEL_NAMES[k % len(MODEL_NAMES)]]
 
 
-# The estimator against the measured peak: 10%, as for GPT-lite. One exception, met in the full
-# matrix only: FSDP2 on ResNet-18 and on the user file. FSDP2's reduce-scatters run asynchronously
-# on gloo's thread, and how long one stays in flight (holding its input and gloo's copy of it) varies
-# from run to run, so the measured peak of identical runs does: ResNet-18 129, 147 or 165 MiB, the
-# user file 1.44 to 1.76 MiB (analysis/estimate.py). The estimate (133 and 1.42 MiB) counts what the
-# program's order fixes, up to 20% below the highest of those runs.
-ESTIMATE_TOLERANCE = {("resnet18", "fsdp2"): 0.25, ("user_file", "fsdp2"): 0.25}
+# The estimator against the measured peak: 10%, as for GPT-lite, except under FSDP2: its
+# reduce-scatters run asynchronously on gloo's thread, and how long one stays in flight (holding its
+# input and gloo's copy of it) varies from run to run, so the measured peak of identical runs does
+# (this test's configuration, 6 to 10 runs each: GPT-2 3.54-3.92 MiB, Llama 2.30-2.58, ResNet-18
+# 129/147/165; the user file 1.44-1.76 in the sweep's, 20 runs). The estimate counts what the program's order
+# fixes (analysis/estimate.py), up to 20% below the highest of those runs.
+ESTIMATE_TOLERANCE = {"fsdp2": 0.25}
 
 
-def assert_estimate_close(run, model: str, backend: str = "single") -> None:
+def assert_estimate_close(run, backend: str = "single") -> None:
     """The memory estimator's peak for the run's configuration (the model traced once on fake tensors,
     analysis/traced_model.py) is close to the peak the run measured."""
     from analysis.estimate import estimate_from_record
 
     estimate, measured = estimate_from_record(run.config).total_bytes, run.summary["mem_peak_bytes"]
-    tolerance = ESTIMATE_TOLERANCE.get((model, backend), 0.10)
+    tolerance = ESTIMATE_TOLERANCE.get(backend, 0.10)
     assert abs(estimate / measured - 1) <= tolerance, f"estimate {estimate} against measured {measured}"
 
 
@@ -106,8 +106,8 @@ def test_checkpointing_every_block_keeps_the_losses_and_cuts_activations(referen
     assert checkpointed.config["backend"]["activation_checkpointing"]["blocks"], "no block was checkpointed"
     saved = plain.summary["mem_activation_peak_bytes"], checkpointed.summary["mem_activation_peak_bytes"]
     assert saved[1] < saved[0], f"activation bytes with checkpointing {saved[1]} >= without {saved[0]}"
-    assert_estimate_close(plain, model)
-    assert_estimate_close(checkpointed, model)
+    assert_estimate_close(plain)
+    assert_estimate_close(checkpointed)
 
 
 @pytest.mark.distributed
@@ -120,4 +120,4 @@ def test_model_trains_the_same_under_every_backend(references, tmp_path, model, 
     assert run.config["backend"]["activation_checkpointing"]["blocks"], "no block was checkpointed"
     rtol = 1e-4 if launcher == "deepspeed" else 1e-5
     assert_losses_close(run.losses, references[model][0].losses, STEPS, rtol=rtol)
-    assert_estimate_close(run, model, backend)
+    assert_estimate_close(run, backend)
