@@ -12,8 +12,8 @@ from training.cli import build_parser, parse_args
 from training.run import exit_process, main
 
 DESCRIPTION = (
-    "Train the GPT-lite model (or your own: --model) under one distributed-training backend, with the same data, "
-    "optimizer and global batch as every other backend, and write a run record "
+    "Train the GPT-lite model (or your own: --model) under one distributed-training backend, with the "
+    "same data, optimizer and global batch as every other backend, and write a run record "
     "(config.json, metrics.jsonl, summary.json) under --runs_dir/--run_name."
 )
 

@@ -15,10 +15,12 @@ estimate (`peak_moment` names it):
 - the start of backward (every activation kept, the head's, the output's gradient);
 - the backward of each block (its activations, recomputed if checkpointed, and their gradients;
   FULL_SHARD's unit gathered again with the next one prefetched);
-- the end of each FSDP unit's backward (its gradients on their way into the reduce-scatter);
+- the end of each FSDP unit's backward (its gradients on their way into the reduce-scatter), and,
+  on gloo, each FSDP2 unit's forward all-gather;
 - ZeRO-3's end of forward (every parameter gathered, the last gathers in flight);
-- the gradient reduction after backward (ZeRO-0's flattened all-reduce buffer; ZeRO-1/2's two
-  buckets, the flattened bucket and the fp32 gradient partition);
+- ZeRO-1/2's reduction of each block's gradients into this rank's partition, and the gradient
+  reduction after backward (ZeRO-0's flattened all-reduce buffer; ZeRO-1/2's two buckets, the
+  flattened bucket and the fp32 gradient partition);
 - the optimizer step (every state, the gradients, the update's temporaries), and ZeRO-1/2's
   all-gather of the updated parameters after it.
 On CPU the collectives run on gloo, which copies through buffers of its own: an all-gather's flat
@@ -259,7 +261,7 @@ def estimate(cfg, backend: str, world: int = 1, micro_batch: int = 1, precision:
         below = sum(per_block[:i])
         # FSDP2 keeps the reduce-scatter input of the unit above until this unit reduces
         # (reduce_scatter_max_input_buffers, 1 by default).
-        held = c * units[i + 1] if backend == "fsdp2" and fsdp_unit and i + 1 < blocks else 0
+        held = c * units[i + 1] if fsdp_unit and backend == "fsdp2" and i + 1 < blocks else 0
         moments.append((resident + grads_so_far(i, units[i] // 3) + below + a.full[i] + transient + regathered
                         + held, f"backward of block {i}", below + (0 if checkpointed[i] else a.full[i])))
         if fsdp_unit:
@@ -302,7 +304,8 @@ def estimate(cfg, backend: str, world: int = 1, micro_batch: int = 1, precision:
     # temporaries (torch's single-tensor AdamW: about two of the largest tensor's shard). It sets the
     # peak of models whose activations are small beside their states.
     separate_grads = not (lay.ddp_bucket or lay.kind == "zero3" or grads_host) or lay.grads_beside_buckets
-    step = resident + (grads if separate_grads else 0) + 2 * F32 * largest // (1 if lay.kind == "replicated" else W)
+    update_temporaries = 2 * F32 * largest // (1 if lay.kind == "replicated" else W)
+    step = resident + (grads if separate_grads else 0) + update_temporaries
     if lay.kind == "zero12" and not lay.offload:
         step += F32 * P // W  # ZeRO-1/2's step flattens this rank's gradient partition (fp32) first
     moments.append((step, "optimizer step", 0))

@@ -71,8 +71,8 @@ CASES = [(model, backend) for k, backend in enumerate(BACKENDS) for model in MOD
 # reduce-scatters run asynchronously on gloo's thread, and how long one stays in flight (holding its
 # input and gloo's copy of it) varies from run to run, so the measured peak of identical runs does
 # (this test's configuration, 6 to 10 runs each: GPT-2 3.54-3.92 MiB, Llama 2.30-2.58, ResNet-18
-# 129/147/165; the user file 1.44-1.76 in the sweep's, 20 runs). The estimate counts what the program's order
-# fixes (analysis/estimate.py), up to 20% below the highest of those runs.
+# 129/147/165; the user file 1.44-1.76 in the sweep's, 20 runs). The estimate counts what the
+# program's order fixes (analysis/estimate.py), up to 20% below the highest of those runs.
 ESTIMATE_TOLERANCE = {"fsdp2": 0.25}
 
 
