@@ -12,21 +12,36 @@ CONSTRAINTS ?= $(if $(shell command -v nvidia-smi 2>/dev/null),,constraints-cpu.
 PYTEST_ARGS ?=
 DEEPSPEED_VERSION ?= 0.19.8
 
-.PHONY: setup demo test clean help system-deps
+.PHONY: setup setup-nvme demo test clean help system-deps
 
 help:
 	@echo "make setup   create $(VENV) and install the suite (CPU torch pinned on CPU machines)"
 	@echo "make demo    setup, then the main job: every backend on the embedded corpus, compared"
-	@echo "make test    setup, then the test suite (CI runs this)"
+	@echo "make test    setup (with DeepSpeed's NVMe op where libaio installs), then the test suite (CI runs this)"
+	@echo "make setup-nvme  add DeepSpeed's async_io op (NVMe offload) to $(VENV)"
 	@echo "make clean   remove $(VENV) and run records (runs/ keeps README.md and reference/)"
 
 setup: $(VENV)/.installed
 
+# What the demo needs: torch, DeepSpeed with the CPU ops every run uses, the suite and its
+# dependencies. The test tools and DeepSpeed's NVMe op come with `make test` (below).
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS) tools/install_deepspeed.sh
-	@$(MAKE) --no-print-directory system-deps
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --disable-pip-version-check -q $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) torch
 	tools/install_deepspeed.sh $(PY) $(DEEPSPEED_VERSION)
+	$(PY) -m pip install --disable-pip-version-check -q $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) -e .
+	touch $@
+
+# DeepSpeed's async_io op too (NVMe offload, ZeRO-Infinity to a drive). Needs libaio.
+setup-nvme: $(VENV)/.nvme
+$(VENV)/.nvme: $(VENV)/.installed
+	@$(MAKE) --no-print-directory system-deps
+	tools/install_deepspeed.sh $(PY) $(DEEPSPEED_VERSION) nvme
+	touch $@
+
+# What the tests need beyond the demo: pytest and the notebook tools, and the NVMe op (a test
+# offloads to a directory).
+$(VENV)/.test: $(VENV)/.nvme
 	$(PY) -m pip install --disable-pip-version-check -q $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) -e '.[dev]'
 	touch $@
 
@@ -50,7 +65,7 @@ demo: setup
 	$(PY) -m analysis.report runs/sweeps/cpu_quick --out $(REPORT_DIR)
 	@echo "Report: $(REPORT_DIR)/report.md"
 
-test: setup
+test: $(VENV)/.test
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 clean:

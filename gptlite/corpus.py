@@ -9,13 +9,22 @@ uniform ln(65) = 4.17 nats.
 
 A self-contained splitmix64 generator (not `random` or numpy, whose streams may change between
 versions) keeps the text byte-identical on every Python and platform.
+
+Generating it costs each process about a second and a half on a 2-core machine, and every rank of
+every run needs it, so the text is kept in $GPTLITE_CACHE (default ~/.cache/gptlite) once made,
+under a name that carries the generator's own source hash and the text's sha256: a changed
+generator makes a new file, and a file whose bytes do not match its name is made again.
 """
 
 from __future__ import annotations
 
 import bisect
 import functools
+import hashlib
 import itertools
+import os
+import tempfile
+from pathlib import Path
 
 ALPHABET = "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 DEFAULT_SIZE = 1_000_000
@@ -84,7 +93,31 @@ def _lexicon(rng: _SplitMix64, size: int) -> list[str]:
 
 @functools.lru_cache(maxsize=4)
 def generate(size: int = DEFAULT_SIZE, seed: int = DEFAULT_SEED) -> str:
-    """A play of about `size` characters (it stops at the first speech boundary past `size`)."""
+    """A play of about `size` characters (it stops at the first speech boundary past `size`), from
+    the disk cache where it is there and intact, else made (and cached where the cache is writable)."""
+    key = f"corpus-{hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]}-{size}-{seed}"
+    directory = Path(os.environ.get("GPTLITE_CACHE") or Path.home() / ".cache" / "gptlite")
+    for path in sorted(directory.glob(f"{key}-*.txt")):
+        try:
+            raw = path.read_bytes()
+        except OSError:
+            continue
+        if hashlib.sha256(raw).hexdigest() == path.stem.rsplit("-", 1)[1]:
+            return raw.decode()
+    text = _generate(size, seed)
+    raw = text.encode()
+    try:  # best effort: a read-only or full cache only costs the next process the generation
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{key}.", suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            f.write(raw)
+        os.replace(tmp, directory / f"{key}-{hashlib.sha256(raw).hexdigest()}.txt")
+    except OSError:
+        pass
+    return text
+
+
+def _generate(size: int, seed: int) -> str:
     rng = _SplitMix64(seed)
     lexicon = _lexicon(rng, 1500)
     zipf = _Zipf(len(lexicon))

@@ -49,10 +49,16 @@ class CharTokenizer:
         return len(self.chars)
 
     def encode(self, text: str) -> np.ndarray:
-        """Token ids in the smallest unsigned dtype that holds the vocabulary."""
-        lookup = {c: i for i, c in enumerate(self.chars)}
+        """Token ids in the smallest unsigned dtype that holds the vocabulary (every character of `text`
+        must be in it). Vectorised: code points, then their positions in the sorted vocabulary."""
         dtype = np.uint8 if self.vocab_size <= 256 else np.uint16 if self.vocab_size <= 65536 else np.uint32
-        return np.fromiter((lookup[c] for c in text), dtype=dtype, count=len(text))
+        points = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+        vocab = np.frombuffer(self.chars.encode("utf-32-le"), dtype=np.uint32)  # sorted (from_text sorts)
+        ids = np.searchsorted(vocab, points)
+        if len(points) and (ids.max() >= len(vocab) or not np.array_equal(vocab[ids], points)):
+            missing = sorted(set(text) - set(self.chars))
+            raise KeyError(missing[0])  # as the dict lookup this replaces did
+        return ids.astype(dtype)
 
     def decode(self, ids) -> str:
         return "".join(self.chars[int(i)] for i in ids)

@@ -107,3 +107,34 @@ def test_any_utf8_file_trains_with_its_own_vocabulary(tmp_path):
     assert data.vocab_size == len(set(read_text(str(path))[0]))
     x, _ = data.batch("val", 0, 0, 0, 2, 2)
     assert int(x.max()) < data.vocab_size
+
+
+def test_the_corpus_cache_serves_only_intact_text_of_this_generator(tmp_path, monkeypatch):
+    """The cached corpus is the generated text byte for byte; a damaged file is made again; an
+    unwritable cache costs nothing but the generation."""
+    truth = corpus._generate(corpus.DEFAULT_SIZE, corpus.DEFAULT_SEED)
+    monkeypatch.setenv("GPTLITE_CACHE", str(tmp_path / "cache"))
+    corpus.generate.cache_clear()
+    assert corpus.generate() == truth
+    (cached,) = (tmp_path / "cache").glob("corpus-*.txt")
+    cached.write_text(truth.replace("ACT", "XYZ", 1))  # same name, other bytes
+    corpus.generate.cache_clear()
+    assert corpus.generate() == truth
+    assert cached.read_text() == truth  # made again under the name its bytes match
+    monkeypatch.setenv("GPTLITE_CACHE", "/proc/gptlite-cache")  # cannot be created
+    corpus.generate.cache_clear()
+    assert corpus.generate() == truth
+    corpus.generate.cache_clear()
+
+
+def test_encoding_maps_each_character_to_its_index_in_the_vocabulary():
+    from gptlite.data import CharTokenizer
+
+    text = "héllo wörld, ünïcode! \n" * 50 + "€𝄞"
+    tokenizer = CharTokenizer.from_text(text)
+    ids = tokenizer.encode(text)
+    assert ids.dtype.name == "uint8"
+    assert [tokenizer.chars[i] for i in ids] == list(text)
+    assert tokenizer.decode(ids) == text
+    with pytest.raises(KeyError):
+        tokenizer.encode("hello ß")  # not in the vocabulary
