@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+from core import allocator
+
 _LIBRARIES = ("torch", "deepspeed", "accelerate", "numpy")
 _REPO = Path(__file__).resolve().parent.parent
 
@@ -59,5 +61,6 @@ def environment(device: torch.device) -> dict:
         "platform": platform.platform(),
         "device": str(device),
         "device_name": device_name(device),
+        "allocator": allocator.describe(),
         "argv": sys.argv,
     }
