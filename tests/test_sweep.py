@@ -100,7 +100,7 @@ def test_a_sweep_compares_models_and_the_report_says_which(tmp_path):
                             cwd=REPO, env=base_env(), capture_output=True, text=True, timeout=300)
     assert report.returncode == 0, report.stderr
     runs_table = (out / "report.md").read_text().split("## Runs", 1)[1].split("##", 1)[0]
-    assert "| model " in runs_table and "examples/my_model.py" in runs_table and "gptlite" in runs_table
+    assert "| model " in runs_table and "my_model width=32" in runs_table and "gptlite" in runs_table
 
 
 @pytest.mark.distributed
