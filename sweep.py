@@ -23,7 +23,8 @@ EPILOG = textwrap.dedent("""\
     plus train.py flags shared by every run (train_args). Records go to runs/sweeps/<name>/ (or the
     spec's runs_dir); each run's launcher output to <that>/.logs/<run>.log. A failed, out-of-memory
     or timed-out run is recorded with that status and the sweep goes on; running the spec again
-    skips runs already done (--retry_failed reruns failed and timed-out ones).""")
+    skips runs already done (--retry_failed reruns failed and timed-out ones). One sweep at a time
+    per directory; a run another process is writing is left alone.""")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,16 +58,18 @@ def main(argv=None) -> int:
         check_runs(runs, spec.directory)
         runner = Runner(_max_batch_dir(spec, args) if args.max_batch else spec.directory, spec.timeout_s,
                         retry_failed=args.retry_failed)
+        if not args.dry_run:
+            runner.hold_directory()  # one sweep per directory: refused here if another has it
         if not args.max_batch:
             runner.check_records(runs)
     except ConfigError as e:
         print(f"sweep.py: error: {e}", file=sys.stderr)
         return 2
+    for reason in skipped:  # combinations of the matrix that cannot run, said, never silently dropped
+        print(f"left out: {reason}")
     if args.dry_run:
         for run in runs:
             print(f"{run.name}\n    {shlex.join(run.command(spec.directory))}")
-        for reason in skipped:
-            print(f"left out: {reason}")
         print(f"{len(runs)} runs into {spec.directory}")
         return 0
     stop_on_sigterm()
@@ -100,7 +103,7 @@ def _sweep(spec, runs, runner) -> int:
             bar.update()
     done = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
     print(f"{spec.name}: {done}; records in {spec.directory}")
-    return 1 if counts["failed"] or counts["timeout"] else 0
+    return 1 if counts["failed"] or counts["timeout"] or counts["left alone"] else 0
 
 
 def _check_max_batch_args(args) -> None:

@@ -16,7 +16,6 @@ import pandas as pd
 from analysis import figures, tables
 from analysis.estimate import estimate_run
 from analysis.runs import load_metrics, load_runs
-from models.spec import model_label
 
 FIGURES = {
     "throughput_memory.png": "Throughput, and average and peak memory per rank, per backend configuration",
@@ -58,7 +57,7 @@ def write_report(runs_dir: str | Path, out: str | Path) -> Path:
     if runs.empty:
         raise SystemExit(f"no run records under {runs_dir}")
     # With several models, the figures name each configuration with its model.
-    drawn = runs.assign(label=runs["model"].map(model_label) + " " + runs["label"]) \
+    drawn = runs.assign(label=runs["model"] + " " + runs["label"]) \
         if runs["model"].nunique() > 1 else runs
     draw = {
         "throughput_memory.png": lambda: figures.throughput_and_memory(drawn),

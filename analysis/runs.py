@@ -9,6 +9,10 @@ from pathlib import Path
 import pandas as pd
 
 from core.summary import RunSummary
+from models.spec import format_model_args, model_label, parse_model_args
+
+# GPT-lite's flags that change the model itself (over its preset, which is a column of its own).
+GPTLITE_SIZE = ("n_layer", "n_embd", "n_head", "block_size")
 
 
 def _flatten(prefix: str, obj, out: dict) -> None:
@@ -44,13 +48,31 @@ def ckpt_label(row: dict) -> str:
     return f"every {interval} ({impl})"
 
 
+def model_key(row: dict) -> str:
+    """Which model a run trained: its label (models.spec.model_label of --model) plus its settings
+    (--model_args; GPT-lite's size flags), so that two sizes of one model are two models:
+    "hf_gpt2 n_embd=64,n_layer=2", "gptlite n_layer=2", "my_model". Records from before --model are
+    GPT-lite's."""
+    name = row.get("model") or "gptlite"
+    if name == "gptlite":
+        settings = {k: row.get(f"config.run.{k}") for k in GPTLITE_SIZE}
+        settings = {k: v for k, v in settings.items() if v is not None}
+    else:
+        try:
+            settings = parse_model_args(row.get("config.run.model_args"))
+        except ValueError:  # written by another version, which read it otherwise: keep it as it is
+            settings = {"model_args": row.get("config.run.model_args")}
+    args = format_model_args(dict(sorted(settings.items())))
+    return f"{model_label(name)} {args}" if args else model_label(name)
+
+
 def load_runs(path: str | Path) -> pd.DataFrame:
     """One row per run: the summary's fields (core.summary.RunSummary, every field present), then
     the config's flattened under `config.`.
 
     Failed, out-of-memory, timed-out and still-running (or killed) runs are included with their
-    status. Derived columns: `model` (--model; gptlite for older records), `label` (the backend
-    configuration's short name, see config_label),
+    status. Derived columns: `model` (the model's label and settings, see model_key), `label` (the
+    backend configuration's short name, see config_label),
     `ckpt` ("none", or "every k (impl)", plus the activation offload if any) and `compile` ("none",
     or the torch.compile backend).
     """
@@ -69,7 +91,7 @@ def load_runs(path: str | Path) -> pd.DataFrame:
                                     row.get("config.run.deepspeed_config"))
         row["ckpt"] = ckpt_label(row)
         row["compile"] = row.get("config.run.compile_backend", "?") if row.get("config.run.compile") else "none"
-        row["model"] = row.get("model") or "gptlite"  # records from before --model are GPT-lite's
+        row["model"] = model_key(row)
         if row.get("preset") is None:
             row["preset"] = "-"  # a model other than GPT-lite has no preset; "-" keeps it in groupings
         rows.append(row)

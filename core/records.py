@@ -22,6 +22,12 @@ from pathlib import Path
 
 from core.summary import SCHEMA_VERSION, RunSummary
 
+# A sweep passes each run its key (training/sweep.py PlannedRun.key) in this variable; the run's
+# rank 0 writes it into its record as SWEEP_KEY_FILE right after creating the record, holding the
+# record's lock: key and record have one writer, so they never disagree (training/runner.py).
+SWEEP_KEY_ENV = "GPTLITE_SWEEP_KEY"
+SWEEP_KEY_FILE = "sweep_key.json"
+
 
 def atomic_write_text(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)

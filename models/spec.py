@@ -101,3 +101,17 @@ class ModelRequest:
     @property
     def kind(self) -> str:
         return kind_of(self.name)
+
+
+def format_model_args(args: dict) -> str:
+    """`args` as --model_args writes them (parse_model_args reads them back): k=v,... with each value
+    plain where YAML reads it back as the same string, else as JSON."""
+    import json
+
+    import yaml
+
+    def value(v) -> str:
+        plain = isinstance(v, str) and v.isidentifier() and yaml.safe_load(v) == v
+        return v if plain else json.dumps(v, separators=(",", ":"))
+
+    return ",".join(f"{k}={value(v)}" for k, v in args.items())

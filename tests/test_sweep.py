@@ -1,6 +1,7 @@
 """sweep.py: specs, the runner (real launches), failures, timeouts, reruns."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -100,7 +101,7 @@ def test_a_sweep_compares_models_and_the_report_says_which(tmp_path):
                             cwd=REPO, env=base_env(), capture_output=True, text=True, timeout=300)
     assert report.returncode == 0, report.stderr
     runs_table = (out / "report.md").read_text().split("## Runs", 1)[1].split("##", 1)[0]
-    assert "| model " in runs_table and "examples/my_model.py" in runs_table and "gptlite" in runs_table
+    assert "| model " in runs_table and "my_model width=32" in runs_table and "gptlite" in runs_table
 
 
 @pytest.mark.distributed
@@ -208,3 +209,180 @@ def test_a_bad_spec_is_refused_before_any_run(tmp_path, spec, message):
 def test_bad_max_batch_flags_are_refused(tmp_path, flags, message):
     proc = _sweep(_spec(tmp_path, matrix={"backend": ["single"]}), *flags, timeout=300)
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
+
+
+GOOD_DATASET = ("import torch\ndef get_dataset():\n"
+                "    return torch.utils.data.TensorDataset(torch.zeros(8, 4), torch.zeros(8, dtype=torch.long))\n")
+MODEL_FILES = {"{syntax}": "def get_model(:\n",
+               "{raising}": GOOD_DATASET + "def get_model():\n    raise RuntimeError('no weights here')\n"}
+
+
+@pytest.mark.parametrize("model, train_args, message", [
+    ("hf:gtp2", {}, "not a transformers model type"),
+    ("{missing}", {}, "file not found"),
+    ({"model": "hf:gpt2", "args": {"n_layr": 2}}, {}, "has no setting n_layr"),
+    ({"model": "examples/my_model.py", "args": {"widht": 8}}, {}, "does not take them"),
+    ("{syntax}", {}, "SyntaxError"),
+    ("{raising}", {}, "RuntimeError: no weights here"),
+    ("examples/my_model.py", {"block_class": "Blokc"}, "block_class Blokc"),
+    # sweeps/README.md's template sets dropout for every run: a model file takes none (case 21).
+    ("examples/my_model.py", {"dropout": 0.0}, "dropout applies to gptlite and hf: models"),
+])
+def test_every_model_of_a_matrix_is_resolved_before_the_first_run(tmp_path, model, train_args, message):
+    from gptlite.errors import ConfigError
+    from training.sweep import check_runs
+
+    if isinstance(model, str) and model in MODEL_FILES:
+        (tmp_path / "bad_model.py").write_text(MODEL_FILES[model])
+        model = str(tmp_path / "bad_model.py")
+    elif model == "{missing}":
+        model = str(tmp_path / "missing.py")
+    spec = load_spec(_spec(tmp_path, matrix={"backend": ["single", "ddp"], "model": ["gptlite", model]},
+                           train_args=train_args))
+    runs, _ = expand(spec)
+    with pytest.raises(ConfigError, match=f"^run [^ ]+: .*{message}") as refused:
+        check_runs(runs, spec.directory)
+    assert "\n" not in str(refused.value)
+
+
+def test_each_distinct_model_is_resolved_once(tmp_path, monkeypatch):
+    import training.run
+    from training.sweep import check_runs
+
+    seen = []
+    monkeypatch.setattr(training.run, "check_model", lambda cfg: seen.append((cfg.model, cfg.model_args)))
+    spec = load_spec(_spec(tmp_path, matrix={
+        "backend": ["single", "ddp"], "micro_batch": [2, 4], "ckpt_interval": [0, 1],
+        "model": ["gptlite", {"model": "examples/my_model.py", "args": "width=8"}]}))
+    runs, _ = expand(spec)
+    check_runs(runs, spec.directory)
+    assert len(runs) == 16 and sorted(seen, key=str) == [("examples/my_model.py", "width=8"), ("gptlite", None)]
+
+
+def test_a_dry_run_refuses_a_spec_a_model_cannot_run(tmp_path):
+    path = _spec(tmp_path, matrix={"backend": ["single"], "model": ["examples/my_model.py"]},
+                 train_args={"dropout": 0.0})
+    proc = _sweep(path, "--dry_run", timeout=300)
+    assert proc.returncode == 2 and "dropout applies to gptlite and hf: models" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_gptlite_args_in_a_matrix_are_applied_or_refused(tmp_path):
+    from training.cli import config_from_argv
+
+    spec = load_spec(_spec(tmp_path, matrix={"backend": ["ddp"], "preset": ["tiny", "small"], "model": [
+        "gptlite", {"model": "gptlite", "args": {"n_layer": 2, "n_embd": 96}, "label": "shallow"}]}))
+    runs = {r.name: r for r in expand(spec)[0]}
+    assert sorted(runs) == ["ddp-w2-shallow.small-mb8-fp32-ckpt0", "ddp-w2-shallow.tiny-mb8-fp32-ckpt0",
+                            "ddp-w2-small-mb8-fp32-ckpt0", "ddp-w2-tiny-mb8-fp32-ckpt0"]
+    shallow = config_from_argv(runs["ddp-w2-shallow.small-mb8-fp32-ckpt0"].argv(tmp_path)).model_config()
+    plain = config_from_argv(runs["ddp-w2-small-mb8-fp32-ckpt0"].argv(tmp_path)).model_config()
+    assert (shallow.n_layer, shallow.n_embd) == (2, 96) and (plain.n_layer, plain.n_embd) == (6, 192)
+    assert shallow.n_head == plain.n_head  # the rest from the preset
+    labelled = load_spec(_spec(tmp_path, matrix={"backend": ["ddp"], "model": [{"model": "gptlite", "label": "base"}]}))
+    assert [r.name for r in expand(labelled)[0]] == ["ddp-w2-base.tiny-mb8-fp32-ckpt0"]  # the label is used too
+    for args, train_args, message in (({"hidden_size": 64}, {}, "gptlite's args are train.py's GPT-lite flags"),
+                                      ({"n_layer": 2}, {"n_layer": 3}, "'n_layer' is also in matrix.model's args")):
+        with pytest.raises(Exception, match=message):
+            load_spec(_spec(tmp_path, matrix={"backend": ["ddp"], "model": [{"model": "gptlite", "args": args}]},
+                            train_args=train_args))
+
+
+def _planned(tmp_path, **train_args):
+    spec = load_spec(_spec(tmp_path, steps=2, matrix={"backend": ["single"], "micro_batch": [2]},
+                           train_args={"warmup_steps": 0, "mem_profile_steps": 0, "eval_batches": 1, **train_args}))
+    (run,) = expand(spec)[0]
+    return run
+
+
+def _record(directory, planned, status, config=True, key=None):
+    """A record as a run leaves it, with its key."""
+    from core.records import SWEEP_KEY_FILE, atomic_write_json
+    from core.summary import RunSummary
+
+    record = directory / planned.name
+    atomic_write_json(record / "summary.json", RunSummary(planned.name, status).to_dict())
+    if config:
+        atomic_write_json(record / "config.json", {"run": {"steps": 2}})
+    atomic_write_json(record / SWEEP_KEY_FILE, key if key is not None else planned.key())
+    atomic_write_json(directory / ".keys" / f"{planned.name}.json", key if key is not None else planned.key())
+    return record
+
+
+def _snapshot(directory):
+    return {p: p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file() and ".locks" not in p.parts}
+
+
+@pytest.mark.parametrize("state", ["running", "not created yet"])
+def test_a_run_another_process_holds_is_left_alone(tmp_path, state):
+    """Another sweep's run holds the record's lock (before or after creating its record): the
+    runner launches nothing, writes no key, no log and no summary, and says so."""
+    from training.preflight import RecordLock
+    from training.runner import Runner
+
+    runs = tmp_path / "runs"
+    planned = _planned(tmp_path)
+    if state == "running":
+        _record(runs, planned, "running")
+    holder = RecordLock(str(runs), planned.name)  # this test process is the other writer
+    before = _snapshot(runs)
+    outcome = Runner(runs, timeout_s=120).run(planned)
+    holder.release()
+    assert outcome.status == "left alone" and f"pid {os.getpid()}" in outcome.line()
+    assert _snapshot(runs) == before and not (runs / ".logs").exists()
+
+
+def test_a_record_of_a_run_that_never_got_going_does_not_pin_its_name(tmp_path):
+    """A corrected spec replaces the record of a run that was refused or failed before it wrote its
+    config; a record of other settings that trained (ok, or failed after starting) stays refused."""
+    from gptlite.errors import ConfigError
+    from training.runner import Runner
+
+    runs = tmp_path / "runs"
+    old, corrected = _planned(tmp_path, lr=0.5), _planned(tmp_path)
+    runner = Runner(runs, timeout_s=120)
+    for status in ("failed", "timeout"):
+        _record(runs, corrected, status, config=False, key=old.key())
+        runner.check_records([corrected])
+    for status in ("ok", "failed"):
+        _record(runs, corrected, status, key=old.key())
+        with pytest.raises(ConfigError, match="recorded with other settings"):
+            runner.check_records([corrected])
+
+
+def test_one_sweep_per_directory(tmp_path):
+    """A second sweep into a directory a sweep holds is refused in one line naming the holder,
+    before anything runs (whichever spec it is)."""
+    from training.preflight import FileLock
+
+    path = _spec(tmp_path, steps=1, matrix={"backend": ["single"], "micro_batch": [2]},
+                 train_args={"warmup_steps": 0, "mem_profile_steps": 0, "eval_batches": 1})
+    holder = FileLock(tmp_path / "runs" / ".sweep.lock")  # this test process is the first sweep
+    proc = _sweep(path, timeout=300)
+    holder.release()
+    assert proc.returncode == 2 and f"in use by another sweep (pid {os.getpid()})" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == [".sweep.lock"]
+
+
+@pytest.mark.distributed
+def test_a_refused_run_is_recorded_with_its_key_and_a_corrected_spec_replaces_it(tmp_path):
+    """The runner records a run train.py refused (with the run's key, never a record that is not
+    its own); a corrected spec then runs in its place; a run's key is written by the run itself."""
+    from core.records import SWEEP_KEY_FILE
+    from training.runner import Runner
+
+    runs = tmp_path / "runs"
+    runner = Runner(runs, timeout_s=300)
+    bad = _planned(tmp_path, lr=-1.0)  # train.py refuses it: exit 2, nothing recorded by the run
+    refused = runner.run(bad)
+    assert refused.status == "failed" and "lr must be > 0" in refused.summary.error
+    assert json.loads((runs / bad.name / SWEEP_KEY_FILE).read_text()) == bad.key()
+    corrected = _planned(tmp_path)
+    runner.check_records([corrected])
+    outcome = runner.run(corrected)
+    assert outcome.status == "ok" and not outcome.skipped, outcome.line()
+    assert json.loads((runs / corrected.name / SWEEP_KEY_FILE).read_text()) == corrected.key()
+    assert (runs / corrected.name / "config.json").exists() and not (runs / ".keys").exists()
+    assert runner.run(corrected).skipped  # and it is now done

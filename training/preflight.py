@@ -156,13 +156,22 @@ def _model_difference(theirs: dict, ours: dict) -> str:
     return "different"
 
 
-class RecordLock:
-    """One writer per record: an exclusive lock on runs_dir/.locks/<run_name>, held until exit."""
+class LockHeld(ConfigError):
+    """Another process holds the lock; `holder` says which ("pid 1234")."""
 
-    def __init__(self, runs_dir: str, run_name: str):
-        directory = Path(runs_dir) / ".locks"
-        directory.mkdir(parents=True, exist_ok=True)
-        self.path = directory / f"{run_name}.lock"
+    def __init__(self, message: str, holder: str):
+        super().__init__(message)
+        self.holder = holder
+
+
+class FileLock:
+    """An exclusive lock (flock) on `path`, with the holder's pid written in it, held until
+    release() or the process exits (the kernel releases it with the process, however it ends).
+    Raises LockHeld naming the holder when another process has it."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         self.file = open(self.path, "a+")
         try:
             fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -170,9 +179,22 @@ class RecordLock:
             self.file.seek(0)
             holder = self.file.read().strip() or "another process"
             self.file.close()
-            raise ConfigError(f"run_name: {Path(runs_dir) / run_name} is being written by {holder}; wait for it to "
-                              "finish, or choose another --run_name") from None
+            raise LockHeld(f"{self.path} is held by {holder}", holder) from None
         self.file.seek(0)
         self.file.truncate()
         self.file.write(f"pid {os.getpid()}\n")
         self.file.flush()
+
+    def release(self) -> None:
+        self.file.close()  # closing the file drops the lock
+
+
+class RecordLock(FileLock):
+    """One writer per record: an exclusive lock on runs_dir/.locks/<run_name>, held until exit."""
+
+    def __init__(self, runs_dir: str, run_name: str):
+        try:
+            super().__init__(Path(runs_dir) / ".locks" / f"{run_name}.lock")
+        except LockHeld as e:
+            raise LockHeld(f"run_name: {Path(runs_dir) / run_name} is being written by {e.holder}; wait for it "
+                           "to finish, or choose another --run_name", e.holder) from None

@@ -31,7 +31,7 @@ from core.dist import DistEnv, broadcast_object, destroy_process_group, set_cpu_
 from core.environment import device_name, environment
 from core.faults import Fault
 from core.flops import sample_flops
-from core.records import RunRecord
+from core.records import SWEEP_KEY_ENV, SWEEP_KEY_FILE, RunRecord, atomic_write_text
 from core.summary import RunSummary
 import models
 from gptlite.data import BatchLayout, DataError
@@ -133,8 +133,7 @@ def resolve(cfg: RunConfig, env: DistEnv | None = None, resolved: Resolved | Non
         raise ConfigError(f"run_name: {Path(cfg.runs_dir) / cfg.run_name} already exists "
                           "(choose another --run_name, pass --overwrite, or --resume it)")
     fault = Fault.from_environment(cfg.backend, env.rank)  # a malformed GPTLITE_FAULT is bad input
-    workload = models.load(cfg.model_request())
-    find_blocks(workload.meta(), cfg.block_class)  # checked on the model's structure, before anything runs
+    workload = check_model(cfg)
     setup = Setup(resolved, env, workload, fault)
     if cfg.dry_run:
         return setup
@@ -153,6 +152,15 @@ def resolve(cfg: RunConfig, env: DistEnv | None = None, resolved: Resolved | Non
     if env.is_main and cfg.run_name:
         setup.lock = preflight.RecordLock(cfg.runs_dir, cfg.run_name)  # last: every other check has passed
     return setup
+
+
+def check_model(cfg: RunConfig) -> Workload:
+    """The run's model and data, loaded and checked on the model's structure (the meta device)
+    without building anything: part of `resolve`, and what sweep.py checks for each model of a
+    matrix before its first run. Raises ConfigError/DataError."""
+    workload = models.load(cfg.model_request())
+    find_blocks(workload.meta(), cfg.block_class)
+    return workload
 
 
 @dataclass
@@ -243,6 +251,9 @@ class Run:
                 record.continue_after(self.start_step - 1)
             else:
                 record.create(overwrite=self.cfg.overwrite or self.cfg.resume)
+            key = os.environ.get(SWEEP_KEY_ENV)
+            if key is not None:  # launched by a sweep: its key goes into the record, by the record's one writer
+                atomic_write_text(record.dir / SWEEP_KEY_FILE, key)
         # The broadcast also makes the other ranks wait until the directory exists.
         name = broadcast_object(name)
         return record if self.env.is_main else RunRecord(Path(self.cfg.runs_dir) / name)

@@ -1,30 +1,40 @@
 """Launch planned runs one at a time, each through its real launcher, and settle their records.
 
-A run's record is reused ("already done") only when it was made by the same run: the runner keeps
-each run's key (PlannedRun.key: flags, launcher, environment, the config file's contents) in
-<sweep dir>/.keys/<run>.json, and a record whose key differs is refused before anything starts,
-never silently taken for the new run nor overwritten. A finished record is never rewritten; a
-failed or timed-out one only with --retry_failed; an unfinished one (a sweep stopped mid-run) is
-run again. Stopping the sweep (Ctrl-C, SIGTERM) stops the run in progress with it: its launcher and
-every rank, and its record says so.
+One sweep at a time writes into a directory (`hold_directory`: <dir>/.sweep.lock, naming its
+holder). A run's record is reused ("already done") only when it was made by the same run: each run
+is given its key (PlannedRun.key: flags, launcher, environment, the config file's contents) and
+writes it into its record (core/records.py SWEEP_KEY_FILE) as it creates it, holding the record's
+lock, so key and record have one writer. A record whose key differs is refused before anything
+starts, never silently taken for the new run nor overwritten, unless its run never got going
+(refused, or failed before it wrote its config): such a record holds nothing but the reason, and
+a corrected spec replaces it. A finished record is never rewritten; a failed or timed-out one only
+with --retry_failed; an unfinished one (a sweep stopped mid-run) is run again. The runner replaces
+a record itself, holding the record's lock, and never passes --overwrite; a record another process
+holds is left alone. Stopping the sweep (Ctrl-C, SIGTERM) stops the run in progress with it: its
+launcher and every rank, and its record says so.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.records import atomic_write_json, read_json, read_summary
+from core.records import SWEEP_KEY_ENV, SWEEP_KEY_FILE, atomic_write_json, read_json, read_summary
 from core.summary import FINISHED, RunSummary
 from gptlite.errors import ConfigError
 from training.launch import REPO, launch_env
+from training.preflight import FileLock, LockHeld, RecordLock
 from training.sweep import PlannedRun
 
 RETRYABLE = ("failed", "timeout")
+# How long the runner waits, after a launcher exits, for its ranks to let go of the record's lock.
+SETTLE_WAIT_S = 60.0
 
 
 class Stopped(Exception):
@@ -37,13 +47,16 @@ class Outcome:
     summary: RunSummary
     seconds: float
     skipped: bool = False
+    left_alone: str | None = None  # why the record was not touched: another process writes it
 
     @property
     def status(self) -> str:
-        return self.summary.status
+        return "left alone" if self.left_alone else self.summary.status
 
     def line(self) -> str:
         s = self.summary
+        if self.left_alone:
+            return f"{self.run.name}: left alone ({self.left_alone})"
         if self.skipped:
             return f"{self.run.name}: {self.status} (already done)"
         if self.status != "ok":
@@ -60,40 +73,62 @@ class Runner:
         self.directory = Path(directory)
         self.timeout_s = timeout_s
         self.retry_failed = retry_failed
+        self.directory_lock: FileLock | None = None
 
-    def _key_path(self, planned: PlannedRun) -> Path:
-        return self.directory / ".keys" / f"{planned.name}.json"
+    def hold_directory(self) -> None:
+        """This directory for this sweep alone, until it exits (ConfigError naming the holder)."""
+        try:
+            self.directory_lock = FileLock(self.directory / ".sweep.lock")
+        except LockHeld as e:
+            raise ConfigError(f"{self.directory} is in use by another sweep ({e.holder}); one sweep per directory "
+                              "at a time: wait for it to finish, or give this one another name or runs_dir") from None
+
+    def _stored_key(self, planned: PlannedRun) -> dict | None:
+        """The key in the run's record; records of sweeps before keys moved into them have theirs
+        in <dir>/.keys/."""
+        for path in (self.directory / planned.name / SWEEP_KEY_FILE, self.directory / ".keys" / f"{planned.name}.json"):
+            try:
+                return read_json(path)
+            except (OSError, ValueError):
+                continue
+        return None
 
     def check_records(self, runs: list[PlannedRun]) -> None:
         """Refuse (ConfigError) when a run's name holds a record made with other settings."""
         for planned in runs:
-            if not (self.directory / planned.name).exists():
+            record = self.directory / planned.name
+            if not record.exists() or _never_got_going(record):
                 continue
-            try:
-                stored = read_json(self._key_path(planned))
-            except (OSError, ValueError):
-                stored = None
+            stored = self._stored_key(planned)
             if stored != planned.key():
                 changed = _first_difference(stored, planned.key())
-                raise ConfigError(f"{self.directory / planned.name} was recorded with other settings ({changed}); "
+                raise ConfigError(f"{record} was recorded with other settings ({changed}); "
                                   "give the sweep another name (or runs_dir), or move the old records away")
 
     def run(self, planned: PlannedRun) -> Outcome:
-        self.check_records([planned])
         record = self.directory / planned.name
-        existing = read_summary(record / "summary.json")
-        if existing is not None and existing.status in FINISHED and not (
-                self.retry_failed and existing.status in RETRYABLE):
-            return Outcome(planned, existing, 0.0, True)
-        atomic_write_json(self._key_path(planned), planned.key())
+        try:
+            lock = RecordLock(str(self.directory), planned.name)
+        except LockHeld as e:  # another process writes this record now: never touch it
+            return _left_alone(planned, 0.0, f"being written by {e.holder}")
+        try:  # decided holding the record's lock, so nothing else can write it meanwhile
+            self.check_records([planned])
+            existing = read_summary(record / "summary.json")
+            if (existing is not None and existing.status in FINISHED and self._stored_key(planned) == planned.key()
+                    and not (self.retry_failed and existing.status in RETRYABLE)):
+                return Outcome(planned, existing, 0.0, True)
+            if record.exists():  # this run's unfinished or failed attempt, or a run that never got going
+                shutil.rmtree(record)
+        finally:
+            lock.release()
         log_dir = self.directory / ".logs"
         log_dir.mkdir(parents=True, exist_ok=True)
         log = log_dir / f"{planned.name}.log"
         started = time.monotonic()
+        env = {**launch_env(dict(planned.env)), SWEEP_KEY_ENV: json.dumps(planned.key())}
         with open(log, "w") as out:
-            proc = subprocess.Popen(planned.command(self.directory, overwrite=record.exists()), cwd=REPO,
-                                    env=launch_env(dict(planned.env)), stdout=out, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+            proc = subprocess.Popen(planned.command(self.directory), cwd=REPO, env=env, stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
             timed_out = False
             try:
                 proc.wait(timeout=self.timeout_s)
@@ -106,28 +141,71 @@ class Runner:
                              interrupted=f"the sweep was stopped ({type(stop).__name__})")
                 raise
         seconds = time.monotonic() - started
-        return Outcome(planned, self._settle(planned, proc.returncode, timed_out, log, seconds), seconds)
+        return self._settle(planned, proc.returncode, timed_out, log, seconds)
 
     def _settle(self, planned: PlannedRun, returncode: int | None, timed_out: bool, log: Path, seconds: float,
-                interrupted: str | None = None) -> RunSummary:
-        """The run's final summary; written here when the run could not write one itself."""
-        path = self.directory / planned.name / "summary.json"
-        summary = read_summary(path) or RunSummary(run_name=planned.name, backend=planned.backend,
-                                                   world_size=planned.world_size, wall_time_s=seconds)
-        if interrupted and summary.status in ("running", "ok") and returncode != 0:
-            summary = summary.ended("failed", interrupted, summary.wall_time_s or seconds)
-        elif timed_out:
-            summary = summary.ended("timeout", f"timed out after {self.timeout_s:g} s (sweep timeout_s)",
-                                    summary.wall_time_s or seconds)
-        elif summary.status == "running":
-            summary = summary.ended("failed", f"exit code {returncode}: {_last_line(log)}", summary.wall_time_s or seconds)
-        elif summary.status == "ok" and returncode != 0:
-            summary = summary.ended("failed", f"exit code {returncode} after the record was written: "
-                                              f"{_last_line(log)}")
-        else:
-            return summary
-        atomic_write_json(path, summary.to_dict())
-        return summary
+                interrupted: str | None = None) -> Outcome:
+        """The run's outcome, its final summary written here when the run could not write one
+        itself: only into the run's own record (its key), or a new one, holding the record's lock."""
+        record = self.directory / planned.name
+        lock = _wait_for(lambda: RecordLock(str(self.directory), planned.name), SETTLE_WAIT_S)
+        if isinstance(lock, LockHeld):  # a rank still alive, or another process took the record
+            return _left_alone(planned, seconds, f"still held by {lock.holder} {SETTLE_WAIT_S:g} s after the run")
+        try:
+            if record.exists() and _read_key(record) != planned.key():  # not this run's
+                return _left_alone(planned, seconds, "another process wrote it while this run started")
+            path = record / "summary.json"
+            summary = read_summary(path) or RunSummary(run_name=planned.name, backend=planned.backend,
+                                                       world_size=planned.world_size, wall_time_s=seconds)
+            if interrupted and summary.status in ("running", "ok") and returncode != 0:
+                summary = summary.ended("failed", interrupted, summary.wall_time_s or seconds)
+            elif timed_out:
+                summary = summary.ended("timeout", f"timed out after {self.timeout_s:g} s (sweep timeout_s)",
+                                        summary.wall_time_s or seconds)
+            elif summary.status == "running":
+                summary = summary.ended("failed", f"exit code {returncode}: {_last_line(log)}",
+                                        summary.wall_time_s or seconds)
+            elif summary.status == "ok" and returncode != 0:
+                summary = summary.ended("failed", f"exit code {returncode} after the record was written: "
+                                                  f"{_last_line(log)}")
+            else:
+                return Outcome(planned, summary, seconds)
+            if not record.exists():  # the run stopped before creating its record: one saying why, with its key
+                atomic_write_json(record / SWEEP_KEY_FILE, planned.key())
+            atomic_write_json(path, summary.to_dict())
+            return Outcome(planned, summary, seconds)
+        finally:
+            lock.release()
+
+
+def _left_alone(planned: PlannedRun, seconds: float, why: str) -> Outcome:
+    return Outcome(planned, RunSummary(planned.name), seconds, left_alone=why)
+
+
+def _read_key(record: Path) -> dict | None:
+    try:
+        return read_json(record / SWEEP_KEY_FILE)
+    except (OSError, ValueError):
+        return None
+
+
+def _never_got_going(record: Path) -> bool:
+    """A record of a run refused or failed before it wrote its config: it holds nothing but why,
+    so a corrected spec may replace it, whatever settings it had."""
+    summary = read_summary(record / "summary.json")
+    return summary is not None and summary.status in RETRYABLE and not (record / "config.json").exists()
+
+
+def _wait_for(take, timeout_s: float):
+    """take() (a lock), retried until it is free or `timeout_s` passed; then the last LockHeld."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return take()
+        except LockHeld as e:
+            if time.monotonic() >= deadline:
+                return e
+            time.sleep(0.5)
 
 
 def stop_on_sigterm() -> None:

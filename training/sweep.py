@@ -54,6 +54,8 @@ class Matrix:
     # {model: hf:llama, args: {hidden_size: 64, ...} (or "k=v,..."), label: llama_small} with its
     # --model_args and the name it takes in run names (default: hf_llama). The presets size GPT-lite
     # (and give hf: text models their context length); other models run with the first preset.
+    # GPT-lite's args are its own flags over each preset ({model: gptlite, args: {n_layer: 2},
+    # label: shallow}: runs named shallow.tiny, ...; plain GPT-lite's are named tiny, ...).
     model: list = field(default_factory=lambda: ["gptlite"])
 
     def __post_init__(self):
@@ -85,9 +87,15 @@ class ModelEntry:
     label: str
 
 
+# What a GPT-lite entry's args may set: its train.py model flags (the preset gives the rest).
+GPTLITE_ARGS = ("n_layer", "n_embd", "n_head", "block_size", "dropout", "attention")
+# The train.py flags that decide a run's model and data (what training/run.py check_model reads).
+MODEL_FLAGS = ("model", "model_args", "preset", *GPTLITE_ARGS, "data", "block_class")
+
+
 def model_entry(entry) -> ModelEntry:
     """A matrix.model entry, checked: a --model value, or {model, args, label}."""
-    from models.spec import check_name, model_label, parse_model_args
+    from models.spec import check_name, format_model_args, model_label, parse_model_args
 
     if isinstance(entry, str):
         entry = {"model": entry}
@@ -97,22 +105,28 @@ def model_entry(entry) -> ModelEntry:
     check_name(entry["model"])
     args = entry.get("args")
     if isinstance(args, dict):
-        args = ",".join(f"{k}={_model_arg_value(v)}" for k, v in args.items())
+        args = format_model_args(args)
     elif args is not None and not isinstance(args, str):
         raise ConfigError(f"matrix.model: args of {entry['model']} must be a mapping or a k=v,... string")
-    parse_model_args(args)
+    parsed = parse_model_args(args)
+    if entry["model"] == "gptlite" and set(parsed) - set(GPTLITE_ARGS):
+        unknown = ", ".join(sorted(set(parsed) - set(GPTLITE_ARGS)))
+        raise ConfigError(f"matrix.model: gptlite's args are train.py's GPT-lite flags ({', '.join(GPTLITE_ARGS)}); "
+                          f"it has no {unknown}")
     label = entry.get("label") or model_label(entry["model"])
     if not isinstance(label, str) or not label.replace("_", "").replace(".", "").isalnum():
         raise ConfigError(f"matrix.model: label must be letters, digits, '_' and '.' (got {label!r})")
     return ModelEntry(entry["model"], args or None, label)
 
 
-def _model_arg_value(value) -> str:
-    """`value` as --model_args writes it: plain where YAML reads it back as the same string, else JSON."""
-    import yaml
+def model_flags(model: ModelEntry) -> dict:
+    """The train.py flags of a matrix.model entry: --model and --model_args, or for GPT-lite its
+    args as its own flags (--n_layer 2): applied, never dropped."""
+    from models.spec import parse_model_args
 
-    plain = isinstance(value, str) and value.isidentifier() and yaml.safe_load(value) == value
-    return value if plain else json.dumps(value, separators=(",", ":"))
+    if model.name == "gptlite":
+        return parse_model_args(model.args)
+    return {"model": model.name, "model_args": model.args}
 
 
 def offload_flags(value: str) -> dict:
@@ -149,6 +163,11 @@ class SweepSpec:
                 raise ConfigError(f"train_args: unknown train.py flag '{key}'")
             if key in SWEEP_OWNED:
                 raise ConfigError(f"train_args: '{key}' is set by the sweep (the matrix or the spec's own keys)")
+        for model in map(model_entry, self.matrix.model):  # a setting in two places: one would be unused
+            both = sorted(set(model_flags(model)) & set(self.train_args))
+            if both:
+                raise ConfigError(f"train_args: '{both[0]}' is also in matrix.model's args of {model.label}; "
+                                  "set it in one place")
 
     @property
     def directory(self) -> Path:
@@ -193,8 +212,9 @@ class PlannedRun:
     # out: the runs of one configuration share it (the largest-batch search groups by it).
     config_key: str = ""
 
-    def argv(self, runs_dir: Path, overwrite: bool = False) -> list[str]:
-        args = ["--runs_dir", str(runs_dir), "--run_name", self.name, "--quiet", *(["--overwrite"] if overwrite else [])]
+    def argv(self, runs_dir: Path) -> list[str]:
+        # Never --overwrite: the runner replaces a record itself, under its lock (training/runner.py).
+        args = ["--runs_dir", str(runs_dir), "--run_name", self.name, "--quiet"]
         if self.config_file:
             args += ["--deepspeed_config" if self.backend == "deepspeed" else "--fsdp_config", self.config_file]
         else:
@@ -206,9 +226,9 @@ class PlannedRun:
                 args += [f"--{key}", str(value)]
         return args
 
-    def command(self, runs_dir: Path, overwrite: bool = False) -> list[str]:
+    def command(self, runs_dir: Path) -> list[str]:
         """The launch command, as a user would type it (with a free port)."""
-        return [*launch_command(launcher_for(self.backend), self.world_size), *self.argv(runs_dir, overwrite)]
+        return [*launch_command(launcher_for(self.backend), self.world_size), *self.argv(runs_dir)]
 
     def key(self) -> dict:
         """Everything about the run that changes its result, so a record is reused only for the same
@@ -255,14 +275,16 @@ def expand(spec: SweepSpec) -> tuple[list[PlannedRun], list[str]]:
             ckpt += f"-offload_{offload}"
         if compiled != "none":
             ckpt += f"-compile_{compiled}"
-        size = preset if gptlite else model.label
+        if gptlite:  # plain GPT-lite is named by its preset; with args or a label of its own, by both
+            size = preset if (model.label, model.args) == ("gptlite", None) else f"{model.label}.{preset}"
+        else:
+            size = model.label
         key = f"{label}-w{world}-{size}-{precision}-{ckpt}"
         name = f"{label}-w{world}-{size}-mb{micro}-{precision}-{ckpt}"
-        model_flags = {} if gptlite else {"model": model.name, "model_args": model.args}
-        flags = {**model_flags, "preset": preset, "micro_batch": micro, "precision": precision, "steps": spec.steps,
-                 "ckpt_interval": interval, **({"ckpt_impl": impl} if interval else {}), **offload_flags(offload),
-                 **({"compile": True, "compile_backend": compiled} if compiled != "none" else {}),
-                 **spec.train_args}
+        flags = {**model_flags(model), "preset": preset, "micro_batch": micro, "precision": precision,
+                 "steps": spec.steps, "ckpt_interval": interval, **({"ckpt_impl": impl} if interval else {}),
+                 **offload_flags(offload),
+                 **({"compile": True, "compile_backend": compiled} if compiled != "none" else {}), **spec.train_args}
         if config_file and backend == "deepspeed":
             from backends import deepspeed_config, deepspeed_plan
 
@@ -285,21 +307,41 @@ def _sha256(path: Path) -> str | None:
 
 
 def check_runs(runs: list[PlannedRun], directory: Path) -> None:
-    """Every planned run resolved as train.py will resolve it (flags, config files, world size),
-    before the first starts: a bad spec is refused whole (ConfigError naming the run)."""
+    """Every planned run resolved as train.py will resolve it (flags, config files, world size, and
+    its model and data: training/run.py check_model, each distinct model once), before the first
+    starts: a bad spec is refused whole (ConfigError naming the run)."""
     import torch
 
     import backends
     from core.dist import DistEnv
+    from gptlite.data import DataError
     from training.cli import config_from_argv
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    checked: set[str] = set()
     for run in runs:
         nvme = dict(run.flags).get("nvme_path")
         if nvme:  # scratch space the sweep owns, for ZeRO-Infinity's NVMe offload
             Path(nvme).mkdir(parents=True, exist_ok=True)
         try:
             cfg = config_from_argv(run.argv(directory))
-            backends.resolve(cfg, DistEnv(0, 0, run.world_size, run.world_size, device, launcher_for(run.backend)))
-        except ConfigError as e:
+            cfg = backends.resolve(cfg, DistEnv(0, 0, run.world_size, run.world_size, device,
+                                                launcher_for(run.backend))).cfg
+            model = json.dumps({name: getattr(cfg, name) for name in MODEL_FLAGS})
+            if model not in checked:
+                _check_model(cfg)
+                checked.add(model)
+        except (ConfigError, DataError) as e:
             raise ConfigError(f"run {run.name}: {e}") from None
+
+
+def _check_model(cfg) -> None:
+    from gptlite.data import DataError
+    from training.run import check_model
+
+    try:
+        check_model(cfg)
+    except (ConfigError, DataError):
+        raise
+    except Exception as e:  # noqa: BLE001 - the model's own code failed (get_model raising): so would the run
+        raise ConfigError(f"model {cfg.model}: {type(e).__name__}: {e}") from None

@@ -1,0 +1,32 @@
+"""analysis' tables on hand-made records: which runs are compared with which (fast, no launches)."""
+
+from analysis import load_runs, tables
+from core.records import atomic_write_json
+from core.summary import RunSummary
+
+
+def _record(root, name, backend, model, model_args, samples_per_s, run_flags=None):
+    summary = RunSummary(name, "ok", backend=backend, model=model, preset="tiny" if model == "gptlite" else None,
+                         world_size=2, micro_batch=4, global_batch=8, precision="fp32", ckpt_interval=0,
+                         samples_per_s=samples_per_s, mem_peak_bytes=2**20 * samples_per_s)
+    atomic_write_json(root / name / "summary.json", summary.to_dict())
+    atomic_write_json(root / name / "config.json", {"run": {"model": model, "model_args": model_args, "backend": backend,
+                                                            **(run_flags or {})}})
+
+
+def test_two_sizes_of_one_model_are_two_models(tmp_path):
+    """hf:gpt2 at two sizes (a sweep's labels small and big), each with DDP and FSDP: each FSDP run
+    is compared with its own size's DDP run, and the tables say which model each row is."""
+    for size, args, rate in (("small", "n_layer=2,n_embd=64", 100.0), ("big", "n_layer=4,n_embd=128", 10.0)):
+        _record(tmp_path, f"ddp-{size}", "ddp", "hf:gpt2", args, rate)
+        _record(tmp_path, f"fsdp-{size}", "fsdp", "hf:gpt2", args, rate / 2)
+    _record(tmp_path, "ddp-gptlite", "ddp", "gptlite", None, 50.0)
+    _record(tmp_path, "ddp-gptlite-2", "ddp", "gptlite", None, 80.0, {"n_layer": 2})
+    runs = load_runs(tmp_path)
+    assert sorted(set(runs["model"])) == ["gptlite", "gptlite n_layer=2", "hf_gpt2 n_embd=128,n_layer=4",
+                                          "hf_gpt2 n_embd=64,n_layer=2"]
+    ratios = tables.ddp_ratios(runs)
+    fsdp = ratios[ratios["config"] == "fsdp"]
+    assert len(fsdp) == 2 and fsdp["samples/s vs DDP"].tolist() == [0.5, 0.5]
+    assert set(fsdp["model"]) == {"hf_gpt2 n_embd=128,n_layer=4", "hf_gpt2 n_embd=64,n_layer=2"}
+    assert set(ratios.loc[ratios["config"] == "ddp", "samples/s vs DDP"]) == {1.0}
