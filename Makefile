@@ -24,10 +24,11 @@ help:
 setup: $(VENV)/.installed
 
 # What the demo needs: torch, DeepSpeed with the CPU ops every run uses, the suite and its
-# dependencies. The test tools and DeepSpeed's NVMe op come with `make test` (below).
+# dependencies. The test tools and DeepSpeed's NVMe op come with `make test` (below). numpy comes
+# with torch: building DeepSpeed imports torch, which warns without it.
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS) tools/install_deepspeed.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --disable-pip-version-check -q $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) torch
+	$(PY) -m pip install --disable-pip-version-check -q $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) torch numpy
 	tools/install_deepspeed.sh $(PY) $(DEEPSPEED_VERSION)
 	$(PY) -m pip install --disable-pip-version-check -q $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) -e .
 	touch $@
