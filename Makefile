@@ -12,11 +12,12 @@ CONSTRAINTS ?= $(if $(shell command -v nvidia-smi 2>/dev/null),,constraints-cpu.
 PYTEST_ARGS ?=
 DEEPSPEED_VERSION ?= 0.19.8
 
-.PHONY: setup setup-nvme demo test clean help system-deps
+.PHONY: setup setup-nvme demo test test-fast clean help system-deps
 
 help:
 	@echo "make setup   create $(VENV) and install the suite (CPU torch pinned on CPU machines)"
 	@echo "make demo    setup, then the main job: every backend on the embedded corpus, compared"
+	@echo "make test-fast  the fast tier: every test that starts no multi-process launch (-m 'not distributed')"
 	@echo "make test    setup (with DeepSpeed's NVMe op where libaio installs), then the test suite (CI runs this)"
 	@echo "make setup-nvme  add DeepSpeed's async_io op (NVMe offload) to $(VENV)"
 	@echo "make clean   remove $(VENV) and run records (runs/ keeps README.md and reference/)"
@@ -68,6 +69,10 @@ demo: setup
 
 test: $(VENV)/.test
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The inner loop: the tests that start no multi-process launch (pytest -m 'not distributed').
+test-fast: $(VENV)/.test
+	$(PY) -m pytest -m "not distributed" $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) *.egg-info
