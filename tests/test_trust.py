@@ -91,3 +91,85 @@ def test_a_summary_is_complete_whatever_the_status(tmp_path):
     assert summary["status"] == "failed" and summary["samples_per_s"] is None and summary["schema_version"] == 1
     with pytest.raises(ValueError, match="status must be one of"):
         RunSummary("r", status="finished")
+
+
+# ------------------------------------------------------------------ a checkpoint directory belongs to one run
+# In-process runs through test_loop's fake backend (no launches: fast).
+def _ckpt_files(directory):
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*"))
+            if p.is_file() and p.name != "owner.lock"}
+
+
+def test_a_second_run_into_a_checkpoint_directory_is_refused_and_deletes_nothing(tmp_path):
+    from gptlite.errors import ConfigError
+    from test_loop import make_setup
+    from training.run import EXIT_OK, Run
+
+    save = {"save_dir": str(tmp_path / "ckpt"), "save_every": 1, "keep_checkpoints": 2}
+    assert Run(make_setup(tmp_path, run_name="first", steps=3, **save)).execute() == EXIT_OK
+    before = _ckpt_files(tmp_path / "ckpt")
+    assert sorted(p.name for p in (tmp_path / "ckpt").glob("step_*")) == ["step_00000001", "step_00000002"]
+    # Another run, however it asks (--overwrite, --resume), and this record started over.
+    for name, flags, whose in [("second", {"overwrite": False}, "the run"), ("second", {"overwrite": True}, "the run"),
+                               ("second", {"resume": True}, "the run"), ("first", {"overwrite": True}, "an earlier run")]:
+        with pytest.raises(ConfigError, match=f"save_dir: .* holds the checkpoints of {whose}"):
+            make_setup(tmp_path, run_name=name, steps=5, **{**save, **flags})
+        assert _ckpt_files(tmp_path / "ckpt") == before
+    assert not (tmp_path / "runs" / "second").exists()
+    # The run itself resumed owns it: its rotation deletes its own older checkpoints.
+    assert Run(make_setup(tmp_path, run_name="first", steps=5, resume=True, **save)).execute() == EXIT_OK
+    assert sorted(p.name for p in (tmp_path / "ckpt").glob("step_*")) == ["step_00000003", "step_00000004"]
+
+
+def test_a_checkpoint_directory_has_one_writer_at_a_time(tmp_path):
+    from gptlite.errors import ConfigError
+    from test_loop import make_setup
+    from training.preflight import FileLock
+
+    held = FileLock(tmp_path / "ckpt" / "owner.lock")  # as another run writing into it holds it
+    try:
+        with pytest.raises(ConfigError, match=r"save_dir: .* is being written by pid \d+"):
+            make_setup(tmp_path, save_dir=str(tmp_path / "ckpt"), save_every=1)
+    finally:
+        held.release()
+
+
+class _Saving:
+    """What checkpoint.save needs of a backend."""
+    checkpoint_format = "torch"
+
+    def save_checkpoint(self, directory):
+        directory.mkdir(parents=True)
+        (directory / "state").write_text("x")
+
+
+def test_rotation_deletes_only_this_runs_checkpoints(tmp_path):
+    """Checkpoints of another run in the directory (written before directories had owners) are
+    neither rotated away nor counted, and the checkpoint `latest` names is never deleted."""
+    from training import checkpoint
+
+    save_dir = tmp_path / "ckpt"
+
+    def save(step, run):
+        checkpoint.save(_Saving(), save_dir, step, 0, {"run_id": run, "record": str(tmp_path / run),
+                                                       "run_name": run}, keep=2)
+
+    save(4, "theirs")
+    save(9, "theirs")
+    save(2, "ours")
+    assert (save_dir / "latest").read_text().strip() == "step_00000002"
+    assert sorted(p.name for p in save_dir.glob("step_*")) == ["step_00000002", "step_00000004", "step_00000009"]
+    save(3, "ours")
+    save(5, "ours")
+    assert sorted(p.name for p in save_dir.glob("step_*")) == ["step_00000003", "step_00000004", "step_00000005",
+                                                              "step_00000009"]
+    assert (save_dir / "latest").read_text().strip() == "step_00000005"
+
+
+@pytest.mark.parametrize("key", ["save_dir", "resume"])
+def test_a_sweep_does_not_share_a_checkpoint_directory_between_its_runs(key):
+    from gptlite.errors import ConfigError
+    from training.sweep import Matrix, SweepSpec
+
+    with pytest.raises(ConfigError, match=f"train_args: '{key}': every run of the sweep would share one checkpoint"):
+        SweepSpec(name="t", matrix=Matrix(backend=["ddp", "fsdp"]), train_args={key: "ckpt" if key == "save_dir" else True})

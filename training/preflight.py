@@ -2,8 +2,9 @@
 
 The output directories must be directories we can write; `--init_from` must be an export of this
 model; `--resume` must find a checkpoint it can continue (complete, of this backend, model and
-world) or, without one, must not be about to destroy a record it cannot continue; and a record
-has one writer at a time. Every problem is a ConfigError (one line, exit code 2, nothing written).
+world) or, without one, must not be about to destroy a record it cannot continue; a record
+has one writer at a time; and a checkpoint directory belongs to one run, written by one process
+at a time. Every problem is a ConfigError (one line, exit code 2, nothing written).
 """
 
 from __future__ import annotations
@@ -142,6 +143,47 @@ def _complete_torch_file(path: Path) -> bool:
         return False
 
 
+def recorded_run_id(record_dir: Path | None) -> str | None:
+    """The id of the run that wrote the record (config.json), which its resumed attempts keep."""
+    if record_dir is None:
+        return None
+    try:
+        run_id = json.loads((record_dir / "config.json").read_text()).get("run_id")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return run_id if isinstance(run_id, str) else None
+
+
+def own_save_dir(save_dir: str, run_id: str, run_name: str | None, record_dir: Path | None) -> None:
+    """`save_dir` may take this run's checkpoints: it holds none, or only this run's (a resumed
+    attempt of the same record, by its run id). Another run's checkpoints are never written
+    among, rotated or replaced, --overwrite or not: that run may still want them."""
+    found = checkpoint.steps(save_dir)
+    if not found:
+        return  # nothing to lose: a new or emptied directory
+    how = ("choose another --save_dir; to start from those weights: python -m training.export "
+           f"{save_dir} --out FILE, then --init_from FILE")
+    owner = checkpoint.owner(save_dir)
+    if owner is not None:
+        if owner.get("run_id") == run_id:
+            return
+        theirs = owner.get("record")
+        if record_dir is not None and theirs == str(record_dir.resolve()):
+            whose = f"an earlier run of {record_dir} (a run that starts over does not replace them; --resume continues it)"
+        else:
+            whose = f"the run {theirs}" + ("" if theirs is None or Path(theirs).exists() else " (its record is gone)")
+        raise ConfigError(f"save_dir: {save_dir} holds the checkpoints of {whose}; one run per checkpoint directory: "
+                          f"{how}")
+    # Checkpoints from before directories had owners name their run by its record's name only.
+    names = sorted({str((checkpoint.read_meta(p) or {}).get("run_name")) for p in found})
+    resumed = checkpoint.latest(save_dir)
+    if record_dir is not None and resumed is not None and resumed[1].get("run_name") == run_name \
+            and (record_dir / "config.json").exists():
+        return  # this record's own checkpoints, resumed: the first checkpoint it writes claims the directory
+    raise ConfigError(f"save_dir: {save_dir} holds checkpoints of the run {', '.join(names)} ({found[-1].name}); "
+                      f"one run per checkpoint directory: --resume --run_name {names[-1]} continues it, or {how}")
+
+
 def _recorded_save_dir(record_dir: Path) -> str | None:
     try:
         return json.loads((record_dir / "config.json").read_text())["run"]["save_dir"]
@@ -187,6 +229,17 @@ class FileLock:
 
     def release(self) -> None:
         self.file.close()  # closing the file drops the lock
+
+
+class SaveDirLock(FileLock):
+    """One writer per checkpoint directory: an exclusive lock on save_dir/owner.lock, held until exit."""
+
+    def __init__(self, save_dir: str):
+        try:
+            super().__init__(Path(save_dir) / checkpoint.LOCK)
+        except LockHeld as e:
+            raise LockHeld(f"save_dir: {save_dir} is being written by {e.holder}; one run per checkpoint directory: "
+                           "wait for it to finish, or choose another --save_dir", e.holder) from None
 
 
 class RecordLock(FileLock):
