@@ -92,3 +92,24 @@ def test_bad_input_is_refused_in_one_line(args):
     proc = subprocess.run([sys.executable, "-m", "training.fake_world", *args], cwd=REPO, env=base_env(),
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+@pytest.mark.parametrize("flags", [["--save_d", "{DIR}", "--save_ev", "1"], ["--save_dir={DIR}", "--save_every=1"],
+                                   ["--runs_d", "{DIR}"], ["--run_n", "x"], ["--res"], ["--overw"],
+                                   ["--keep_checkpoints", "5"], ["--nvme_p", "{DIR}"]])
+def test_every_spelling_of_an_output_flag_is_refused_before_simulating(flags, tmp_path, monkeypatch, capsys):
+    """In-process: a simulated run must never write into a real run's record, checkpoints or NVMe
+    swap files, however a flag is spelled (argparse would take an abbreviation)."""
+    from training import fake_world
+
+    def simulate(*args):
+        raise AssertionError("simulated")
+
+    monkeypatch.setattr(fake_world, "simulate", simulate)
+    target = tmp_path / "real"
+    with pytest.raises(SystemExit) as refused:
+        fake_world.main(["--world", "2", "--", "--preset", "tiny", *[f.replace("{DIR}", str(target)) for f in flags]])
+    assert refused.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("python -m training.fake_world: error:"), err
+    assert not target.exists()

@@ -173,3 +173,12 @@ def test_a_sweep_does_not_share_a_checkpoint_directory_between_its_runs(key):
 
     with pytest.raises(ConfigError, match=f"train_args: '{key}': every run of the sweep would share one checkpoint"):
         SweepSpec(name="t", matrix=Matrix(backend=["ddp", "fsdp"]), train_args={key: "ckpt" if key == "save_dir" else True})
+
+
+def test_train_py_takes_no_abbreviated_flags():
+    from gptlite.errors import ConfigError
+    from training.cli import config_from_argv
+
+    assert config_from_argv(["--save_dir", "x", "--save_every", "1"]).save_every == 1
+    with pytest.raises(ConfigError, match="unrecognized arguments: --save_d x --save_ev 1"):
+        config_from_argv(["--save_d", "x", "--save_ev", "1"])

@@ -20,6 +20,7 @@ rank of the simulated world.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -28,7 +29,26 @@ from pathlib import Path
 
 # Short by default: the first step settles the allocations, the second (the last) is profiled.
 DEFAULT_FLAGS = ("--steps", "2", "--warmup_steps", "1", "--eval_batches", "1", "--quiet")
-REFUSED_FLAGS = ("--runs_dir", "--run_name", "--resume", "--save_dir", "--save_every", "--overwrite")
+# Every train.py setting that makes a run write where the user says (records, checkpoints, NVMe swap
+# files, which DeepSpeed clears at start): a simulated run writes only into its own temporary
+# directory. Checked on the resolved flags, so no spelling of them gets past.
+OUTPUT_FIELDS = ("runs_dir", "run_name", "overwrite", "resume", "save_dir", "save_every", "keep_checkpoints",
+                 "nvme_path")
+
+
+def check_train_flags(train_argv: list[str]) -> None:
+    """train.py's flags as train.py reads them, none of them saying where to write (ConfigError)."""
+    from dataclasses import fields
+
+    from core.config import RunConfig
+    from gptlite.errors import ConfigError
+    from training.cli import config_from_argv
+
+    cfg = config_from_argv([*DEFAULT_FLAGS, *train_argv])
+    for f in fields(RunConfig):
+        if f.name in OUTPUT_FIELDS and getattr(cfg, f.name) != f.default:
+            raise ConfigError(f"--{f.name}: a simulated run keeps no record or checkpoint and writes only into a "
+                              "temporary directory of its own (its losses are meaningless)")
 
 
 def simulate(world: int, gpus_per_node: int, train_argv: list[str]) -> dict:
@@ -46,6 +66,11 @@ def simulate(world: int, gpus_per_node: int, train_argv: list[str]) -> dict:
 
     with tempfile.TemporaryDirectory(prefix="fake_world-") as runs_dir:
         cfg = parse_args([*DEFAULT_FLAGS, *train_argv, "--runs_dir", runs_dir, "--run_name", "fake_world"])
+        if cfg.deepspeed_config and cfg.backend in (None, "deepspeed"):
+            # NVMe offload's swap files go to a directory of its own, never the one its config names.
+            nvme = Path(runs_dir) / "nvme"
+            nvme.mkdir()
+            cfg = dataclasses.replace(cfg, nvme_path=str(nvme))
         # Initialised before the run starts, the fake group is the one the backend finds and uses.
         dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
         code = run(cfg)
@@ -92,9 +117,12 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--world and --gpus_per_node must be >= 1")
     if args.world > args.gpus_per_node and args.world % args.gpus_per_node:
         p.error(f"--world {args.world}: beyond one node, whole nodes of --gpus_per_node {args.gpus_per_node}")
-    refused = [f for f in REFUSED_FLAGS if any(a == f or a.startswith(f + "=") for a in train_argv)]
-    if refused:
-        p.error(f"{refused[0]}: a simulated run keeps no record or checkpoint (its losses are meaningless)")
+    from gptlite.errors import ConfigError
+
+    try:
+        check_train_flags(train_argv)
+    except ConfigError as e:
+        p.error(str(e))
     result = simulate(args.world, args.gpus_per_node, train_argv)
     if "status" not in result:
         return result["exit_code"]
