@@ -182,3 +182,67 @@ def test_train_py_takes_no_abbreviated_flags():
     assert config_from_argv(["--save_dir", "x", "--save_every", "1"]).save_every == 1
     with pytest.raises(ConfigError, match="unrecognized arguments: --save_d x --save_ev 1"):
         config_from_argv(["--save_d", "x", "--save_ev", "1"])
+
+
+# ------------------------------------------------------------------ a resume is checked before anything starts
+MODEL_FILE = '''
+import torch
+import torch.nn as nn
+
+WIDTH = {width}
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, x):
+        return x + self.linear(x)
+
+
+def get_model():
+    return nn.Sequential(nn.Linear(4, WIDTH), Block(), Block(), nn.Linear(WIDTH, 3))
+
+
+def get_dataset():
+    g = torch.Generator().manual_seed(0)
+    return [(torch.randn(4, generator=g), i % 3) for i in range(40)]
+'''
+
+
+def _model_file_setup(tmp_path, **flags):
+    """A run of a model file through test_loop's fake backend, resolved in-process."""
+    import torch
+
+    from backends.base import Resolved
+    from core.config import RunConfig
+    from core.dist import DistEnv
+    from test_loop import FakeBackend
+    from training.run import resolve
+
+    cfg = RunConfig(**{"model": str(tmp_path / "net.py"), "micro_batch": 2, "grad_accum": 1, "steps": 3, "warmup_steps": 0,
+                       "mem_profile_steps": 0, "eval_batches": 1, "quiet": True, "runs_dir": str(tmp_path / "runs"),
+                       "run_name": "net", "lr": 0.05, "lr_warmup_steps": 0, "grad_clip": 0.0, "precision": "fp32",
+                       "save_dir": str(tmp_path / "ckpt"), "save_every": 1, **flags})
+    env = DistEnv(rank=0, local_rank=0, world_size=1, local_world_size=1, device=torch.device("cpu"),
+                  launcher="python")
+    return resolve(cfg, env, Resolved(FakeBackend, cfg))
+
+
+def _files(directory):
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def test_a_resume_after_the_model_file_changed_is_refused_up_front(tmp_path):
+    from gptlite.errors import ConfigError
+    from training.run import EXIT_OK, Run
+
+    (tmp_path / "net.py").write_text(MODEL_FILE.format(width=8))
+    assert Run(_model_file_setup(tmp_path)).execute() == EXIT_OK
+    record = _files(tmp_path / "runs" / "net")
+    (tmp_path / "net.py").write_text(MODEL_FILE.format(width=16))  # same name and args, other shapes
+    with pytest.raises(ConfigError, match=r"resume: the checkpoint .*step_00000002 holds other parameters than this "
+                                          r"run's model \(first difference: net.0.bias: \[8\] there, \[16\] here\)"):
+        _model_file_setup(tmp_path, steps=5, resume=True)
+    assert _files(tmp_path / "runs" / "net") == record

@@ -73,6 +73,35 @@ def latest(save_dir: str | Path) -> tuple[Path, dict] | None:
     return directory, json.loads(meta.read_text())
 
 
+def param_shapes(model: torch.nn.Module) -> dict[str, list[int]]:
+    """The names and shapes of a model's state (meta.json's "params"), from its structure (the meta
+    device): what a resumed run's model must have for the checkpoint to load."""
+    return {name: list(value.shape) for name, value in model.state_dict().items()}
+
+
+def written_shapes(directory: Path, meta: dict) -> dict[str, list[int]] | None:
+    """The parameter names and shapes a checkpoint holds: recorded in its meta.json, or for a
+    checkpoint from before they were, read from the "torch" and "dcp" formats' own files (without
+    loading the tensors); None where neither can say (DeepSpeed's engine format)."""
+    if isinstance(meta.get("params"), dict):
+        return meta["params"]
+    from training.export import plain_name
+
+    try:
+        if meta.get("format") == "torch":
+            state = torch.load(directory / "model" / "state.pt", map_location="cpu", mmap=True, weights_only=True)
+            return {plain_name(k): list(v.shape) for k, v in state["model"].items()}
+        if meta.get("format") == "dcp":
+            from torch.distributed.checkpoint import FileSystemReader
+
+            stored = FileSystemReader(str(directory / "model" / "dcp")).read_metadata().state_dict_metadata
+            return {plain_name(k.removeprefix("model.")): list(v.size) for k, v in stored.items()
+                    if k.startswith("model.") and hasattr(v, "size")}
+    except Exception:  # noqa: BLE001 - unreadable here: the load will say
+        return None
+    return None
+
+
 def owner(save_dir: str | Path) -> dict | None:
     """Who the checkpoints under save_dir belong to ({"run_id", "record"}), or None if no run claimed them."""
     path = Path(save_dir) / OWNER

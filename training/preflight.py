@@ -62,6 +62,7 @@ def init_weights(path: str, workload) -> dict:
 class Resume:
     directory: Path
     meta: dict
+    shapes_checked: bool = True  # False: a checkpoint whose parameter shapes could not be read up front
 
     @property
     def start_step(self) -> int:
@@ -96,6 +97,15 @@ def resume_point(cfg, world_size: int, global_batch: int, workload, record_dir: 
     written = {"name": "gptlite", **meta["model"]} if "model" in meta else None
     if written is not None and written != workload.description:
         raise ConfigError(f"{where} is of another model ({_model_difference(written, workload.description)})")
+    # The same name and settings, but the model's code may have changed since (a model file edited).
+    shapes = checkpoint.written_shapes(found.directory, meta)
+    if shapes is not None:
+        ours = checkpoint.param_shapes(workload.meta())
+        if shapes != ours:
+            first = (sorted(set(shapes) ^ set(ours)) or sorted(k for k in ours if shapes[k] != ours[k]))[0]
+            raise ConfigError(f"{where} holds other parameters than this run's model (first difference: {first}: "
+                              f"{shapes.get(first)} there, {ours.get(first)} here): the model's code changed since it "
+                              "was written; start a new run")
     if checkpoint_format != "torch" and meta.get("world_size") != world_size:
         raise ConfigError(f"{where} was written by {meta.get('world_size')} ranks; a {checkpoint_format} checkpoint "
                           f"resumes on the same number (this run has {world_size})")
@@ -103,7 +113,7 @@ def resume_point(cfg, world_size: int, global_batch: int, workload, record_dir: 
         state = " (its record is finished)" if summary is not None and summary.status == "ok" else ""
         raise ConfigError(f"{where} is at step {meta['step']}: with --steps {cfg.steps} there is nothing left to "
                           f"train{state}; ask for more --steps")
-    return found
+    return Resume(found.directory, meta, shapes_checked=shapes is not None)
 
 
 def inspect(save_dir: Path) -> Resume | None:

@@ -153,6 +153,9 @@ def resolve(cfg: RunConfig, env: DistEnv | None = None, resolved: Resolved | Non
         setup.resume = preflight.resume_point(cfg, env.world_size, setup.layout.global_batch, workload, record_dir,
                                               resolved.backend.checkpoint_format)
         setup.run_id = preflight.recorded_run_id(record_dir) or setup.run_id
+        if setup.resume is not None and not setup.resume.shapes_checked and env.is_main:
+            print(f"note: {setup.resume.directory} was written before checkpoints recorded their parameter shapes "
+                  "and its format does not say them: they are compared only as it loads", file=sys.stderr)
     if env.is_main:  # last: every other check has passed
         try:
             if cfg.run_name:
