@@ -246,3 +246,23 @@ def test_a_resume_after_the_model_file_changed_is_refused_up_front(tmp_path):
                                           r"run's model \(first difference: net.0.bias: \[8\] there, \[16\] here\)"):
         _model_file_setup(tmp_path, steps=5, resume=True)
     assert _files(tmp_path / "runs" / "net") == record
+
+
+def test_a_resume_without_a_checkpoint_replaces_a_record_only_with_the_same_run(tmp_path):
+    """An unfinished record with no checkpoint is started over by --resume (torchrun's restarts)
+    only for the same settings; --steps may grow, as a resume's may."""
+    from gptlite.errors import ConfigError
+    from test_loop import make_setup
+    from training.run import EXIT_FAILED, EXIT_OK, Run
+
+    save = {"save_dir": str(tmp_path / "ckpt"), "save_every": 100}
+    assert Run(make_setup(tmp_path, fail=("step", 1), **save)).execute() == EXIT_FAILED  # before any checkpoint
+    record = _files(tmp_path / "runs" / "fake")
+    for flags, difference in [({"preset": "small"}, "--preset 'tiny' there, 'small' here"),
+                              ({"lr": 0.01}, "--lr 0.05 there, 0.01 here"),
+                              ({"micro_batch": 4}, "--micro_batch 2 there, 4 here")]:
+        with pytest.raises(ConfigError, match=f"resume: .* was recorded with other settings \\({difference}\\)"):
+            make_setup(tmp_path, resume=True, **{**save, **flags})
+        assert _files(tmp_path / "runs" / "fake") == record
+    restarted = make_setup(tmp_path, resume=True, steps=5, **save)
+    assert restarted.resume is None and Run(restarted).execute() == EXIT_OK

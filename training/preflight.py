@@ -86,6 +86,11 @@ def resume_point(cfg, world_size: int, global_batch: int, workload, record_dir: 
         if recorded is None or Path(recorded).resolve() != Path(cfg.save_dir).resolve():
             raise ConfigError(f"resume: --save_dir {cfg.save_dir} holds no checkpoint, and {record_dir} was written "
                               f"with --save_dir {recorded}; resuming would start it over. Check --save_dir")
+        difference = _setting_difference(_recorded_config(record_dir), cfg, global_batch, workload)
+        if difference:
+            raise ConfigError(f"resume: {record_dir} was recorded with other settings ({difference}) and --save_dir "
+                              f"{cfg.save_dir} holds no checkpoint of it; starting over would replace it with another "
+                              "run: give this run another --run_name, or resume with the record's settings")
         return None  # the previous attempt of this run stopped before its first checkpoint
     meta = found.meta
     where = f"resume: the checkpoint {found.directory}"
@@ -192,6 +197,35 @@ def own_save_dir(save_dir: str, run_id: str, run_name: str | None, record_dir: P
         return  # this record's own checkpoints, resumed: the first checkpoint it writes claims the directory
     raise ConfigError(f"save_dir: {save_dir} holds checkpoints of the run {', '.join(names)} ({found[-1].name}); "
                       f"one run per checkpoint directory: --resume --run_name {names[-1]} continues it, or {how}")
+
+
+# RunConfig fields that do not define a run: where it is recorded, how much it says, how long it
+# waits for a collective, when it saves, and --steps (a resume may ask for more).
+NOT_THE_RUN = ("steps", "resume", "overwrite", "quiet", "log_every", "dry_run", "local_rank", "runs_dir", "run_name",
+               "dist_timeout_s", "save_dir", "save_every", "keep_checkpoints")
+
+
+def _setting_difference(recorded: dict | None, cfg, global_batch: int, workload) -> str | None:
+    """How this run differs from the one recorded (config.json): its settings, global batch, and
+    its model (description and size: a model file may have been edited); None if it is the same."""
+    recorded = recorded or {}
+    before = {k: v for k, v in (recorded.get("run") or {}).items() if k not in NOT_THE_RUN}
+    now = {k: v for k, v in cfg.to_dict().items() if k not in NOT_THE_RUN}
+    for key in sorted(set(before) | set(now)):
+        if before.get(key) != now.get(key):
+            return f"--{key} {before.get(key)!r} there, {now.get(key)!r} here"
+    for key, ours in (("global_batch", global_batch), ("model", workload.description), ("n_params", workload.n_params)):
+        if recorded.get(key) != ours:
+            return f"{key} {recorded.get(key)!r} there, {ours!r} here"
+    return None
+
+
+def _recorded_config(record_dir: Path) -> dict | None:
+    try:
+        config = json.loads((record_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return config if isinstance(config, dict) else None
 
 
 def _recorded_save_dir(record_dir: Path) -> str | None:
