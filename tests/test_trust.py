@@ -266,3 +266,32 @@ def test_a_resume_without_a_checkpoint_replaces_a_record_only_with_the_same_run(
         assert _files(tmp_path / "runs" / "fake") == record
     restarted = make_setup(tmp_path, resume=True, steps=5, **save)
     assert restarted.resume is None and Run(restarted).execute() == EXIT_OK
+
+
+def test_checkpoints_are_not_kept_inside_a_record(tmp_path):
+    """A record is replaced as a whole (--overwrite, a sweep's retry): checkpoints inside one would go with it."""
+    from gptlite.errors import ConfigError
+    from test_loop import make_setup
+    from training.run import EXIT_OK, Run
+
+    with pytest.raises(ConfigError, match=r"save_dir: .*runs/fake/ckpt is inside the run record .*runs/fake, which"):
+        make_setup(tmp_path, save_dir=str(tmp_path / "runs" / "fake" / "ckpt"), save_every=1)
+    assert Run(make_setup(tmp_path, run_name="other")).execute() == EXIT_OK
+    with pytest.raises(ConfigError, match=r"save_dir: .*runs/other/ckpt is inside the run record .*runs/other, which"):
+        make_setup(tmp_path, save_dir=str(tmp_path / "runs" / "other" / "ckpt"), save_every=1)
+
+
+@pytest.mark.parametrize("target", ["step_00000004/model/state.pt", "latest"])
+def test_an_export_is_never_written_into_a_checkpoint(tmp_path, target, capsys):
+    from training import export
+
+    step = tmp_path / "ckpt" / "step_00000004"
+    (step / "model").mkdir(parents=True)
+    (step / "meta.json").write_text('{"step": 4, "format": "torch"}')
+    (step / "model" / "state.pt").write_bytes(b"the run's state")
+    (tmp_path / "ckpt" / "latest").write_text("step_00000004\n")
+    before = _files(tmp_path / "ckpt")
+    assert export.main([str(tmp_path / "ckpt"), "--out", str(tmp_path / "ckpt" / target)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "is inside the checkpoint directory" in err, err
+    assert _files(tmp_path / "ckpt") == before

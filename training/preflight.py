@@ -169,6 +169,19 @@ def recorded_run_id(record_dir: Path | None) -> str | None:
     return run_id if isinstance(run_id, str) else None
 
 
+def outside_records(save_dir: str, record_dir: Path | None) -> None:
+    """`save_dir` is not inside a run record (this run's, or any other's: a directory with a run's
+    summary.json): a record
+    is replaced as a whole (--overwrite, --resume starting over, a sweep's retry), and checkpoints
+    in it would go with it."""
+    path = Path(save_dir).resolve()
+    ours = record_dir.resolve() if record_dir is not None else None
+    for ancestor in (path, *path.parents):
+        if ancestor == ours or read_summary(ancestor / "summary.json") is not None:
+            raise ConfigError(f"save_dir: {save_dir} is inside the run record {ancestor}, which is replaced as a whole "
+                              "(--overwrite, a sweep's retry) with everything in it; keep checkpoints outside records")
+
+
 def own_save_dir(save_dir: str, run_id: str, run_name: str | None, record_dir: Path | None) -> None:
     """`save_dir` may take this run's checkpoints: it holds none, or only this run's (a resumed
     attempt of the same record, by its run id). Another run's checkpoints are never written

@@ -141,14 +141,15 @@ def resolve(cfg: RunConfig, env: DistEnv | None = None, resolved: Resolved | Non
     if cfg.dry_run:
         return setup
     preflight.writable_dir("runs_dir", cfg.runs_dir)
+    record_dir = Path(cfg.runs_dir) / cfg.run_name if cfg.run_name else None
     if cfg.save_dir:
         preflight.writable_dir("save_dir", cfg.save_dir)
+        preflight.outside_records(cfg.save_dir, record_dir)
     if cfg.init_from:
         setup.init = preflight.init_weights(cfg.init_from, workload)
         if setup.init["step"] + 1 >= cfg.steps:
             raise ConfigError(f"init_from: {cfg.init_from} ends at step {setup.init['step']}; with --steps "
                               f"{cfg.steps} there is nothing left to train; ask for more --steps")
-    record_dir = Path(cfg.runs_dir) / cfg.run_name if cfg.run_name else None
     if cfg.resume:
         setup.resume = preflight.resume_point(cfg, env.world_size, setup.layout.global_batch, workload, record_dir,
                                               resolved.backend.checkpoint_format)
