@@ -171,9 +171,8 @@ def recorded_run_id(record_dir: Path | None) -> str | None:
 
 def outside_records(save_dir: str, record_dir: Path | None) -> None:
     """`save_dir` is not inside a run record (this run's, or any other's: a directory with a run's
-    summary.json): a record
-    is replaced as a whole (--overwrite, --resume starting over, a sweep's retry), and checkpoints
-    in it would go with it."""
+    summary.json): a record is replaced as a whole (--overwrite, --resume starting over, a sweep's
+    retry), and checkpoints in it would go with it."""
     path = Path(save_dir).resolve()
     ours = record_dir.resolve() if record_dir is not None else None
     for ancestor in (path, *path.parents):
@@ -196,10 +195,12 @@ def own_save_dir(save_dir: str, run_id: str, run_name: str | None, record_dir: P
         if owner.get("run_id") == run_id:
             return
         theirs = owner.get("record")
-        if record_dir is not None and theirs == str(record_dir.resolve()):
-            whose = f"an earlier run of {record_dir} (a run that starts over does not replace them; --resume continues it)"
+        gone = theirs is not None and not Path(theirs).exists()
+        if record_dir is not None and theirs == str(record_dir.resolve()) and not gone:
+            whose = (f"an earlier run of {record_dir} (a run that starts it over, --overwrite too, does not replace "
+                     "them; --resume continues it)")
         else:
-            whose = f"the run {theirs}" + ("" if theirs is None or Path(theirs).exists() else " (its record is gone)")
+            whose = f"the run {theirs}" + (" (its record is gone)" if gone else "")
         raise ConfigError(f"save_dir: {save_dir} holds the checkpoints of {whose}; one run per checkpoint directory: "
                           f"{how}")
     # Checkpoints from before directories had owners name their run by its record's name only.
@@ -224,8 +225,8 @@ def _setting_difference(recorded: dict | None, cfg, global_batch: int, workload)
     recorded = recorded or {}
     before = {k: v for k, v in (recorded.get("run") or {}).items() if k not in NOT_THE_RUN}
     now = {k: v for k, v in cfg.to_dict().items() if k not in NOT_THE_RUN}
-    for key in sorted(set(before) | set(now)):
-        if before.get(key) != now.get(key):
+    for key in sorted(set(before) & set(now)):  # a setting the record's code did not have yet is its default
+        if before[key] != now[key]:
             return f"--{key} {before.get(key)!r} there, {now.get(key)!r} here"
     for key, ours in (("global_batch", global_batch), ("model", workload.description), ("n_params", workload.n_params)):
         if recorded.get(key) != ours:
