@@ -295,3 +295,21 @@ def test_an_export_is_never_written_into_a_checkpoint(tmp_path, target, capsys):
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "is inside the checkpoint directory" in err, err
     assert _files(tmp_path / "ckpt") == before
+
+
+def test_a_resume_continues_a_record_only_with_its_settings(tmp_path):
+    """A resumed run continues its record: one record holds one run's settings (--steps may grow)."""
+    from gptlite.errors import ConfigError
+    from test_loop import make_setup
+    from training.run import EXIT_OK, Run
+
+    save = {"save_dir": str(tmp_path / "ckpt"), "save_every": 1}
+    assert Run(make_setup(tmp_path, **save)).execute() == EXIT_OK
+    record = _files(tmp_path / "runs" / "fake")
+    for flags, difference in [({"lr": 0.01}, "--lr 0.05 there, 0.01 here"), ({"seed": 1}, "--seed 1337 there, 1 here"),
+                              ({"eval_batches": 2}, "--eval_batches 1 there, 2 here")]:
+        with pytest.raises(ConfigError, match=f"resume: the checkpoint .* continues .*fake, recorded with other "
+                                              f"settings \\({difference}\\)"):
+            make_setup(tmp_path, resume=True, steps=5, **{**save, **flags})
+        assert _files(tmp_path / "runs" / "fake") == record
+    assert make_setup(tmp_path, resume=True, steps=5, **save).resume is not None

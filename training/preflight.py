@@ -114,6 +114,13 @@ def resume_point(cfg, world_size: int, global_batch: int, workload, record_dir: 
     if checkpoint_format != "torch" and meta.get("world_size") != world_size:
         raise ConfigError(f"{where} was written by {meta.get('world_size')} ranks; a {checkpoint_format} checkpoint "
                           f"resumes on the same number (this run has {world_size})")
+    if summary is not None:  # continued into its record: one record, one run's settings
+        difference = _setting_difference(_recorded_config(record_dir), cfg, global_batch, None,
+                                          free=RESUME_MAY_CHANGE)
+        if difference:
+            raise ConfigError(f"{where} continues {record_dir}, recorded with other settings ({difference}); a record "
+                              "holds one run's settings: resume with them, or start a new run from the checkpoint's "
+                              f"weights (python -m training.export {cfg.save_dir} --out FILE, then --init_from FILE)")
     if found.start_step >= cfg.steps:
         state = " (its record is finished)" if summary is not None and summary.status == "ok" else ""
         raise ConfigError(f"{where} is at step {meta['step']}: with --steps {cfg.steps} there is nothing left to "
@@ -219,16 +226,25 @@ NOT_THE_RUN = ("steps", "resume", "overwrite", "quiet", "log_every", "dry_run", 
                "dist_timeout_s", "save_dir", "save_every", "keep_checkpoints")
 
 
-def _setting_difference(recorded: dict | None, cfg, global_batch: int, workload) -> str | None:
-    """How this run differs from the one recorded (config.json): its settings, global batch, and
-    its model (description and size: a model file may have been edited); None if it is the same."""
+# What a resume from a checkpoint may change besides: how the global batch is split (a "torch"
+# checkpoint resumes on another world size), and --init_from (where the run's first weights came
+# from; a resume cannot pass it). The checkpoint's own checks cover the model.
+RESUME_MAY_CHANGE = ("micro_batch", "grad_accum", "init_from")
+
+
+def _setting_difference(recorded: dict | None, cfg, global_batch: int, workload, free: tuple = ()) -> str | None:
+    """How this run differs from the one recorded (config.json): its settings but `free`, global
+    batch, and (with `workload`) its model, description and size (a model file may have been
+    edited); None if it is the same."""
     recorded = recorded or {}
-    before = {k: v for k, v in (recorded.get("run") or {}).items() if k not in NOT_THE_RUN}
-    now = {k: v for k, v in cfg.to_dict().items() if k not in NOT_THE_RUN}
+    skip = (*NOT_THE_RUN, *free)
+    before = {k: v for k, v in (recorded.get("run") or {}).items() if k not in skip}
+    now = {k: v for k, v in cfg.to_dict().items() if k not in skip}
     for key in sorted(set(before) & set(now)):  # a setting the record's code did not have yet is its default
         if before[key] != now[key]:
-            return f"--{key} {before.get(key)!r} there, {now.get(key)!r} here"
-    for key, ours in (("global_batch", global_batch), ("model", workload.description), ("n_params", workload.n_params)):
+            return f"--{key} {before[key]!r} there, {now[key]!r} here"
+    model = (("model", workload.description), ("n_params", workload.n_params)) if workload is not None else ()
+    for key, ours in (("global_batch", global_batch), *model):
         if recorded.get(key) != ours:
             return f"{key} {recorded.get(key)!r} there, {ours!r} here"
     return None
