@@ -313,3 +313,30 @@ def test_a_resume_continues_a_record_only_with_its_settings(tmp_path):
             make_setup(tmp_path, resume=True, steps=5, **{**save, **flags})
         assert _files(tmp_path / "runs" / "fake") == record
     assert make_setup(tmp_path, resume=True, steps=5, **save).resume is not None
+
+
+def test_an_nvme_swap_directory_has_one_run_at_a_time(tmp_path):
+    """DeepSpeed clears each rank's swap folder under nvme_path as it starts: a second run into the
+    same directory would pull a live run's parameters from under it."""
+    import torch
+
+    from backends.base import Resolved
+    from core.dist import DistEnv
+    from gptlite.errors import ConfigError
+    from test_loop import FakeBackend, make_setup
+    from training.preflight import FileLock
+    from training.run import resolve
+
+    nvme = tmp_path / "nvme"
+    nvme.mkdir()
+    plan = type("Plan", (), {"config": {"zero_optimization": {
+        "stage": 3, "offload_param": {"device": "nvme", "nvme_path": str(nvme)}}}})()
+    cfg = make_setup(tmp_path).cfg
+    env = DistEnv(rank=0, local_rank=0, world_size=1, local_world_size=1, device=torch.device("cpu"), launcher="python")
+    held = FileLock(nvme / "gptlite.lock")  # as a live run using it holds it
+    try:
+        with pytest.raises(ConfigError, match=r"nvme_path: .*nvme is being used by pid \d+"):
+            resolve(cfg, env, Resolved(FakeBackend, cfg, plan))
+    finally:
+        held.release()
+    assert resolve(cfg, env, Resolved(FakeBackend, cfg, plan)).nvme_locks

@@ -316,6 +316,26 @@ class SaveDirLock(FileLock):
                            "wait for it to finish, or choose another --save_dir", e.holder) from None
 
 
+def nvme_paths(plan) -> list[str]:
+    """The NVMe directories a DeepSpeed plan swaps into (ZeRO-Infinity), none for other backends."""
+    zero = (getattr(plan, "config", None) or {}).get("zero_optimization") or {}
+    return sorted({zero[s]["nvme_path"] for s in ("offload_optimizer", "offload_param")
+                   if (zero.get(s) or {}).get("device") == "nvme" and zero[s].get("nvme_path")})
+
+
+class NVMeLock(FileLock):
+    """One run per NVMe swap directory: DeepSpeed deletes each rank's swap folder there as it
+    starts, which would pull another live run's parameters from under it."""
+
+    def __init__(self, nvme_path: str):
+        try:
+            super().__init__(Path(nvme_path) / "gptlite.lock")
+        except LockHeld as e:
+            raise LockHeld(f"nvme_path: {nvme_path} is being used by {e.holder}; DeepSpeed clears each rank's swap "
+                           "folder there as it starts, so two runs cannot share it: wait for it to finish, or choose "
+                           "another --nvme_path", e.holder) from None
+
+
 class RecordLock(FileLock):
     """One writer per record: an exclusive lock on runs_dir/.locks/<run_name>, held until exit."""
 

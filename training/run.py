@@ -83,6 +83,7 @@ class Setup:
     resume: preflight.Resume | None = None  # the checkpoint --resume continues
     lock: preflight.RecordLock | None = None  # held by rank 0 while it writes the record
     save_lock: preflight.SaveDirLock | None = None  # held by rank 0 while it writes into --save_dir
+    nvme_locks: list = field(default_factory=list)  # held by rank 0 on the NVMe swap directories
     # Names the run in its record and its checkpoints; a resumed attempt keeps its record's.
     run_id: str = field(default_factory=lambda: secrets.token_hex(8))
     layout: BatchLayout = field(init=False)
@@ -165,8 +166,10 @@ def resolve(cfg: RunConfig, env: DistEnv | None = None, resolved: Resolved | Non
                 # Decided holding the directory's lock, so no other run can claim it meanwhile.
                 setup.save_lock = preflight.SaveDirLock(cfg.save_dir)
                 preflight.own_save_dir(cfg.save_dir, setup.run_id, cfg.run_name, record_dir)
+            for path in preflight.nvme_paths(resolved.plan):
+                setup.nvme_locks.append(preflight.NVMeLock(path))
         except ConfigError:
-            for lock in (setup.lock, setup.save_lock):
+            for lock in (setup.lock, setup.save_lock, *setup.nvme_locks):
                 if lock is not None:
                     lock.release()
             raise
