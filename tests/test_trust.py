@@ -340,3 +340,17 @@ def test_an_nvme_swap_directory_has_one_run_at_a_time(tmp_path):
     finally:
         held.release()
     assert resolve(cfg, env, Resolved(FakeBackend, cfg, plan)).nvme_locks
+
+
+def test_replacing_a_record_never_deletes_checkpoints_inside_it(tmp_path):
+    from gptlite.errors import ConfigError
+    from test_loop import make_setup
+    from training.run import EXIT_OK, Run
+
+    assert Run(make_setup(tmp_path)).execute() == EXIT_OK
+    step = tmp_path / "runs" / "fake" / "ckpt" / "step_00000004"  # a --save_dir inside it, from before that was refused
+    step.mkdir(parents=True)
+    (step / "meta.json").write_text('{"step": 4}')
+    with pytest.raises(ConfigError, match=r"run_name: .*fake holds checkpoints \(.*step_00000004\), which replacing"):
+        make_setup(tmp_path, overwrite=True)
+    assert (step / "meta.json").exists()

@@ -188,6 +188,16 @@ def outside_records(save_dir: str, record_dir: Path | None) -> None:
                               "(--overwrite, a sweep's retry) with everything in it; keep checkpoints outside records")
 
 
+def replaceable(record_dir: Path) -> None:
+    """A record about to be replaced (--overwrite, or --resume starting it over) holds no
+    checkpoints: they would be deleted with it (a --save_dir inside a record, from before that was
+    refused, or a record directory that is a --save_dir)."""
+    for meta in sorted(record_dir.rglob("meta.json")):
+        if meta.parent.name.startswith("step_"):
+            raise ConfigError(f"run_name: {record_dir} holds checkpoints ({meta.parent}), which replacing the record "
+                              "would delete; move them out of it first, or choose another --run_name")
+
+
 def own_save_dir(save_dir: str, run_id: str, run_name: str | None, record_dir: Path | None) -> None:
     """`save_dir` may take this run's checkpoints: it holds none, or only this run's (a resumed
     attempt of the same record, by its run id). Another run's checkpoints are never written

@@ -158,6 +158,8 @@ def resolve(cfg: RunConfig, env: DistEnv | None = None, resolved: Resolved | Non
         if setup.resume is not None and not setup.resume.shapes_checked and env.is_main:
             print(f"note: {setup.resume.directory} was written before checkpoints recorded their parameter shapes "
                   "and its format does not say them: they are compared only as it loads", file=sys.stderr)
+    if record_dir is not None and record_dir.is_dir() and setup.resume is None and (cfg.overwrite or cfg.resume):
+        preflight.replaceable(record_dir)
     if env.is_main:  # last: every other check has passed
         try:
             if cfg.run_name:
