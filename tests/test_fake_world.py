@@ -92,3 +92,61 @@ def test_bad_input_is_refused_in_one_line(args):
     proc = subprocess.run([sys.executable, "-m", "training.fake_world", *args], cwd=REPO, env=base_env(),
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+@pytest.mark.parametrize("flags", [["--save_d", "{DIR}", "--save_ev", "1"], ["--save_dir={DIR}", "--save_every=1"],
+                                   ["--runs_d", "{DIR}"], ["--run_n", "x"], ["--res"], ["--overw"],
+                                   ["--keep_checkpoints", "5"], ["--nvme_p", "{DIR}"]])
+def test_every_spelling_of_an_output_flag_is_refused_before_simulating(flags, tmp_path, monkeypatch, capsys):
+    """In-process: a simulated run must never write into a real run's record, checkpoints or NVMe
+    swap files, however a flag is spelled (argparse would take an abbreviation)."""
+    from training import fake_world
+
+    def simulate(*args):
+        raise AssertionError("simulated")
+
+    monkeypatch.setattr(fake_world, "simulate", simulate)
+    target = tmp_path / "real"
+    with pytest.raises(SystemExit) as refused:
+        fake_world.main(["--world", "2", "--", "--preset", "tiny", *[f.replace("{DIR}", str(target)) for f in flags]])
+    assert refused.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("python -m training.fake_world: error:"), err
+    assert not target.exists()
+
+
+@pytest.mark.parametrize("own, message", [
+    (["--world", "2", "--out", "{FILE}/x.json"], "--out: {FILE} exists and is not a directory"),
+    (["--world", "2", "--out", "{DIR}"], "--out {DIR} is a directory; name the file to write"),
+    (["--world", "1000000"], "--world 1000000: simulating it needs about 39.1 GiB of memory (40 KiB per simulated rank "
+                             "for ddp with 4 blocks"),
+])
+def test_what_would_fail_after_simulating_is_refused_before(own, message, tmp_path, monkeypatch, capsys):
+    """In-process: a bad --out, or a world too large for this machine's memory (bad_alloc otherwise),
+    refused in one line before the simulation starts."""
+    from training import fake_world
+
+    def simulate(*args):
+        raise AssertionError("simulated")
+
+    monkeypatch.setattr(fake_world, "simulate", simulate)
+    monkeypatch.setattr(fake_world, "available_memory", lambda: 8 * 2**30)
+    file, directory = tmp_path / "taken.txt", tmp_path / "a_dir"
+    file.write_text("x")
+    directory.mkdir()
+    own = [a.replace("{FILE}", str(file)).replace("{DIR}", str(directory)) for a in own]
+    with pytest.raises(SystemExit) as refused:
+        fake_world.main([*own, "--", "--preset", "tiny", "--backend", "ddp"])
+    assert refused.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1
+    assert message.replace("{FILE}", str(file)).replace("{DIR}", str(directory)) in err, err
+
+
+def test_a_world_that_fits_is_simulated(monkeypatch):
+    from training import fake_world
+    from training.cli import config_from_argv
+
+    monkeypatch.setattr(fake_world, "available_memory", lambda: 8 * 2**30)
+    fake_world.check_world(64, config_from_argv(["--preset", "tiny", "--fsdp_config",
+                                                 str(REPO / "fsdp_configs" / "fsdp2.yaml")]))

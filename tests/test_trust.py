@@ -91,3 +91,266 @@ def test_a_summary_is_complete_whatever_the_status(tmp_path):
     assert summary["status"] == "failed" and summary["samples_per_s"] is None and summary["schema_version"] == 1
     with pytest.raises(ValueError, match="status must be one of"):
         RunSummary("r", status="finished")
+
+
+# ------------------------------------------------------------------ a checkpoint directory belongs to one run
+# In-process runs through test_loop's fake backend (no launches: fast).
+def _ckpt_files(directory):
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*"))
+            if p.is_file() and p.name != "owner.lock"}
+
+
+def test_a_second_run_into_a_checkpoint_directory_is_refused_and_deletes_nothing(tmp_path):
+    from gptlite.errors import ConfigError
+    from test_loop import make_setup
+    from training.run import EXIT_OK, Run
+
+    save = {"save_dir": str(tmp_path / "ckpt"), "save_every": 1, "keep_checkpoints": 2}
+    assert Run(make_setup(tmp_path, run_name="first", steps=3, **save)).execute() == EXIT_OK
+    before = _ckpt_files(tmp_path / "ckpt")
+    assert sorted(p.name for p in (tmp_path / "ckpt").glob("step_*")) == ["step_00000001", "step_00000002"]
+    # Another run, however it asks (--overwrite, --resume), and this record started over.
+    for name, flags, whose in [("second", {"overwrite": False}, "the run"), ("second", {"overwrite": True}, "the run"),
+                               ("second", {"resume": True}, "the run"), ("first", {"overwrite": True}, "an earlier run")]:
+        with pytest.raises(ConfigError, match=f"save_dir: .* holds the checkpoints of {whose}"):
+            make_setup(tmp_path, run_name=name, steps=5, **{**save, **flags})
+        assert _ckpt_files(tmp_path / "ckpt") == before
+    assert not (tmp_path / "runs" / "second").exists()
+    # The run itself resumed owns it: its rotation deletes its own older checkpoints.
+    assert Run(make_setup(tmp_path, run_name="first", steps=5, resume=True, **save)).execute() == EXIT_OK
+    assert sorted(p.name for p in (tmp_path / "ckpt").glob("step_*")) == ["step_00000003", "step_00000004"]
+
+
+def test_a_checkpoint_directory_has_one_writer_at_a_time(tmp_path):
+    from gptlite.errors import ConfigError
+    from test_loop import make_setup
+    from training.preflight import FileLock
+
+    held = FileLock(tmp_path / "ckpt" / "owner.lock")  # as another run writing into it holds it
+    try:
+        with pytest.raises(ConfigError, match=r"save_dir: .* is being written by pid \d+"):
+            make_setup(tmp_path, save_dir=str(tmp_path / "ckpt"), save_every=1)
+    finally:
+        held.release()
+
+
+class _Saving:
+    """What checkpoint.save needs of a backend."""
+    checkpoint_format = "torch"
+
+    def save_checkpoint(self, directory):
+        directory.mkdir(parents=True)
+        (directory / "state").write_text("x")
+
+
+def test_rotation_deletes_only_this_runs_checkpoints(tmp_path):
+    """Checkpoints of another run in the directory (written before directories had owners) are
+    neither rotated away nor counted, and the checkpoint `latest` names is never deleted."""
+    from training import checkpoint
+
+    save_dir = tmp_path / "ckpt"
+
+    def save(step, run):
+        checkpoint.save(_Saving(), save_dir, step, 0, {"run_id": run, "record": str(tmp_path / run),
+                                                       "run_name": run}, keep=2)
+
+    save(4, "theirs")
+    save(9, "theirs")
+    save(2, "ours")
+    assert (save_dir / "latest").read_text().strip() == "step_00000002"
+    assert sorted(p.name for p in save_dir.glob("step_*")) == ["step_00000002", "step_00000004", "step_00000009"]
+    save(3, "ours")
+    save(5, "ours")
+    assert sorted(p.name for p in save_dir.glob("step_*")) == ["step_00000003", "step_00000004", "step_00000005",
+                                                              "step_00000009"]
+    assert (save_dir / "latest").read_text().strip() == "step_00000005"
+
+
+@pytest.mark.parametrize("key", ["save_dir", "resume"])
+def test_a_sweep_does_not_share_a_checkpoint_directory_between_its_runs(key):
+    from gptlite.errors import ConfigError
+    from training.sweep import Matrix, SweepSpec
+
+    with pytest.raises(ConfigError, match=f"train_args: '{key}': every run of the sweep would share one checkpoint"):
+        SweepSpec(name="t", matrix=Matrix(backend=["ddp", "fsdp"]), train_args={key: "ckpt" if key == "save_dir" else True})
+
+
+def test_train_py_takes_no_abbreviated_flags():
+    from gptlite.errors import ConfigError
+    from training.cli import config_from_argv
+
+    assert config_from_argv(["--save_dir", "x", "--save_every", "1"]).save_every == 1
+    with pytest.raises(ConfigError, match="unrecognized arguments: --save_d x --save_ev 1"):
+        config_from_argv(["--save_d", "x", "--save_ev", "1"])
+
+
+# ------------------------------------------------------------------ a resume is checked before anything starts
+MODEL_FILE = '''
+import torch
+import torch.nn as nn
+
+WIDTH = {width}
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, x):
+        return x + self.linear(x)
+
+
+def get_model():
+    return nn.Sequential(nn.Linear(4, WIDTH), Block(), Block(), nn.Linear(WIDTH, 3))
+
+
+def get_dataset():
+    g = torch.Generator().manual_seed(0)
+    return [(torch.randn(4, generator=g), i % 3) for i in range(40)]
+'''
+
+
+def _model_file_setup(tmp_path, **flags):
+    """A run of a model file through test_loop's fake backend, resolved in-process."""
+    import torch
+
+    from backends.base import Resolved
+    from core.config import RunConfig
+    from core.dist import DistEnv
+    from test_loop import FakeBackend
+    from training.run import resolve
+
+    cfg = RunConfig(**{"model": str(tmp_path / "net.py"), "micro_batch": 2, "grad_accum": 1, "steps": 3, "warmup_steps": 0,
+                       "mem_profile_steps": 0, "eval_batches": 1, "quiet": True, "runs_dir": str(tmp_path / "runs"),
+                       "run_name": "net", "lr": 0.05, "lr_warmup_steps": 0, "grad_clip": 0.0, "precision": "fp32",
+                       "save_dir": str(tmp_path / "ckpt"), "save_every": 1, **flags})
+    env = DistEnv(rank=0, local_rank=0, world_size=1, local_world_size=1, device=torch.device("cpu"),
+                  launcher="python")
+    return resolve(cfg, env, Resolved(FakeBackend, cfg))
+
+
+def _files(directory):
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def test_a_resume_after_the_model_file_changed_is_refused_up_front(tmp_path):
+    from gptlite.errors import ConfigError
+    from training.run import EXIT_OK, Run
+
+    (tmp_path / "net.py").write_text(MODEL_FILE.format(width=8))
+    assert Run(_model_file_setup(tmp_path)).execute() == EXIT_OK
+    record = _files(tmp_path / "runs" / "net")
+    (tmp_path / "net.py").write_text(MODEL_FILE.format(width=16))  # same name and args, other shapes
+    with pytest.raises(ConfigError, match=r"resume: the checkpoint .*step_00000002 holds other parameters than this "
+                                          r"run's model \(first difference: net.0.bias: \[8\] there, \[16\] here\)"):
+        _model_file_setup(tmp_path, steps=5, resume=True)
+    assert _files(tmp_path / "runs" / "net") == record
+
+
+def test_a_resume_without_a_checkpoint_replaces_a_record_only_with_the_same_run(tmp_path):
+    """An unfinished record with no checkpoint is started over by --resume (torchrun's restarts)
+    only for the same settings; --steps may grow, as a resume's may."""
+    from gptlite.errors import ConfigError
+    from test_loop import make_setup
+    from training.run import EXIT_FAILED, EXIT_OK, Run
+
+    save = {"save_dir": str(tmp_path / "ckpt"), "save_every": 100}
+    assert Run(make_setup(tmp_path, fail=("step", 1), **save)).execute() == EXIT_FAILED  # before any checkpoint
+    record = _files(tmp_path / "runs" / "fake")
+    for flags, difference in [({"preset": "small"}, "--preset 'tiny' there, 'small' here"),
+                              ({"lr": 0.01}, "--lr 0.05 there, 0.01 here"),
+                              ({"micro_batch": 4}, "--micro_batch 2 there, 4 here")]:
+        with pytest.raises(ConfigError, match=f"resume: .* was recorded with other settings \\({difference}\\)"):
+            make_setup(tmp_path, resume=True, **{**save, **flags})
+        assert _files(tmp_path / "runs" / "fake") == record
+    restarted = make_setup(tmp_path, resume=True, steps=5, **save)
+    assert restarted.resume is None and Run(restarted).execute() == EXIT_OK
+
+
+def test_checkpoints_are_not_kept_inside_a_record(tmp_path):
+    """A record is replaced as a whole (--overwrite, a sweep's retry): checkpoints inside one would go with it."""
+    from gptlite.errors import ConfigError
+    from test_loop import make_setup
+    from training.run import EXIT_OK, Run
+
+    with pytest.raises(ConfigError, match=r"save_dir: .*runs/fake/ckpt is inside the run record .*runs/fake, which"):
+        make_setup(tmp_path, save_dir=str(tmp_path / "runs" / "fake" / "ckpt"), save_every=1)
+    assert Run(make_setup(tmp_path, run_name="other")).execute() == EXIT_OK
+    with pytest.raises(ConfigError, match=r"save_dir: .*runs/other/ckpt is inside the run record .*runs/other, which"):
+        make_setup(tmp_path, save_dir=str(tmp_path / "runs" / "other" / "ckpt"), save_every=1)
+
+
+@pytest.mark.parametrize("target", ["step_00000004/model/state.pt", "latest"])
+def test_an_export_is_never_written_into_a_checkpoint(tmp_path, target, capsys):
+    from training import export
+
+    step = tmp_path / "ckpt" / "step_00000004"
+    (step / "model").mkdir(parents=True)
+    (step / "meta.json").write_text('{"step": 4, "format": "torch"}')
+    (step / "model" / "state.pt").write_bytes(b"the run's state")
+    (tmp_path / "ckpt" / "latest").write_text("step_00000004\n")
+    before = _files(tmp_path / "ckpt")
+    assert export.main([str(tmp_path / "ckpt"), "--out", str(tmp_path / "ckpt" / target)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "is inside the checkpoint directory" in err, err
+    assert _files(tmp_path / "ckpt") == before
+
+
+def test_a_resume_continues_a_record_only_with_its_settings(tmp_path):
+    """A resumed run continues its record: one record holds one run's settings (--steps may grow)."""
+    from gptlite.errors import ConfigError
+    from test_loop import make_setup
+    from training.run import EXIT_OK, Run
+
+    save = {"save_dir": str(tmp_path / "ckpt"), "save_every": 1}
+    assert Run(make_setup(tmp_path, **save)).execute() == EXIT_OK
+    record = _files(tmp_path / "runs" / "fake")
+    for flags, difference in [({"lr": 0.01}, "--lr 0.05 there, 0.01 here"), ({"seed": 1}, "--seed 1337 there, 1 here"),
+                              ({"eval_batches": 2}, "--eval_batches 1 there, 2 here")]:
+        with pytest.raises(ConfigError, match=f"resume: the checkpoint .* continues .*fake, recorded with other "
+                                              f"settings \\({difference}\\)"):
+            make_setup(tmp_path, resume=True, steps=5, **{**save, **flags})
+        assert _files(tmp_path / "runs" / "fake") == record
+    assert make_setup(tmp_path, resume=True, steps=5, **save).resume is not None
+
+
+def test_an_nvme_swap_directory_has_one_run_at_a_time(tmp_path):
+    """DeepSpeed clears each rank's swap folder under nvme_path as it starts: a second run into the
+    same directory would pull a live run's parameters from under it."""
+    import torch
+
+    from backends.base import Resolved
+    from core.dist import DistEnv
+    from gptlite.errors import ConfigError
+    from test_loop import FakeBackend, make_setup
+    from training.preflight import FileLock
+    from training.run import resolve
+
+    nvme = tmp_path / "nvme"
+    nvme.mkdir()
+    plan = type("Plan", (), {"config": {"zero_optimization": {
+        "stage": 3, "offload_param": {"device": "nvme", "nvme_path": str(nvme)}}}})()
+    cfg = make_setup(tmp_path).cfg
+    env = DistEnv(rank=0, local_rank=0, world_size=1, local_world_size=1, device=torch.device("cpu"), launcher="python")
+    held = FileLock(nvme / "gptlite.lock")  # as a live run using it holds it
+    try:
+        with pytest.raises(ConfigError, match=r"nvme_path: .*nvme is being used by pid \d+"):
+            resolve(cfg, env, Resolved(FakeBackend, cfg, plan))
+    finally:
+        held.release()
+    assert resolve(cfg, env, Resolved(FakeBackend, cfg, plan)).nvme_locks
+
+
+def test_replacing_a_record_never_deletes_checkpoints_inside_it(tmp_path):
+    from gptlite.errors import ConfigError
+    from test_loop import make_setup
+    from training.run import EXIT_OK, Run
+
+    assert Run(make_setup(tmp_path)).execute() == EXIT_OK
+    step = tmp_path / "runs" / "fake" / "ckpt" / "step_00000004"  # a --save_dir inside it, from before that was refused
+    step.mkdir(parents=True)
+    (step / "meta.json").write_text('{"step": 4}')
+    with pytest.raises(ConfigError, match=r"run_name: .*fake holds checkpoints \(.*step_00000004\), which replacing"):
+        make_setup(tmp_path, overwrite=True)
+    assert (step / "meta.json").exists()

@@ -1,8 +1,11 @@
 """Training checkpoints: everything needed for a resumed run to continue exactly.
 
     save_dir/
+      owner.json              the run these checkpoints belong to: its id and record
+      owner.lock              held by the run writing into the directory (training/preflight.py)
       step_00000009/          the state after optimizer step 9 (a resumed run starts at step 10)
-        meta.json             step, backend, format, world size, run
+        meta.json             step, backend, format, world size, run (its id, record and name),
+                              the model's parameter names and shapes
         model/                the backend's own format: "torch" (state.pt: model, optimizer,
                               LR schedule, grad scaler), "dcp" (torch.distributed.checkpoint,
                               sharded, plus extra.pt) or "deepspeed" (engine.save_checkpoint)
@@ -13,6 +16,10 @@ The data position needs no saving: the batch of a step is a pure function of (se
 A checkpoint is written into `.step_<N>.partial/` and renamed into place once every rank has
 finished writing it, then `latest` is replaced; a run killed while saving leaves the previous
 checkpoint as the latest.
+
+A checkpoint directory belongs to one run (a record and its resumed attempts, by the run id in
+its config.json): training/preflight.py refuses any other run into it before anything starts,
+and rotation (`keep`) deletes only checkpoints this run wrote, never the one `latest` names.
 """
 
 from __future__ import annotations
@@ -28,6 +35,8 @@ import torch.distributed as dist
 from core.records import atomic_write_json, atomic_write_text
 
 LATEST = "latest"
+OWNER = "owner.json"
+LOCK = "owner.lock"
 
 
 def name_of(step: int) -> str:
@@ -64,9 +73,81 @@ def latest(save_dir: str | Path) -> tuple[Path, dict] | None:
     return directory, json.loads(meta.read_text())
 
 
+def param_shapes(model: torch.nn.Module) -> dict[str, list[int]]:
+    """The names and shapes of a model's state (meta.json's "params"), from its structure (the meta
+    device): what a resumed run's model must have for the checkpoint to load."""
+    return {name: list(value.shape) for name, value in model.state_dict().items()}
+
+
+def written_shapes(directory: Path, meta: dict) -> dict[str, list[int]] | None:
+    """The parameter names and shapes a checkpoint holds: recorded in its meta.json, or for a
+    checkpoint from before they were, read from the "torch" and "dcp" formats' own files (without
+    loading the tensors); None where neither can say (DeepSpeed's engine format)."""
+    if isinstance(meta.get("params"), dict):
+        return meta["params"]
+    from training.export import plain_name
+
+    try:
+        if meta.get("format") == "torch":
+            state = torch.load(directory / "model" / "state.pt", map_location="cpu", mmap=True, weights_only=True)
+            return {plain_name(k): list(v.shape) for k, v in state["model"].items()}
+        if meta.get("format") == "dcp":
+            from torch.distributed.checkpoint import FileSystemReader
+
+            stored = FileSystemReader(str(directory / "model" / "dcp")).read_metadata().state_dict_metadata
+            return {plain_name(k.removeprefix("model.")): list(v.size) for k, v in stored.items()
+                    if k.startswith("model.") and hasattr(v, "size")}
+    except Exception:  # noqa: BLE001 - unreadable here: the load will say
+        return None
+    return None
+
+
+def owner(save_dir: str | Path) -> dict | None:
+    """Who the checkpoints under save_dir belong to ({"run_id", "record"}), or None if no run claimed them."""
+    path = Path(save_dir) / OWNER
+    if not path.exists():
+        return None
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, ValueError):
+        found = None
+    return found if isinstance(found, dict) else {"run_id": None, "record": f"unknown ({path} is unreadable)"}
+
+
+def steps(save_dir: str | Path) -> list[Path]:
+    """The complete checkpoints under save_dir, oldest first."""
+    return sorted(p for p in Path(save_dir).glob("step_*") if p.is_dir() and _step_of(p) is not None)
+
+
+def _step_of(directory: Path) -> int | None:
+    number = directory.name.removeprefix("step_")
+    return int(number) if number.isdigit() else None
+
+
+def read_meta(directory: Path) -> dict | None:
+    try:
+        meta = json.loads((directory / "meta.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
+def written_by(directory: Path, run_id: str, run_name: str | None) -> bool:
+    """Whether the checkpoint in `directory` is this run's. Checkpoints from before runs had ids
+    name their run by its record's name only."""
+    meta = read_meta(directory)
+    if meta is None:
+        return False
+    if "run_id" in meta:
+        return meta["run_id"] == run_id
+    return run_name is not None and meta.get("run_name") == run_name
+
+
 def save(backend, save_dir: str | Path, step: int, rank: int, meta: dict, keep: int = 0) -> Path:
-    """Write the checkpoint of `step` (collective: every rank calls it); keep the newest `keep`."""
+    """Write the checkpoint of `step` (collective: every rank calls it); keep this run's newest
+    `keep`. `meta` names the run: run_id, record (its directory) and run_name."""
     save_dir = Path(save_dir)
+    run_id, run_name = meta["run_id"], meta["run_name"]
     final = save_dir / name_of(step)
     partial = save_dir / f".{final.name}.partial"
     if rank == 0:
@@ -77,16 +158,29 @@ def save(backend, save_dir: str | Path, step: int, rank: int, meta: dict, keep: 
     torch.save(rng_state(), partial / "rng" / f"rank{rank}.pt")
     _barrier()
     if rank == 0:
+        if (owner(save_dir) or {}).get("run_id") != run_id:  # claimed with its first checkpoint
+            atomic_write_json(save_dir / OWNER, {"run_id": run_id, "record": meta["record"]})
         atomic_write_json(partial / "meta.json", {"step": step, "format": backend.checkpoint_format, **meta})
         if final.exists():
+            if not written_by(final, run_id, run_name):  # preflight keeps other runs out: never replace theirs
+                raise RuntimeError(f"{final} was written by another run; not replacing it")
             shutil.rmtree(final)
         os.replace(partial, final)
         atomic_write_text(save_dir / LATEST, final.name + "\n")
         if keep:
-            for old in sorted(save_dir.glob("step_*"))[:-keep]:
-                shutil.rmtree(old)
+            _rotate(save_dir, final, keep, run_id, run_name)
     _barrier()
     return final
+
+
+def _rotate(save_dir: Path, newest: Path, keep: int, run_id: str, run_name: str | None) -> None:
+    """Delete this run's checkpoints older than `newest` beyond the newest `keep` (`newest` among
+    them): another run's are not ours to delete, and a newer-numbered one left by a killed attempt
+    of this run is replaced when this run gets there."""
+    step = _step_of(newest)
+    older = [p for p in steps(save_dir) if _step_of(p) < step and written_by(p, run_id, run_name)]
+    for old in older[:max(0, len(older) - (keep - 1))]:
+        shutil.rmtree(old)
 
 
 def load(backend, directory: Path, rank: int) -> None:

@@ -80,10 +80,24 @@ def _deepspeed_state_dict(model_dir: Path) -> dict:
     return torch.load(states, map_location="cpu", weights_only=False)["module"]
 
 
+def _checkpoint_holding(out: Path) -> Path | None:
+    """The checkpoint (step_*/) or --save_dir file (latest, owner.json) `out` would write into, or None."""
+    path = out.resolve()
+    for ancestor in path.parents:
+        if ancestor.name.startswith(("step_", ".step_")) and (ancestor / "meta.json").is_file():
+            return ancestor
+    if path.name in (checkpoint.LATEST, checkpoint.OWNER, checkpoint.LOCK) and checkpoint.steps(path.parent):
+        return path.parent
+    return None
+
+
 def export(checkpoint_path: str | Path, out: str | Path) -> Path:
     out = Path(out)
     if out.is_dir():
         raise FileExistsError(f"--out {out} is a directory; name the file to write")
+    inside = _checkpoint_holding(out)
+    if inside is not None:  # a checkpoint is its run's: never written into from outside
+        raise FileExistsError(f"--out {out} is inside the checkpoint directory {inside}; write the export elsewhere")
     directory = resolve(checkpoint_path)
     state, meta = consolidated_state_dict(directory)
     out.parent.mkdir(parents=True, exist_ok=True)

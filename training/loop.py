@@ -168,7 +168,9 @@ class StepLoop:
         if cfg.save_every and (step + 1) % cfg.save_every == 0:
             checkpoint.save(self.backend, cfg.save_dir, step, env.rank, {
                 "backend": cfg.backend, "world_size": env.world_size, "global_batch": self.s.layout.global_batch,
-                "run_name": self.record.dir.name, "model": self.s.workload.description}, keep=cfg.keep_checkpoints)
+                "run_id": self.s.run_id, "record": str(self.record.dir.resolve()), "run_name": self.record.dir.name,
+                "model": self.s.workload.description, "params": checkpoint.param_shapes(self.s.workload.meta())},
+                keep=cfg.keep_checkpoints)
 
     def evaluate(self) -> float:
         """Mean validation loss over --eval_batches global batches (every rank its slice)."""

@@ -2,8 +2,9 @@
 
 The output directories must be directories we can write; `--init_from` must be an export of this
 model; `--resume` must find a checkpoint it can continue (complete, of this backend, model and
-world) or, without one, must not be about to destroy a record it cannot continue; and a record
-has one writer at a time. Every problem is a ConfigError (one line, exit code 2, nothing written).
+world) or, without one, must not be about to destroy a record it cannot continue; a record
+has one writer at a time; and a checkpoint directory belongs to one run, written by one process
+at a time. Every problem is a ConfigError (one line, exit code 2, nothing written).
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ def init_weights(path: str, workload) -> dict:
 class Resume:
     directory: Path
     meta: dict
+    shapes_checked: bool = True  # False: a checkpoint whose parameter shapes could not be read up front
 
     @property
     def start_step(self) -> int:
@@ -84,6 +86,11 @@ def resume_point(cfg, world_size: int, global_batch: int, workload, record_dir: 
         if recorded is None or Path(recorded).resolve() != Path(cfg.save_dir).resolve():
             raise ConfigError(f"resume: --save_dir {cfg.save_dir} holds no checkpoint, and {record_dir} was written "
                               f"with --save_dir {recorded}; resuming would start it over. Check --save_dir")
+        difference = _setting_difference(_recorded_config(record_dir), cfg, global_batch, workload)
+        if difference:
+            raise ConfigError(f"resume: {record_dir} was recorded with other settings ({difference}) and --save_dir "
+                              f"{cfg.save_dir} holds no checkpoint of it; starting over would replace it with another "
+                              "run: give this run another --run_name, or resume with the record's settings")
         return None  # the previous attempt of this run stopped before its first checkpoint
     meta = found.meta
     where = f"resume: the checkpoint {found.directory}"
@@ -95,14 +102,30 @@ def resume_point(cfg, world_size: int, global_batch: int, workload, record_dir: 
     written = {"name": "gptlite", **meta["model"]} if "model" in meta else None
     if written is not None and written != workload.description:
         raise ConfigError(f"{where} is of another model ({_model_difference(written, workload.description)})")
+    # The same name and settings, but the model's code may have changed since (a model file edited).
+    shapes = checkpoint.written_shapes(found.directory, meta)
+    if shapes is not None:
+        ours = checkpoint.param_shapes(workload.meta())
+        if shapes != ours:
+            first = (sorted(set(shapes) ^ set(ours)) or sorted(k for k in ours if shapes[k] != ours[k]))[0]
+            raise ConfigError(f"{where} holds other parameters than this run's model (first difference: {first}: "
+                              f"{shapes.get(first)} there, {ours.get(first)} here): the model's code changed since it "
+                              "was written; start a new run")
     if checkpoint_format != "torch" and meta.get("world_size") != world_size:
         raise ConfigError(f"{where} was written by {meta.get('world_size')} ranks; a {checkpoint_format} checkpoint "
                           f"resumes on the same number (this run has {world_size})")
+    if summary is not None:  # continued into its record: one record, one run's settings
+        difference = _setting_difference(_recorded_config(record_dir), cfg, global_batch, None,
+                                          free=RESUME_MAY_CHANGE)
+        if difference:
+            raise ConfigError(f"{where} continues {record_dir}, recorded with other settings ({difference}); a record "
+                              "holds one run's settings: resume with them, or start a new run from the checkpoint's "
+                              f"weights (python -m training.export {cfg.save_dir} --out FILE, then --init_from FILE)")
     if found.start_step >= cfg.steps:
         state = " (its record is finished)" if summary is not None and summary.status == "ok" else ""
         raise ConfigError(f"{where} is at step {meta['step']}: with --steps {cfg.steps} there is nothing left to "
                           f"train{state}; ask for more --steps")
-    return found
+    return Resume(found.directory, meta, shapes_checked=shapes is not None)
 
 
 def inspect(save_dir: Path) -> Resume | None:
@@ -140,6 +163,109 @@ def _complete_torch_file(path: Path) -> bool:
             return z.testzip() is None
     except (OSError, zipfile.BadZipFile):
         return False
+
+
+def recorded_run_id(record_dir: Path | None) -> str | None:
+    """The id of the run that wrote the record (config.json), which its resumed attempts keep."""
+    if record_dir is None:
+        return None
+    try:
+        run_id = json.loads((record_dir / "config.json").read_text()).get("run_id")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return run_id if isinstance(run_id, str) else None
+
+
+def outside_records(save_dir: str, record_dir: Path | None) -> None:
+    """`save_dir` is not inside a run record (this run's, or any other's: a directory with a run's
+    summary.json): a record is replaced as a whole (--overwrite, --resume starting over, a sweep's
+    retry), and checkpoints in it would go with it."""
+    path = Path(save_dir).resolve()
+    ours = record_dir.resolve() if record_dir is not None else None
+    for ancestor in (path, *path.parents):
+        if ancestor == ours or read_summary(ancestor / "summary.json") is not None:
+            raise ConfigError(f"save_dir: {save_dir} is inside the run record {ancestor}, which is replaced as a whole "
+                              "(--overwrite, a sweep's retry) with everything in it; keep checkpoints outside records")
+
+
+def replaceable(record_dir: Path) -> None:
+    """A record about to be replaced (--overwrite, or --resume starting it over) holds no
+    checkpoints: they would be deleted with it (a --save_dir inside a record, from before that was
+    refused, or a record directory that is a --save_dir)."""
+    for meta in sorted(record_dir.rglob("meta.json")):
+        if meta.parent.name.startswith("step_"):
+            raise ConfigError(f"run_name: {record_dir} holds checkpoints ({meta.parent}), which replacing the record "
+                              "would delete; move them out of it first, or choose another --run_name")
+
+
+def own_save_dir(save_dir: str, run_id: str, run_name: str | None, record_dir: Path | None) -> None:
+    """`save_dir` may take this run's checkpoints: it holds none, or only this run's (a resumed
+    attempt of the same record, by its run id). Another run's checkpoints are never written
+    among, rotated or replaced, --overwrite or not: that run may still want them."""
+    found = checkpoint.steps(save_dir)
+    if not found:
+        return  # nothing to lose: a new or emptied directory
+    how = ("choose another --save_dir; to start from those weights: python -m training.export "
+           f"{save_dir} --out FILE, then --init_from FILE")
+    owner = checkpoint.owner(save_dir)
+    if owner is not None:
+        if owner.get("run_id") == run_id:
+            return
+        theirs = owner.get("record")
+        gone = theirs is not None and not Path(theirs).exists()
+        if record_dir is not None and theirs == str(record_dir.resolve()) and not gone:
+            whose = (f"an earlier run of {record_dir} (a run that starts it over, --overwrite too, does not replace "
+                     "them; --resume continues it)")
+        else:
+            whose = f"the run {theirs}" + (" (its record is gone)" if gone else "")
+        raise ConfigError(f"save_dir: {save_dir} holds the checkpoints of {whose}; one run per checkpoint directory: "
+                          f"{how}")
+    # Checkpoints from before directories had owners name their run by its record's name only.
+    names = sorted({str((checkpoint.read_meta(p) or {}).get("run_name")) for p in found})
+    resumed = checkpoint.latest(save_dir)
+    if record_dir is not None and resumed is not None and resumed[1].get("run_name") == run_name \
+            and (record_dir / "config.json").exists():
+        return  # this record's own checkpoints, resumed: the first checkpoint it writes claims the directory
+    raise ConfigError(f"save_dir: {save_dir} holds checkpoints of the run {', '.join(names)} ({found[-1].name}); "
+                      f"one run per checkpoint directory: --resume --run_name {names[-1]} continues it, or {how}")
+
+
+# RunConfig fields that do not define a run: where it is recorded, how much it says, how long it
+# waits for a collective, when it saves, and --steps (a resume may ask for more).
+NOT_THE_RUN = ("steps", "resume", "overwrite", "quiet", "log_every", "dry_run", "local_rank", "runs_dir", "run_name",
+               "dist_timeout_s", "save_dir", "save_every", "keep_checkpoints")
+
+
+# What a resume from a checkpoint may change besides: how the global batch is split (a "torch"
+# checkpoint resumes on another world size), and --init_from (where the run's first weights came
+# from; a resume cannot pass it). The checkpoint's own checks cover the model.
+RESUME_MAY_CHANGE = ("micro_batch", "grad_accum", "init_from")
+
+
+def _setting_difference(recorded: dict | None, cfg, global_batch: int, workload, free: tuple = ()) -> str | None:
+    """How this run differs from the one recorded (config.json): its settings but `free`, global
+    batch, and (with `workload`) its model, description and size (a model file may have been
+    edited); None if it is the same."""
+    recorded = recorded or {}
+    skip = (*NOT_THE_RUN, *free)
+    before = {k: v for k, v in (recorded.get("run") or {}).items() if k not in skip}
+    now = {k: v for k, v in cfg.to_dict().items() if k not in skip}
+    for key in sorted(set(before) & set(now)):  # a setting the record's code did not have yet is its default
+        if before[key] != now[key]:
+            return f"--{key} {before[key]!r} there, {now[key]!r} here"
+    model = (("model", workload.description), ("n_params", workload.n_params)) if workload is not None else ()
+    for key, ours in (("global_batch", global_batch), *model):
+        if recorded.get(key) != ours:
+            return f"{key} {recorded.get(key)!r} there, {ours!r} here"
+    return None
+
+
+def _recorded_config(record_dir: Path) -> dict | None:
+    try:
+        config = json.loads((record_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return config if isinstance(config, dict) else None
 
 
 def _recorded_save_dir(record_dir: Path) -> str | None:
@@ -187,6 +313,37 @@ class FileLock:
 
     def release(self) -> None:
         self.file.close()  # closing the file drops the lock
+
+
+class SaveDirLock(FileLock):
+    """One writer per checkpoint directory: an exclusive lock on save_dir/owner.lock, held until exit."""
+
+    def __init__(self, save_dir: str):
+        try:
+            super().__init__(Path(save_dir) / checkpoint.LOCK)
+        except LockHeld as e:
+            raise LockHeld(f"save_dir: {save_dir} is being written by {e.holder}; one run per checkpoint directory: "
+                           "wait for it to finish, or choose another --save_dir", e.holder) from None
+
+
+def nvme_paths(plan) -> list[str]:
+    """The NVMe directories a DeepSpeed plan swaps into (ZeRO-Infinity), none for other backends."""
+    zero = (getattr(plan, "config", None) or {}).get("zero_optimization") or {}
+    return sorted({zero[s]["nvme_path"] for s in ("offload_optimizer", "offload_param")
+                   if (zero.get(s) or {}).get("device") == "nvme" and zero[s].get("nvme_path")})
+
+
+class NVMeLock(FileLock):
+    """One run per NVMe swap directory: DeepSpeed deletes each rank's swap folder there as it
+    starts, which would pull another live run's parameters from under it."""
+
+    def __init__(self, nvme_path: str):
+        try:
+            super().__init__(Path(nvme_path) / "gptlite.lock")
+        except LockHeld as e:
+            raise LockHeld(f"nvme_path: {nvme_path} is being used by {e.holder}; DeepSpeed clears each rank's swap "
+                           "folder there as it starts, so two runs cannot share it: wait for it to finish, or choose "
+                           "another --nvme_path", e.holder) from None
 
 
 class RecordLock(FileLock):

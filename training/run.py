@@ -82,6 +82,10 @@ class Setup:
     init: dict | None = None  # the --init_from export, read and checked once
     resume: preflight.Resume | None = None  # the checkpoint --resume continues
     lock: preflight.RecordLock | None = None  # held by rank 0 while it writes the record
+    save_lock: preflight.SaveDirLock | None = None  # held by rank 0 while it writes into --save_dir
+    nvme_locks: list = field(default_factory=list)  # held by rank 0 on the NVMe swap directories
+    # Names the run in its record and its checkpoints; a resumed attempt keeps its record's.
+    run_id: str = field(default_factory=lambda: secrets.token_hex(8))
     layout: BatchLayout = field(init=False)
 
     def __post_init__(self):
@@ -138,19 +142,39 @@ def resolve(cfg: RunConfig, env: DistEnv | None = None, resolved: Resolved | Non
     if cfg.dry_run:
         return setup
     preflight.writable_dir("runs_dir", cfg.runs_dir)
+    record_dir = Path(cfg.runs_dir) / cfg.run_name if cfg.run_name else None
     if cfg.save_dir:
         preflight.writable_dir("save_dir", cfg.save_dir)
+        preflight.outside_records(cfg.save_dir, record_dir)
     if cfg.init_from:
         setup.init = preflight.init_weights(cfg.init_from, workload)
         if setup.init["step"] + 1 >= cfg.steps:
             raise ConfigError(f"init_from: {cfg.init_from} ends at step {setup.init['step']}; with --steps "
                               f"{cfg.steps} there is nothing left to train; ask for more --steps")
     if cfg.resume:
-        record_dir = Path(cfg.runs_dir) / cfg.run_name if cfg.run_name else None
         setup.resume = preflight.resume_point(cfg, env.world_size, setup.layout.global_batch, workload, record_dir,
                                               resolved.backend.checkpoint_format)
-    if env.is_main and cfg.run_name:
-        setup.lock = preflight.RecordLock(cfg.runs_dir, cfg.run_name)  # last: every other check has passed
+        setup.run_id = preflight.recorded_run_id(record_dir) or setup.run_id
+        if setup.resume is not None and not setup.resume.shapes_checked and env.is_main:
+            print(f"note: {setup.resume.directory} was written before checkpoints recorded their parameter shapes "
+                  "and its format does not say them: they are compared only as it loads", file=sys.stderr)
+    if record_dir is not None and record_dir.is_dir() and setup.resume is None and (cfg.overwrite or cfg.resume):
+        preflight.replaceable(record_dir)
+    if env.is_main:  # last: every other check has passed
+        try:
+            if cfg.run_name:
+                setup.lock = preflight.RecordLock(cfg.runs_dir, cfg.run_name)
+            if cfg.save_every or cfg.resume:
+                # Decided holding the directory's lock, so no other run can claim it meanwhile.
+                setup.save_lock = preflight.SaveDirLock(cfg.save_dir)
+                preflight.own_save_dir(cfg.save_dir, setup.run_id, cfg.run_name, record_dir)
+            for path in preflight.nvme_paths(resolved.plan):
+                setup.nvme_locks.append(preflight.NVMeLock(path))
+        except ConfigError:
+            for lock in (setup.lock, setup.save_lock, *setup.nvme_locks):
+                if lock is not None:
+                    lock.release()
+            raise
     return setup
 
 
@@ -275,7 +299,7 @@ class Run:
         self.summary = self._base_summary(description.get("model_state_estimate"))
         if env.is_main:
             self.record.write_config({
-                **self.s.record(), "start_step": start,
+                **self.s.record(), "run_id": self.s.run_id, "start_step": start,
                 "resumed_from": str(self.s.resume.directory) if self.s.resume else None,
                 "backend": description, "threads_per_rank": threads, "environment": environment(env.device)})
             self.record.write_summary(self.summary)

@@ -163,6 +163,9 @@ class SweepSpec:
                 raise ConfigError(f"train_args: unknown train.py flag '{key}'")
             if key in SWEEP_OWNED:
                 raise ConfigError(f"train_args: '{key}' is set by the sweep (the matrix or the spec's own keys)")
+            if key in ("save_dir", "resume"):
+                raise ConfigError(f"train_args: '{key}': every run of the sweep would share one checkpoint directory, "
+                                  "and a checkpoint directory belongs to one run; a sweep keeps no checkpoints")
         for model in map(model_entry, self.matrix.model):  # a setting in two places: one would be unused
             both = sorted(set(model_flags(model)) & set(self.train_args))
             if both:
