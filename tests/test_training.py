@@ -47,3 +47,12 @@ def test_a_diverging_run_is_recorded_as_failed(runs_dir):
     assert run.proc.returncode == 1
     assert run.summary["status"] == "failed"
     assert "loss is" in run.summary["error"]
+
+
+def test_a_run_whose_validation_loss_is_not_finite_is_recorded_as_failed(runs_dir):
+    """One step at an absurd learning rate: the training loss (taken before the update) is finite,
+    the validation loss after it is not; the run failed, whatever its training loss said."""
+    run = train(runs_dir, "nan_val", *PARITY_ARGS, "--steps", "1", "--lr", "1e9", "--grad_clip", "0")
+    assert run.proc.returncode == 1
+    assert run.summary["status"] == "failed"
+    assert "FloatingPointError: validation loss is nan after step 0" in run.summary["error"], run.summary

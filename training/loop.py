@@ -162,6 +162,8 @@ class StepLoop:
         is_eval = bool(cfg.eval_every and (step + 1) % cfg.eval_every == 0) or last
         if is_eval:
             result.val_loss = line["val_loss"] = self.evaluate()
+            if not math.isfinite(result.val_loss):  # the same on every rank (gathered): all of them stop
+                raise FloatingPointError(f"validation loss is {result.val_loss} after step {step}")
         if env.is_main and (step % cfg.log_every == 0 or is_eval or last):
             self.record.log(line)
             self.progress.update(step, line)
