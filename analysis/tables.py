@@ -101,7 +101,8 @@ def failures(runs: pd.DataFrame) -> pd.DataFrame:
     if runs.empty:
         return runs
     bad = runs[runs["status"] != "ok"]
-    errors = bad["error"].fillna("") if "error" in bad else ""
+    # One line each, records written before errors were (training/run.py describe_error) included.
+    errors = bad["error"].fillna("").map(lambda e: str(e).strip().split("\n", 1)[0]) if "error" in bad else ""
     return pd.DataFrame({"run": bad["run_name"], "status": bad["status"], "error": errors})
 
 

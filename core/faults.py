@@ -57,8 +57,8 @@ class Fault:
         if step != self.step:
             return
         message = f"injected fault ({ENV}) at step {step}"
-        if self.kind == "error":
-            raise RuntimeError(message)
+        if self.kind == "error":  # on two lines, as many libraries' messages are
+            raise RuntimeError(f"{message}\n(the rest of a message on several lines)")
         if self.kind == "oom":
             raise torch.OutOfMemoryError(message)
         if self.kind == "exit":

@@ -1,5 +1,7 @@
 """analysis' tables on hand-made records: which runs are compared with which (fast, no launches)."""
 
+import pandas as pd
+
 from analysis import load_runs, tables
 from core.records import atomic_write_json
 from core.summary import RunSummary
@@ -30,3 +32,12 @@ def test_two_sizes_of_one_model_are_two_models(tmp_path):
     assert len(fsdp) == 2 and fsdp["samples/s vs DDP"].tolist() == [0.5, 0.5]
     assert set(fsdp["model"]) == {"hf_gpt2 n_embd=128,n_layer=4", "hf_gpt2 n_embd=64,n_layer=2"}
     assert set(ratios.loc[ratios["config"] == "ddp", "samples/s vs DDP"]) == {1.0}
+
+
+def test_the_failures_table_shows_one_line_per_error_of_older_records_too():
+    from analysis.tables import failures
+
+    runs = pd.DataFrame({"run_name": ["a", "b"], "status": ["failed", "ok"],
+                         "error": ["InternalTorchDynamoError: KeyboardInterrupt:\n\nSet TORCH_LOGS=...", None]})
+    table = failures(runs)
+    assert list(table["error"]) == ["InternalTorchDynamoError: KeyboardInterrupt:"]

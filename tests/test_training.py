@@ -56,3 +56,13 @@ def test_a_run_whose_validation_loss_is_not_finite_is_recorded_as_failed(runs_di
     assert run.proc.returncode == 1
     assert run.summary["status"] == "failed"
     assert "FloatingPointError: validation loss is nan after step 0" in run.summary["error"], run.summary
+
+
+def test_a_failure_with_a_message_on_several_lines_is_recorded_on_one(runs_dir):
+    """The injected error's message has two lines, as dynamo's and many libraries' do: the record keeps
+    the first (the report's tables show it), the log the whole of it, with the traceback."""
+    run = train(runs_dir, "two_lines", *PARITY_ARGS, "--steps", "3", env={"GPTLITE_FAULT": "kind=error,step=1"})
+    assert run.proc.returncode == 1 and run.summary["status"] == "failed"
+    error = run.summary["error"]
+    assert "\n" not in error and error.endswith("RuntimeError: injected fault (GPTLITE_FAULT) at step 1 (more in the log)")
+    assert "the rest of a message on several lines" in run.proc.stderr

@@ -70,7 +70,19 @@ def test_tools_refuse_bad_arguments_in_one_line(tmp_path, args, message):
 
 
 def test_failures_are_worded_to_be_acted_on():
-    assert describe_error(KeyboardInterrupt()) == "KeyboardInterrupt: interrupted (Ctrl-C, or SIGINT from the launcher)"
+    interrupted = "KeyboardInterrupt: interrupted (Ctrl-C, or SIGINT from the launcher)"
+    assert describe_error(KeyboardInterrupt()) == interrupted
+    # A record's error is one line: the first of a message on several, and an interrupt that a library
+    # wrapped (dynamo, when Ctrl-C lands in a compile) is the interrupt.
+    assert describe_error(RuntimeError("first\n\n  second\nthird")) == "RuntimeError: first (more in the log)"
+    assert describe_error(ValueError()) == "ValueError"
+    try:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as e:
+            raise RuntimeError("backend compiler failed\nwith a long story") from e
+    except RuntimeError as wrapped:
+        assert describe_error(wrapped) == interrupted
     with pytest.raises(RuntimeError) as failed:
         torch.empty(2**62, dtype=torch.uint8)  # 4 EiB, more than any machine has: the CPU allocator's own failure
     assert is_oom(failed.value), failed.value

@@ -65,10 +65,19 @@ def is_oom(error: BaseException) -> bool:
 
 
 def describe_error(error: BaseException) -> str:
-    """`<ExceptionType>: <message>`, with a message where the exception carries none."""
-    if isinstance(error, KeyboardInterrupt):
+    """A record's `error`: `<ExceptionType>: <message>` on one line (the report's tables show it), with a
+    message where the exception carries none. Of a message on several lines (dynamo's, NCCL's), the
+    first; the whole of it is in the rank's log, with the traceback. An interrupt that a library
+    wrapped in its own exception (Ctrl-C during a compile) is said as the interrupt it was."""
+    cause, seen = error, set()
+    while cause is not None and not isinstance(cause, KeyboardInterrupt) and id(cause) not in seen:
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    if isinstance(cause, KeyboardInterrupt):
         return "KeyboardInterrupt: interrupted (Ctrl-C, or SIGINT from the launcher)"
-    return f"{type(error).__name__}: {error}".strip()
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    more = " (more in the log)" if len(lines) > 1 else ""
+    return f"{type(error).__name__}: {lines[0]}{more}" if lines else type(error).__name__
 
 
 @dataclass
