@@ -17,10 +17,26 @@ import inspect
 import sys
 from pathlib import Path
 
-from gptlite.errors import ConfigError
+import torch.nn as nn
+
+from gptlite.errors import ConfigError, one_line
 from models.sampling import SampledDataset
 from models.spec import ModelRequest
 from models.workload import Workload, WithLoss
+
+
+def user_call(what: str, fn, *args, **kwargs):
+    """`fn(*args, **kwargs)`: the user's code, whose failure is bad input said in one line (ConfigError).
+    SystemExit too: a model file that calls sys.exit() (or exit()) must not end train.py quietly
+    with the file's exit code; only Ctrl-C (KeyboardInterrupt) goes through."""
+    try:
+        return fn(*args, **kwargs)
+    except ConfigError:
+        raise
+    except SystemExit as e:
+        raise ConfigError(f"model: {what} called sys.exit({e.code!r})") from None
+    except Exception as e:  # noqa: BLE001 - the user's code: say where it failed, in one line
+        raise ConfigError(f"model: {what} failed: {one_line(e)}") from None
 
 
 def import_user_module(name: str):
@@ -28,24 +44,28 @@ def import_user_module(name: str):
         path = Path(name)
         if not path.is_file():
             raise ConfigError(f"model: file not found: {name}")
+        # As `python file.py` would: the file's own directory first on the path, so that it can
+        # import the modules beside it (kept there: get_model() may import them later too).
+        directory = str(path.resolve().parent)
+        if directory not in sys.path:
+            sys.path.insert(0, directory)
         module_name = f"user_model_{path.stem}"
         spec = importlib.util.spec_from_file_location(module_name, path.resolve())
         module = importlib.util.module_from_spec(spec)
         sys.modules[module_name] = module  # dataclasses and pickling look modules up by name
-        try:
-            spec.loader.exec_module(module)
-        except Exception as e:  # noqa: BLE001 - the user's code: say where it failed, in one line
-            raise ConfigError(f"model: importing {name} failed: {type(e).__name__}: {e}") from None
+        user_call(f"importing {name}", spec.loader.exec_module, module)
         return module
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as e:
-        if e.name and name.startswith(e.name):
-            raise ConfigError(f"model must be gptlite, hf:<model_type>, torchvision:<name>, a .py file or an "
-                              f"importable module (no module named {name!r})") from None
-        raise ConfigError(f"model: importing {name} failed: {type(e).__name__}: {e}") from None
-    except Exception as e:  # noqa: BLE001
-        raise ConfigError(f"model: importing {name} failed: {type(e).__name__}: {e}") from None
+
+    def find():
+        try:
+            return importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name and name.startswith(e.name):
+                raise ConfigError(f"model must be gptlite, hf:<model_type>, torchvision:<name>, a .py file or an "
+                                  f"importable module (no module named {name!r})") from None
+            raise
+
+    return user_call(f"importing {name}", find)
 
 
 def load(request: ModelRequest) -> Workload:
@@ -64,17 +84,21 @@ def load(request: ModelRequest) -> Workload:
         inspect.signature(module.get_model).bind(**request.args)
     except TypeError as e:
         raise ConfigError(f"model_args: {request.name}'s get_model() does not take them ({e})") from None
-    try:
-        dataset = module.get_dataset()
-    except Exception as e:  # noqa: BLE001
-        raise ConfigError(f"model: {request.name}: get_dataset() failed: {type(e).__name__}: {e}") from None
+    dataset = user_call(f"{request.name}: get_dataset()", module.get_dataset)
     train, val = dataset if isinstance(dataset, tuple) and len(dataset) == 2 else (dataset, None)
     data = SampledDataset(train, val, f"{request.name}: get_dataset()")
     loss = getattr(module, "loss_fn", None)
+    if loss is not None and not callable(loss):
+        raise ConfigError(f"model: {request.name}: loss_fn must be a function (output, target) -> scalar tensor "
+                          f"(got {type(loss).__name__})")
     args = dict(request.args)
 
     def make():
-        return WithLoss(module.get_model(**args), loss=loss)
+        net = user_call(f"{request.name}: get_model()", module.get_model, **args)
+        if not isinstance(net, nn.Module):
+            raise ConfigError(f"model: {request.name}: get_model() must return a torch.nn.Module (got "
+                              f"{type(net).__name__})")
+        return WithLoss(net, loss=loss)
 
     return Workload(request.name, {"name": request.name, "args": args,
                                    "loss": "loss_fn" if loss is not None else "cross_entropy"}, data, make)
