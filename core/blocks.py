@@ -31,8 +31,7 @@ def _candidates(model: nn.Module) -> dict[type, list[nn.Module]]:
     return found
 
 
-def find_blocks(model: nn.Module, block_class: str | None = None,
-                needed_by: str | None = "treating the model in blocks") -> list[nn.Module]:
+def find_blocks(model: nn.Module, block_class: str | None = None, needed_by: str | None = None) -> list[nn.Module]:
     """The model's blocks, in the order model.modules() meets them (forward order for a ModuleList);
     [] for a model without a repeated class where nothing needs blocks (`needed_by` None)."""
     found = _candidates(model)
@@ -48,7 +47,7 @@ def find_blocks(model: nn.Module, block_class: str | None = None,
         if needed_by is None:
             return []
         raise ConfigError(f"the model ({_name(model)}) has no repeated block (a module class holding parameters, "
-                          f"used more than once) for {needed_by}; --block_class NAME, or run without "
+                          f"used more than once), which {needed_by} needs; --block_class NAME or run without "
                           "FSDP/checkpointing")
 
     def weight(cls: type) -> tuple[int, int]:

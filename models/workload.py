@@ -15,6 +15,9 @@ import torch.nn.functional as F
 from gptlite.data import DataError
 from gptlite.errors import ConfigError, one_line
 
+# The largest model (fp32 parameter bytes) that check() builds for real where the meta device cannot
+# run it: every rank builds it, before any memory check of the run itself.
+REAL_CHECK_BYTES = 2**30
 IGNORE_INDEX = -100  # cross-entropy's targets that count for nothing (Hugging Face's padding labels)
 
 
@@ -113,7 +116,10 @@ class Workload:
             raise
         except (Exception, SystemExit) as e:  # noqa: BLE001 - the dataset is the user's code
             raise DataError(f"{self.name}: reading the first training batch failed: {one_line(e)}") from None
-        output, loss = self._forward_once(x, y)
+        ran = self._forward_once(x, y)
+        if ran is None:
+            return
+        output, loss = ran
         custom = isinstance(self.meta(), WithLoss) and self.meta()._loss is not cross_entropy
         what = f"{self.name}: loss_fn" if custom else f"{self.name}: the loss"
         if not (isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.is_floating_point()):
@@ -135,7 +141,9 @@ class Workload:
                                     "targets are class ids (set the model's output size, or define loss_fn)")
 
     def _forward_once(self, x: torch.Tensor, y: torch.Tensor):
-        """(output, loss) of the model on (x, y): on the meta device (shapes only, no memory), else for real."""
+        """(output, loss) of the model on (x, y): on the meta device (shapes only, no memory), else for
+        real where the model is small enough to build here; None where neither can be done (the run's
+        first step is then the check)."""
         try:
             with contextlib.ExitStack() as patches:
                 for patch in self.fake_patches:
@@ -143,6 +151,8 @@ class Workload:
                 return self.meta()(x.to("meta"), y.to("meta"))
         except Exception:  # noqa: BLE001 - e.g. data-dependent code (.item()): run it for real, below
             pass
+        if self.n_params * 4 > REAL_CHECK_BYTES:
+            return None
         try:
             return self.build(0)(x, y)
         except ConfigError:

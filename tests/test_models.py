@@ -182,3 +182,104 @@ def test_the_readme_model_file_is_complete(tmp_path):
     out, loss = w.build(0)(x, y)
     assert out.shape == (4, 2) and loss.ndim == 0 and len(w.meta().net) == 4
     assert w.data.describe()["train_samples"] == 9_000
+
+
+# Model files for the checks made before anything is recorded (issue 21, case 11). DATA is a dataset of
+# 8-feature points with class ids 0..3; MODEL a two-block MLP over them.
+HEAD = """
+import sys
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Points(torch.utils.data.Dataset):
+    def __init__(self, item=None, n=40):
+        self.n, self.item = n, item
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        x, y = torch.randn(8, generator=torch.Generator().manual_seed(i)), i % 4
+        return self.item(i, x, y) if self.item else (x, y)
+
+
+class Two(nn.Module):
+    def __init__(self, features=8, classes=4):
+        super().__init__()
+        self.blocks = nn.Sequential(nn.Linear(features, 16), nn.Linear(16, classes))
+
+    def forward(self, x):
+        return self.blocks(x)
+
+"""
+GOOD_MODEL = "def get_model(features: int = 8, classes: int = 4):\n    return Two(features, classes)\n"
+GOOD_DATA = "def get_dataset():\n    return Points()\n"
+
+FILE_CASES = [
+    # (name, model file body below HEAD, the error's type, what its one line says)
+    ("get_model raising", "def get_model():\n    raise RuntimeError('no GPU\\nat all')\n" + GOOD_DATA, ConfigError,
+     r"m.py: get_model\(\) failed: RuntimeError: no GPU at all$"),
+    ("sys.exit in the file", "sys.exit(0)\n", ConfigError, r"importing .*m.py called sys.exit\(0\)"),
+    ("sys.exit in get_model", "def get_model():\n    exit(3)\n" + GOOD_DATA, ConfigError,
+     r"get_model\(\) called sys.exit\(3\)"),
+    ("get_model returning a string", "def get_model():\n    return 'mlp'\n" + GOOD_DATA, ConfigError,
+     r"get_model\(\) must return a torch.nn.Module \(got str\)"),
+    ("get_model returning None", "def get_model():\n    pass\n" + GOOD_DATA, ConfigError,
+     r"get_model\(\) must return a torch.nn.Module \(got NoneType\)"),
+    ("get_dataset raising", GOOD_MODEL + "def get_dataset():\n    return 1 / 0\n", ConfigError,
+     r"get_dataset\(\) failed: ZeroDivisionError: division by zero"),
+    ("items not pairs", GOOD_MODEL + "def get_dataset():\n    return Points(lambda i, x, y: x)\n", DataError,
+     r"sample 0 of the train split is Tensor; a sample must be an \(input, target\) pair, or a dict"),
+    ("items of three", GOOD_MODEL + "def get_dataset():\n    return Points(lambda i, x, y: (x, y, y))\n", DataError,
+     r"is a tuple of 3; a sample must be an \(input, target\) pair"),
+    ("a dict of other keys", GOOD_MODEL + "def get_dataset():\n    return Points(lambda i, x, y: {'x': x, 'y': y})\n",
+     DataError, r"is a dict with keys \['x', 'y'\]; a sample must be .*\{input_ids, labels\} or \{pixel_values, labels\}"),
+    ("__getitem__ raising", GOOD_MODEL + "def get_dataset():\n    return Points(lambda i, x, y: [][i])\n", DataError,
+     r"reading sample 0 of the train split failed: IndexError: list index out of range"),
+    ("inconsistent shapes", GOOD_MODEL + "def get_dataset():\n    return Points(lambda i, x, y: (x[:4 + i % 2], y))\n",
+     DataError, r"samples differ: the input of sample 1 of the train split is a float of shape \[5\], that of sample 0 "
+                r"of the train split a float of shape \[4\]"),
+    ("labels out of range", GOOD_MODEL + "def get_dataset():\n    return Points(lambda i, x, y: (x, y + 2))\n",
+     DataError, r"target [45] is not a class of the model's output \(4 classes: 0..3\)"),
+    ("vocabulary smaller than the data's", "def get_model(vocab_size: int = 3):\n"
+     "    return nn.Sequential(nn.Embedding(vocab_size, 8), nn.Linear(8, vocab_size))\n"
+     "def get_dataset():\n    return Points(lambda i, x, y: (torch.arange(6) % (y + 1), (torch.arange(6) + 1) % 4))\n",
+     DataError, r"target 3 is not a class of the model's output \(3 classes: 0..2\)"),
+    ("model and data shapes", "def get_model():\n    return Two(features=5)\n" + GOOD_DATA, ConfigError,
+     r"the model and its data do not fit: forward and loss on 2 training samples \(input \[2, 8\] float32, target "
+     r"\[2\] int64\) failed: RuntimeError: mat1 and mat2 shapes cannot be multiplied"),
+    ("loss_fn not callable", GOOD_MODEL + GOOD_DATA + "loss_fn = 'mse'\n", ConfigError,
+     r"loss_fn must be a function \(output, target\) -> scalar tensor \(got str\)"),
+    ("loss_fn not a scalar", GOOD_MODEL + GOOD_DATA +
+     "def loss_fn(out, y):\n    return F.cross_entropy(out, y, reduction='none')\n", ConfigError,
+     r"loss_fn must return a scalar float tensor \(got a torch.float32 tensor of shape \[2\]\)"),
+    ("loss_fn returning a number", GOOD_MODEL + GOOD_DATA + "def loss_fn(out, y):\n    return 0.5\n", ConfigError,
+     r"loss_fn must return a scalar float tensor \(got float\)"),
+    ("loss_fn without a gradient", GOOD_MODEL + GOOD_DATA +
+     "def loss_fn(out, y):\n    return F.cross_entropy(out.detach(), y)\n", ConfigError,
+     r"loss_fn returned a tensor without a gradient"),
+    ("loss_fn raising", GOOD_MODEL + GOOD_DATA + "def loss_fn(out, y):\n    return F.mse_loss(out, y)\n", ConfigError,
+     r"the model and its data do not fit: .*failed: RuntimeError"),
+]
+
+
+@pytest.mark.parametrize("name, body, error, message", FILE_CASES, ids=[c[0] for c in FILE_CASES])
+def test_a_model_file_and_its_data_are_checked_before_anything_is_recorded(tmp_path, name, body, error, message):
+    """Through training.run.resolve, as train.py calls it on every rank: one line, before any record."""
+    from training.run import resolve
+
+    cfg = RunConfig(model=write_model_file(tmp_path, HEAD + body), backend="single", steps=2,
+                    runs_dir=str(tmp_path / "runs"), run_name="r")
+    with pytest.raises(error, match=message) as caught:
+        resolve(cfg)
+    assert "\n" not in str(caught.value)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_the_model_file_cases_check_what_they_say(tmp_path):
+    """The fixture itself: HEAD with the good model and data passes every check."""
+    from training.run import check_model
+
+    check_model(RunConfig(model=write_model_file(tmp_path, HEAD + GOOD_MODEL + GOOD_DATA), backend="ddp"))
