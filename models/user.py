@@ -68,6 +68,91 @@ def import_user_module(name: str):
     return user_call(f"importing {name}", find)
 
 
+# The annotations check_arg_types understands: what each accepts from --model_args' YAML values.
+_SIMPLE = {int: (int,), float: (int, float), bool: (bool,), str: (str,)}
+_NAMES = {int: "an int", float: "a float", bool: "a bool (true or false)", str: "a string"}
+
+
+def check_arg_types(get_model, args: dict, name: str) -> None:
+    """Each --model_args value against get_model's annotation for it, where the annotation is one this
+    can read (int, float, bool, str, X | None, list[X], tuple[X, ...]): a value of another type is
+    refused naming the key and the type (ConfigError), not passed on to fail inside the user's code or,
+    worse, to be used (a string "1e3" where a float is meant: YAML reads 1e3 as a string)."""
+    parameters = inspect.signature(get_model).parameters
+    for key, value in args.items():
+        annotation = _annotation(get_model, parameters[key]) if key in parameters else None
+        expected = _expected(annotation)
+        if expected is None or _fits(value, annotation):
+            continue
+        hint = " (YAML reads 1e3 as a string: write 1.0e+3 or 1000.0)" if isinstance(value, str) and _number(value) \
+            else ""
+        raise ConfigError(f"model_args: {key} must be {expected} ({name}'s get_model() annotates it "
+                          f"{_spelled(annotation)}), got {type(value).__name__} {value!r}{hint}")
+
+
+def _annotation(fn, parameter: inspect.Parameter):
+    """The parameter's annotation, evaluated where it is a string (`from __future__ import annotations`);
+    None where it cannot be (it names something the file does not define)."""
+    annotation = parameter.annotation
+    if isinstance(annotation, str):
+        try:
+            return eval(annotation, getattr(fn, "__globals__", {}))  # noqa: S307 - the user's own file, already run
+        except Exception:  # noqa: BLE001
+            return None
+    return annotation
+
+
+def _parts(annotation):
+    """(origin, arguments) of an annotation: `int | None` -> (Union, (int, NoneType))."""
+    import typing
+
+    return typing.get_origin(annotation), typing.get_args(annotation)
+
+
+def _expected(annotation) -> str | None:
+    """What `annotation` asks for in words, or None for an annotation this does not check."""
+    import types
+    import typing
+
+    if annotation in _SIMPLE:
+        return _NAMES[annotation]
+    origin, inner = _parts(annotation)
+    if origin in (typing.Union, types.UnionType):
+        words = [_expected(a) for a in inner if a is not type(None)]
+        if None in words:
+            return None
+        return " or ".join(words + (["null"] if type(None) in inner else []))
+    if (origin is list and len(inner) == 1) or (origin is tuple and len(inner) == 2 and inner[1] is Ellipsis):
+        return f"a list of {inner[0].__name__}" if inner[0] in _SIMPLE else None
+    return None
+
+
+def _fits(value, annotation) -> bool:
+    import types
+    import typing
+
+    if annotation in _SIMPLE:
+        return isinstance(value, _SIMPLE[annotation]) and not (annotation is not bool and isinstance(value, bool))
+    origin, inner = _parts(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return any(value is None if a is type(None) else _fits(value, a) for a in inner)
+    if origin in (list, tuple):  # YAML gives lists for both
+        return isinstance(value, list) and all(_fits(v, inner[0]) for v in value)
+    return True
+
+
+def _number(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
+
+
+def _spelled(annotation) -> str:
+    return annotation.__name__ if isinstance(annotation, type) else str(annotation).replace("typing.", "")
+
+
 def load(request: ModelRequest) -> Workload:
     module = import_user_module(request.name)
     for function in ("get_model", "get_dataset"):
@@ -84,6 +169,7 @@ def load(request: ModelRequest) -> Workload:
         inspect.signature(module.get_model).bind(**request.args)
     except TypeError as e:
         raise ConfigError(f"model_args: {request.name}'s get_model() does not take them ({e})") from None
+    check_arg_types(module.get_model, request.args, request.name)
     dataset = user_call(f"{request.name}: get_dataset()", module.get_dataset)
     train, val = dataset if isinstance(dataset, tuple) and len(dataset) == 2 else (dataset, None)
     data = SampledDataset(train, val, f"{request.name}: get_dataset()")

@@ -283,3 +283,45 @@ def test_the_model_file_cases_check_what_they_say(tmp_path):
     from training.run import check_model
 
     check_model(RunConfig(model=write_model_file(tmp_path, HEAD + GOOD_MODEL + GOOD_DATA), backend="ddp"))
+
+
+TYPED = """
+from __future__ import annotations
+from typing import Optional
+import torch
+
+def get_model(width: int = 8, lr: float = 0.1, name: str = "m", bias: bool = True, depths: list[int] = (1,),
+              drop: Optional[float] = None, scale: int | None = None, anything=3, custom: Undefined = None):
+    return torch.nn.Linear(4, 2)
+
+def get_dataset():
+    return [(torch.ones(4), 1)] * 20
+"""
+
+
+@pytest.mark.parametrize("args, message", [
+    ("width=abc", r"model_args: width must be an int \(.*get_model\(\) annotates it int\), got str 'abc'$"),
+    ("width=3.5", r"model_args: width must be an int .*got float 3.5$"),
+    ("width=true", r"model_args: width must be an int .*got bool True$"),
+    ("lr=1e3", r"model_args: lr must be a float .*got str '1e3' \(YAML reads 1e3 as a string: write 1.0e\+3 or "
+               r"1000.0\)$"),
+    ("lr=[1]", r"model_args: lr must be a float .*got list \[1\]"),
+    ("name=3", r"model_args: name must be a string .*got int 3$"),
+    ("bias=yes please", r"model_args: bias must be a bool \(true or false\) .*got str 'yes please'$"),
+    ("depths=[1,x]", r"model_args: depths must be a list of int .*got list \[1, 'x'\]$"),
+    ("depths=2", r"model_args: depths must be a list of int .*got int 2$"),
+    ("drop=abc", r"model_args: drop must be a float or null .*got str 'abc'$"),
+    ("scale=0.5", r"model_args: scale must be an int or null .*got float 0.5$"),
+])
+def test_model_args_are_checked_against_get_models_annotations(tmp_path, args, message):
+    """A value of the wrong type for get_model's annotation: one line naming the key and the type
+    (issue 21, case 12)."""
+    with pytest.raises(ConfigError, match=message):
+        workload(model=write_model_file(tmp_path, TYPED), model_args=args)
+
+
+def test_model_args_that_fit_their_annotations_or_have_none_pass(tmp_path):
+    path = write_model_file(tmp_path, TYPED)
+    w = workload(model=path, model_args="width=4,lr=2,name=x,bias=false,depths=[1,2],drop=null,scale=3,"
+                                        "anything=[a],custom=whatever")
+    assert w.description["args"]["lr"] == 2 and w.meta().net.in_features == 4
