@@ -325,3 +325,26 @@ def test_model_args_that_fit_their_annotations_or_have_none_pass(tmp_path):
     w = workload(model=path, model_args="width=4,lr=2,name=x,bias=false,depths=[1,2],drop=null,scale=3,"
                                         "anything=[a],custom=whatever")
     assert w.description["args"]["lr"] == 2 and w.meta().net.in_features == 4
+
+
+def test_a_model_file_imports_the_modules_beside_it(tmp_path, monkeypatch):
+    """As `python m.py` would: its own directory is on sys.path, at import and when get_model runs
+    (issue 21, case 16)."""
+    import sys
+
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.chdir(tmp_path.parent)  # not the file's directory
+    (tmp_path / "beside_layers_16.py").write_text("import torch\nWIDTH = 4\n\ndef net():\n    return torch.nn.Linear(WIDTH, 2)\n")
+    path = write_model_file(tmp_path, """
+        import torch
+        from beside_layers_16 import WIDTH
+
+        def get_model():
+            import beside_layers_16  # imported late too
+            return beside_layers_16.net()
+
+        def get_dataset():
+            return [(torch.ones(WIDTH), 1)] * 20
+        """)
+    w = workload(model=path)
+    assert w.meta().net.in_features == 4 and str(tmp_path) in sys.path
