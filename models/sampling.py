@@ -75,7 +75,11 @@ class SampledDataset:
         ds = self.splits[split]
         indices = draw_indices(split, seed, step, global_batch, len(ds))[global_index: global_index + size]
         pairs = [self.sample(split, i) for i in indices]
-        return default_collate([x for x, _ in pairs]), default_collate([y for _, y in pairs])
+        try:
+            return default_collate([x for x, _ in pairs]), default_collate([y for _, y in pairs])
+        except (TypeError, RuntimeError) as e:  # samples check() did not read differ from those it did
+            raise DataError(f"{self.source}: samples {[int(i) for i in indices]} of the {split} split cannot be "
+                            f"batched; every sample must have the same shape ({one_line(e)})") from None
 
     def check(self) -> list[tuple]:
         """Read the first, second and last sample of each split: each one a sample of a layout we
@@ -93,13 +97,18 @@ class SampledDataset:
                     raise DataError(f"{self.source}: reading sample {i} of the {split} split failed: "
                                     f"{one_line(e)}") from None
                 for part, value in (("input", x), ("target", y)):
-                    kind = _kind(value)
+                    kind = _kind(value, f"{self.source}: the {part} of sample {i} of the {split} split")
                     where, expected = first.setdefault(part, (f"sample {i} of the {split} split", kind))
                     if kind != expected:
                         raise DataError(f"{self.source}: samples differ: the {part} of sample {i} of the {split} "
                                         f"split is {kind}, that of {where} {expected}; every sample must have the "
                                         "same shape (a batch stacks them)")
                 samples.append((x, y))
+        if all(_same_ids(x, y) for x, y in samples):
+            raise DataError(f"{self.source}: the target equals the input in every sample read ({len(samples)}): "
+                            "the target of position t is what the model must predict there; for next-token "
+                            "prediction, the next token (labels[t] = input_ids[t + 1]): Hugging Face's models shift "
+                            "labels inside, this suite's loss does not")
         try:
             default_collate([x for x, _ in samples]), default_collate([y for _, y in samples])
         except (TypeError, RuntimeError) as e:
@@ -113,8 +122,19 @@ class SampledDataset:
                 "sample": {"input": list(getattr(x, "shape", ())), "target": list(getattr(y, "shape", ()))}}
 
 
-def _kind(value) -> str:
-    t = torch.as_tensor(value)
+def _same_ids(x, y) -> bool:
+    """x and y are the same sequence of integer ids (labels copied from input_ids, unshifted)."""
+    x, y = torch.as_tensor(x), torch.as_tensor(y)
+    return (x.ndim >= 1 and x.shape == y.shape and not x.is_floating_point() and not y.is_floating_point()
+            and bool(((x == y) | (y == -100)).all()))
+
+
+def _kind(value, where: str) -> str:
+    try:
+        t = torch.as_tensor(value)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise DataError(f"{where} is a {type(value).__name__} that is not an array of numbers ({one_line(e)})") \
+            from None
     return f"{'a float' if t.dtype.is_floating_point else 'an integer'} of shape {list(t.shape)}"
 
 

@@ -2,7 +2,8 @@
 (`--model mypackage.my_model`) with the article's two functions, and optionally a loss:
 
     get_model(**model_args) -> torch.nn.Module      # called with --model_args, under the run's seed
-    get_dataset() -> Dataset | (train, val)          # map-style: len(ds), ds[i] -> (input, target)
+    get_dataset() -> Dataset | (train, val)          # map-style: len(ds), ds[i] -> a sample (models/sampling.py:
+                                                     # (input, target), {input_ids, labels}, {pixel_values, labels})
     loss_fn(output, target) -> scalar tensor         # optional; default: cross-entropy on the logits
 
 One dataset is split 90/10 into training and validation, as the text is. The model's forward

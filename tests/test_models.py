@@ -236,6 +236,16 @@ FILE_CASES = [
      r"is a tuple of 3; a sample must be an \(input, target\) pair"),
     ("a dict of other keys", GOOD_MODEL + "def get_dataset():\n    return Points(lambda i, x, y: {'x': x, 'y': y})\n",
      DataError, r"is a dict with keys \['x', 'y'\]; a sample must be .*\{input_ids, labels\} or \{pixel_values, labels\}"),
+    # Hugging Face's layouts, with a key more (case 20) or labels copied from input_ids unshifted.
+    ("a dict with attention_mask", GOOD_MODEL + "def get_dataset():\n    return Points(lambda i, x, y: "
+     "{'input_ids': x, 'attention_mask': x, 'labels': y})\n", DataError,
+     r"is a dict with keys \['attention_mask', 'input_ids', 'labels'\]; a sample must be"),
+    ("labels unshifted", "def get_model():\n    return nn.Sequential(nn.Embedding(4, 8), nn.Linear(8, 4))\n"
+     "def get_dataset():\n    return Points(lambda i, x, y: {'input_ids': [i % 4, 1, 2], 'labels': [i % 4, 1, -100]})\n",
+     DataError, r"the target equals the input in every sample read \(6\): .*labels\[t\] = input_ids\[t \+ 1\]"),
+    ("numpy strings", GOOD_MODEL + "def get_dataset():\n    import numpy\n"
+     "    return Points(lambda i, x, y: (numpy.array(['a', 'b']), y))\n", DataError,
+     r"the input of sample 0 of the train split is a ndarray that is not an array of numbers"),
     ("__getitem__ raising", GOOD_MODEL + "def get_dataset():\n    return Points(lambda i, x, y: [][i])\n", DataError,
      r"reading sample 0 of the train split failed: IndexError: list index out of range"),
     ("inconsistent shapes", GOOD_MODEL + "def get_dataset():\n    return Points(lambda i, x, y: (x[:4 + i % 2], y))\n",
@@ -348,3 +358,52 @@ def test_a_model_file_imports_the_modules_beside_it(tmp_path, monkeypatch):
         """)
     w = workload(model=path)
     assert w.meta().net.in_features == 4 and str(tmp_path) in sys.path
+
+
+DICT_TEXT = """
+import torch
+
+def get_model(vocab: int = 5):
+    return torch.nn.Sequential(torch.nn.Embedding(vocab, 8), torch.nn.Linear(8, vocab))
+
+def get_dataset():  # Hugging Face's text layout; lists, as datasets' rows hold them
+    return [{"input_ids": [(i + t) % 5 for t in range(6)], "labels": [(i + t + 1) % 5 for t in range(6)]}
+            for i in range(30)]
+"""
+DICT_IMAGES = """
+import numpy
+import torch
+
+def get_model():
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(), torch.nn.Linear(16, 10))
+
+def get_dataset():  # Hugging Face's image layout
+    return [{"pixel_values": numpy.full((3, 4, 4), i, dtype=numpy.float32), "labels": i % 10} for i in range(30)]
+"""
+
+
+@pytest.mark.parametrize("body, x_shape, y_shape", [(DICT_TEXT, (4, 6), (4, 6)), (DICT_IMAGES, (4, 3, 4, 4), (4,))],
+                         ids=["input_ids", "pixel_values"])
+def test_dict_samples_in_hugging_faces_layouts_train(tmp_path, body, x_shape, y_shape):
+    """{input_ids, labels} and {pixel_values, labels} items: checked, batched and trained like pairs
+    (issue 21, case 20)."""
+    from training.run import check_model
+
+    w = check_model(RunConfig(model=write_model_file(tmp_path, body), backend="single"))
+    x, y = w.example(4)
+    assert tuple(x.shape) == x_shape and tuple(y.shape) == y_shape and not y.is_floating_point()
+    out, loss = w.build(0)(x, y)
+    loss.backward()
+    assert loss.ndim == 0 and torch.isfinite(loss)
+    assert w.data.describe()["sample"] == {"input": list(x_shape[1:]), "target": list(y_shape[1:])}
+
+
+def test_a_sample_of_another_shape_found_late_is_a_data_error_in_one_line():
+    """check() reads a few samples; one of another shape among the rest fails its batch as DataError,
+    naming the samples, not as collate's traceback."""
+    ragged = [(torch.ones(3 if i in (0, 1, 26, 27, 28, 29) else 4), 0) for i in range(30)]  # those read: 3
+    data = SampledDataset(ragged, source="ragged")
+    assert len(data.check()) == 6
+    with pytest.raises(DataError, match=r"^ragged: samples \[[0-9, ]+\] of the train split cannot be batched; every "
+                                        "sample must have the same shape"):
+        data.batch("train", 0, 0, 0, 27, 27)
