@@ -107,7 +107,12 @@ class Workload:
         the model built (on the meta device), one forward and loss on two training samples (on the meta
         device; for real, on those two samples, where the meta device cannot run the model), a loss that
         is a scalar tensor with a gradient, and with the default cross-entropy, targets that are class ids
-        of the model's output."""
+        of the model's output. Torch's RNG is left as it was: the run draws the same numbers with or
+        without the check (a dataset or forward that draws from it)."""
+        with torch.random.fork_rng(devices=[]):
+            self._check()
+
+    def _check(self) -> None:
         check = getattr(self.data, "check", None)
         samples = check() if check is not None else []
         try:
@@ -149,7 +154,7 @@ class Workload:
                 for patch in self.fake_patches:
                     patches.enter_context(patch())
                 return self.meta()(x.to("meta"), y.to("meta"))
-        except Exception:  # noqa: BLE001 - e.g. data-dependent code (.item()): run it for real, below
+        except (Exception, SystemExit):  # noqa: BLE001 - e.g. data-dependent code (.item()): run it for real, below
             pass
         if self.n_params * 4 > REAL_CHECK_BYTES:
             return None

@@ -79,3 +79,13 @@ def test_a_model_without_a_repeated_block_runs_where_nothing_needs_one(tmp_path)
                                               "--block_class NAME or run without FSDP/checkpointing"):
             resolve(RunConfig(model=str(path), runs_dir=str(tmp_path / "runs"), run_name="r", **flags))
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_one_layer_transformer_has_no_repeated_block_and_runs_under_single():
+    from core.config import RunConfig
+    from training.run import check_model
+
+    one_layer = {"model": "hf:gpt2", "model_args": "n_layer=1,n_embd=32,n_head=2"}
+    check_model(RunConfig(backend="single", **one_layer))
+    with pytest.raises(ConfigError, match=r"\(GPT2LMHeadModel\) has no repeated block .*which backend fsdp2 needs"):
+        check_model(RunConfig(backend="fsdp2", **one_layer))

@@ -260,6 +260,8 @@ FILE_CASES = [
     ("model and data shapes", "def get_model():\n    return Two(features=5)\n" + GOOD_DATA, ConfigError,
      r"the model and its data do not fit: forward and loss on 2 training samples \(input \[2, 8\] float32, target "
      r"\[2\] int64\) failed: RuntimeError: mat1 and mat2 shapes cannot be multiplied"),
+    ("sys.exit in forward", "class Quits(Two):\n    def forward(self, x):\n        sys.exit(1)\n"
+     "def get_model():\n    return Quits()\n" + GOOD_DATA, ConfigError, r"do not fit: .*failed: SystemExit: 1$"),
     ("loss_fn not callable", GOOD_MODEL + GOOD_DATA + "loss_fn = 'mse'\n", ConfigError,
      r"loss_fn must be a function \(output, target\) -> scalar tensor \(got str\)"),
     ("loss_fn not a scalar", GOOD_MODEL + GOOD_DATA +
@@ -407,3 +409,26 @@ def test_a_sample_of_another_shape_found_late_is_a_data_error_in_one_line():
     with pytest.raises(DataError, match=r"^ragged: samples \[[0-9, ]+\] of the train split cannot be batched; every "
                                         "sample must have the same shape"):
         data.batch("train", 0, 0, 0, 27, 27)
+
+
+def test_the_check_leaves_torchs_random_numbers_as_they_were(tmp_path):
+    """A dataset and a forward that draw from torch's global generator (the forward run for real: it reads
+    a value, which the meta device cannot): the run draws the same numbers after the check as without it."""
+    from training.run import check_model
+
+    path = write_model_file(tmp_path, HEAD + """
+        class Reads(Two):
+            def forward(self, x):
+                return self.blocks(x) * float(torch.rand(1).item() + x.sum().item() * 0)
+
+        def get_model():
+            return Reads()
+
+        def get_dataset():
+            return Points(lambda i, x, y: (x + torch.rand(8), y))
+        """.replace("\n        ", "\n"))
+    torch.manual_seed(3)
+    check_model(RunConfig(model=path, backend="single"))
+    after = torch.rand(4)
+    torch.manual_seed(3)
+    assert torch.equal(after, torch.rand(4))
