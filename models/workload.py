@@ -143,7 +143,8 @@ class Workload:
                 if wrong.numel():
                     raise DataError(f"{self.name}: target {int(wrong[0])} is not a class of the model's output "
                                     f"({classes} classes: 0..{classes - 1}); with the default cross-entropy the "
-                                    "targets are class ids (set the model's output size, or define loss_fn)")
+                                    "targets are class ids (make the model's output cover them: its vocab_size or number of classes; "
+                                    "or give a model file a loss_fn)")
 
     def _forward_once(self, x: torch.Tensor, y: torch.Tensor):
         """(output, loss) of the model on (x, y): on the meta device (shapes only, no memory), else for
