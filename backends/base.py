@@ -79,6 +79,8 @@ class Backend(ABC):
     name: ClassVar[str]
     # Whether the backend needs a torch.distributed process group (even for a world of one).
     needs_process_group: ClassVar[bool] = True
+    # Whether the backend wraps or shards the model block by block (FSDP's units, FSDP2's shards).
+    wraps_blocks: ClassVar[bool] = False
     # How save_checkpoint writes: "torch" (state dicts), "dcp" (torch.distributed.checkpoint) or
     # "deepspeed" (the engine's own); training/export.py reads each back into one state dict.
     checkpoint_format: ClassVar[str] = "torch"
@@ -130,10 +132,22 @@ class Backend(ABC):
     def setup(self, model: nn.Module) -> None:
         """Wrap `model` (on the CPU, fp32, identical on every rank) and build the optimizer."""
 
+    @classmethod
+    def blocks_needed_by(cls, cfg: RunConfig) -> str | None:
+        """What in this run needs the model's repeated block (core/blocks.py), or None: a model
+        without one trains where nothing does (single, ddp, ZeRO, accelerate, without checkpointing)."""
+        if cls.wraps_blocks:
+            return f"backend {cls.name}"
+        for flag in ("ckpt_interval", "compile", "offload_activations"):
+            if getattr(cfg, flag):
+                return f"--{flag}"
+        return None
+
     def prepare_blocks(self, model: nn.Module) -> list[nn.Module]:
-        """The model's blocks (core/blocks.py), kept as self.blocks for the wrappers, checkpointing and
-        offload; with --compile, compiled here, before any wrapper sees them (backends/compile.py)."""
-        self.blocks = find_blocks(model, self.cfg.block_class)
+        """The model's blocks (core/blocks.py; [] for a model without any, where nothing needs them),
+        kept as self.blocks for the wrappers, checkpointing and offload; with --compile, compiled here,
+        before any wrapper sees them (backends/compile.py)."""
+        self.blocks = find_blocks(model, self.cfg.block_class, self.blocks_needed_by(self.cfg))
         self.compiled = apply_compile(self.blocks, self.cfg.compile_backend, self.cfg.compile_mode) \
             if self.cfg.compile else None
         return self.blocks

@@ -51,6 +51,7 @@ class FSDPAccounting(TorchAccounting):
 
 class FSDPBackend(DCPCheckpointMixin, TorchBackend):
     name = "fsdp"
+    wraps_blocks = True  # one FSDP unit per block
     uses_autocast = False  # FSDP casts parameters itself; autocast on top would change what mixed precision means
 
     @classmethod

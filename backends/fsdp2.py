@@ -35,6 +35,7 @@ class FSDP2Accounting(TorchAccounting):
 
 class FSDP2Backend(DCPCheckpointMixin, TorchBackend):
     name = "fsdp2"
+    wraps_blocks = True  # fully_shard on each block
     uses_autocast = False  # the MixedPrecisionPolicy casts; no autocast on top
 
     @classmethod

@@ -3,6 +3,9 @@
 The article's two functions are all train.py needs: get_model() returns any torch.nn.Module and
 get_dataset() any map-style torch Dataset of (input, target) pairs (or a (train, validation) pair
 of them). Every backend trains what they return; nothing here knows about DDP, FSDP or DeepSpeed.
+A sample may also be a dict in Hugging Face datasets' layouts, {"input_ids", "labels"} (labels:
+the token each position must predict, shifted by one for next-token prediction) or
+{"pixel_values", "labels"}; get_model's annotations (width: int) are checked against --model_args.
 
 Here: a residual MLP that classifies points of a fixed random mixture of 10 Gaussians.
 """

@@ -12,6 +12,14 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from gptlite.data import DataError
+from gptlite.errors import ConfigError, one_line
+
+# The largest model (fp32 parameter bytes) that check() builds for real where the meta device cannot
+# run it: every rank builds it, before any memory check of the run itself.
+REAL_CHECK_BYTES = 2**30
+IGNORE_INDEX = -100  # cross-entropy's targets that count for nothing (Hugging Face's padding labels)
+
 
 def cross_entropy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """The mean cross-entropy of logits `output` (..., classes) against class ids `target` (...),
@@ -93,6 +101,73 @@ class Workload:
             model = self.make()
         return _FakeRun(mode, self.fake_patches), model, mode.from_tensor(x), mode.from_tensor(y)
 
+    def check(self) -> None:
+        """The model and its data fit together, checked before anything is recorded (ConfigError or
+        DataError, one line): a few samples of each split (their layout and shapes: SampledDataset.check),
+        the model built (on the meta device), one forward and loss on two training samples (on the meta
+        device; for real, on those two samples, where the meta device cannot run the model), a loss that
+        is a scalar tensor with a gradient, and with the default cross-entropy, targets that are class ids
+        of the model's output. Torch's RNG is left as it was: the run draws the same numbers with or
+        without the check (a dataset or forward that draws from it)."""
+        with torch.random.fork_rng(devices=[]):
+            self._check()
+
+    def _check(self) -> None:
+        check = getattr(self.data, "check", None)
+        samples = check() if check is not None else []
+        try:
+            x, y = self.example(2)
+        except DataError:
+            raise
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - the dataset is the user's code
+            raise DataError(f"{self.name}: reading the first training batch failed: {one_line(e)}") from None
+        ran = self._forward_once(x, y)
+        if ran is None:
+            return
+        output, loss = ran
+        custom = isinstance(self.meta(), WithLoss) and self.meta()._loss is not cross_entropy
+        what = f"{self.name}: loss_fn" if custom else f"{self.name}: the loss"
+        if not (isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.is_floating_point()):
+            got = f"a {loss.dtype} tensor of shape {list(loss.shape)}" if isinstance(loss, torch.Tensor) \
+                else type(loss).__name__
+            raise ConfigError(f"model: {what} must return a scalar float tensor (got {got})")
+        if not loss.requires_grad:
+            raise ConfigError(f"model: {what} returned a tensor without a gradient: it does not depend on the "
+                              "model's output (computed from numbers taken out of the graph, or under no_grad)")
+        if not custom and isinstance(self.meta(), WithLoss) and isinstance(output, torch.Tensor) and output.ndim:
+            classes = output.shape[-1]
+            for target in [y, *(torch.as_tensor(t) for _, t in samples)]:
+                if target.is_floating_point() or not target.numel():
+                    continue
+                wrong = target[(target != IGNORE_INDEX) & ((target < 0) | (target >= classes))]
+                if wrong.numel():
+                    raise DataError(f"{self.name}: target {int(wrong[0])} is not a class of the model's output "
+                                    f"({classes} classes: 0..{classes - 1}); with the default cross-entropy the "
+                                    "targets are class ids (make the model's output cover them: its vocab_size or number of classes; "
+                                    "or give a model file a loss_fn)")
+
+    def _forward_once(self, x: torch.Tensor, y: torch.Tensor):
+        """(output, loss) of the model on (x, y): on the meta device (shapes only, no memory), else for
+        real where the model is small enough to build here; None where neither can be done (the run's
+        first step is then the check)."""
+        try:
+            with contextlib.ExitStack() as patches:
+                for patch in self.fake_patches:
+                    patches.enter_context(patch())
+                return self.meta()(x.to("meta"), y.to("meta"))
+        except (Exception, SystemExit):  # noqa: BLE001 - e.g. data-dependent code (.item()): run it for real, below
+            pass
+        if self.n_params * 4 > REAL_CHECK_BYTES:
+            return None
+        try:
+            return self.build(0)(x, y)
+        except ConfigError:
+            raise
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - the model's forward or loss_fn: the user's code
+            raise ConfigError(f"model: {self.name}: the model and its data do not fit: forward and loss on 2 "
+                              f"training samples (input {_shape(x)}, target {_shape(y)}) failed: {one_line(e)}") \
+                from None
+
     @cached_property
     def n_params(self) -> int:
         return sum(p.numel() for p in self.meta().parameters())
@@ -100,6 +175,10 @@ class Workload:
     def example(self, batch: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
         """The first `batch` training samples of step 0 (x, y), for tracing and counting."""
         return self.data.batch("train", 0, 0, 0, batch, batch)
+
+
+def _shape(t: torch.Tensor) -> str:
+    return f"{list(t.shape)} {str(t.dtype).removeprefix('torch.')}"
 
 
 class _FakeRun:

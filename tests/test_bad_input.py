@@ -78,6 +78,14 @@ CASES = [
     ("GPT-lite size flag on another model", "train", ["--model", "hf:llama", "--n_layer", "2"], None,
      "n_layer applies to --model gptlite"),
     ("missing model file", "train", ["--model", "nowhere/my_model.py"], None, "model: file not found"),
+    ("model file whose get_model raises", "train", ["--model", "{FILE}"],
+     ("m.py", "import torch\ndef get_model():\n    raise RuntimeError('no such layer')\n"
+              "def get_dataset():\n    return [(torch.ones(4), 1)] * 20\n"),
+     "get_model() failed: RuntimeError: no such layer"),
+    ("model file whose items are not pairs", "train", ["--model", "{FILE}"],
+     ("m.py", "import torch\ndef get_model():\n    return torch.nn.Linear(4, 2)\n"
+              "def get_dataset():\n    return [torch.ones(4)] * 20\n"),
+     "sample 0 of the train split is Tensor; a sample must be an (input, target) pair"),
     ("model_args without values", "train", ["--model", "hf:gpt2", "--model_args", "n_layer"], None,
      "model_args: expected key=value pairs"),
     # values checked before anything starts (the trust issue)
@@ -206,7 +214,7 @@ def test_bad_input(tmp_path, name, tool, args, file, message):
 # model, the model's structure. Every case above runs under plain python.
 UNDER_TORCHRUN = ("unknown backend", "negative steps", "fsdp config on ddp", "ds batch mismatch", "fsdp unknown key",
                   "missing init_from file", "data too short", "unknown transformers model type", "missing model file",
-                  "unknown block class")
+                  "model file whose items are not pairs", "unknown block class")
 TRAIN_CASES = [c for c in CASES if c[0] in UNDER_TORCHRUN]
 assert len(TRAIN_CASES) == len(UNDER_TORCHRUN)
 

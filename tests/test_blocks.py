@@ -54,5 +54,38 @@ def test_a_named_class_and_the_errors():
     assert find_blocks(model, "Stem") == [model.stem]
     with pytest.raises(ConfigError, match="block_class Attention: no such module class.*found: Head, Layer, Stem"):
         find_blocks(model, "Attention")
-    with pytest.raises(ConfigError, match="no repeated module class"):
-        find_blocks(nn.Sequential(Stem(), nn.Linear(2, 2)))
+    plain = nn.Sequential(Stem(), nn.Linear(2, 2))
+    with pytest.raises(ConfigError, match=r"\(Sequential\) has no repeated block .*which backend fsdp needs; "
+                                          "--block_class NAME or run without FSDP/checkpointing"):
+        find_blocks(plain, needed_by="backend fsdp")
+    assert find_blocks(plain) == []  # nothing needs blocks: a model without any is fine
+
+
+def test_a_model_without_a_repeated_block_runs_where_nothing_needs_one(tmp_path):
+    """single and ddp train it; FSDP, FSDP2, checkpointing and --compile need blocks: refused in one line
+    before anything is recorded (training.run.resolve) (issue 21, case 11)."""
+    from core.config import RunConfig
+    from training.run import check_model, resolve
+
+    path = tmp_path / "plain.py"
+    path.write_text("import torch\n\ndef get_model():\n    return torch.nn.Linear(4, 3)\n\n"
+                    "def get_dataset():\n    return [(torch.ones(4), i % 3) for i in range(20)]\n")
+    for backend in ("single", "ddp"):
+        assert check_model(RunConfig(model=str(path), backend=backend)).meta().net.out_features == 3
+    for flags, needs in [({"backend": "fsdp"}, "backend fsdp"), ({"backend": "fsdp2"}, "backend fsdp2"),
+                         ({"backend": "ddp", "ckpt_interval": 1}, "--ckpt_interval"),
+                         ({"backend": "single", "compile": True}, "--compile")]:
+        with pytest.raises(ConfigError, match=rf"\(Linear\) has no repeated block .*which {needs} needs; "
+                                              "--block_class NAME or run without FSDP/checkpointing"):
+            resolve(RunConfig(model=str(path), runs_dir=str(tmp_path / "runs"), run_name="r", **flags))
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_one_layer_transformer_has_no_repeated_block_and_runs_under_single():
+    from core.config import RunConfig
+    from training.run import check_model
+
+    one_layer = {"model": "hf:gpt2", "model_args": "n_layer=1,n_embd=32,n_head=2"}
+    check_model(RunConfig(backend="single", **one_layer))
+    with pytest.raises(ConfigError, match=r"\(GPT2LMHeadModel\) has no repeated block .*which backend fsdp2 needs"):
+        check_model(RunConfig(backend="fsdp2", **one_layer))

@@ -182,3 +182,253 @@ def test_the_readme_model_file_is_complete(tmp_path):
     out, loss = w.build(0)(x, y)
     assert out.shape == (4, 2) and loss.ndim == 0 and len(w.meta().net) == 4
     assert w.data.describe()["train_samples"] == 9_000
+
+
+# Model files for the checks made before anything is recorded (issue 21, case 11). DATA is a dataset of
+# 8-feature points with class ids 0..3; MODEL a two-block MLP over them.
+HEAD = """
+import sys
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Points(torch.utils.data.Dataset):
+    def __init__(self, item=None, n=40):
+        self.n, self.item = n, item
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        x, y = torch.randn(8, generator=torch.Generator().manual_seed(i)), i % 4
+        return self.item(i, x, y) if self.item else (x, y)
+
+
+class Two(nn.Module):
+    def __init__(self, features=8, classes=4):
+        super().__init__()
+        self.blocks = nn.Sequential(nn.Linear(features, 16), nn.Linear(16, classes))
+
+    def forward(self, x):
+        return self.blocks(x)
+
+"""
+GOOD_MODEL = "def get_model(features: int = 8, classes: int = 4):\n    return Two(features, classes)\n"
+GOOD_DATA = "def get_dataset():\n    return Points()\n"
+
+FILE_CASES = [
+    # (name, model file body below HEAD, the error's type, what its one line says)
+    ("get_model raising", "def get_model():\n    raise RuntimeError('no GPU\\nat all')\n" + GOOD_DATA, ConfigError,
+     r"m.py: get_model\(\) failed: RuntimeError: no GPU at all$"),
+    ("sys.exit in the file", "sys.exit(0)\n", ConfigError, r"importing .*m.py called sys.exit\(0\)"),
+    ("sys.exit in get_model", "def get_model():\n    exit(3)\n" + GOOD_DATA, ConfigError,
+     r"get_model\(\) called sys.exit\(3\)"),
+    ("get_model returning a string", "def get_model():\n    return 'mlp'\n" + GOOD_DATA, ConfigError,
+     r"get_model\(\) must return a torch.nn.Module \(got str\)"),
+    ("get_model returning None", "def get_model():\n    pass\n" + GOOD_DATA, ConfigError,
+     r"get_model\(\) must return a torch.nn.Module \(got NoneType\)"),
+    ("get_dataset raising", GOOD_MODEL + "def get_dataset():\n    return 1 / 0\n", ConfigError,
+     r"get_dataset\(\) failed: ZeroDivisionError: division by zero"),
+    ("items not pairs", GOOD_MODEL + "def get_dataset():\n    return Points(lambda i, x, y: x)\n", DataError,
+     r"sample 0 of the train split is Tensor; a sample must be an \(input, target\) pair, or a dict"),
+    ("items of three", GOOD_MODEL + "def get_dataset():\n    return Points(lambda i, x, y: (x, y, y))\n", DataError,
+     r"is a tuple of 3; a sample must be an \(input, target\) pair"),
+    ("a dict of other keys", GOOD_MODEL + "def get_dataset():\n    return Points(lambda i, x, y: {'x': x, 'y': y})\n",
+     DataError, r"is a dict with keys \['x', 'y'\]; a sample must be .*\{input_ids, labels\} or \{pixel_values, labels\}"),
+    # Hugging Face's layouts, with a key more (case 20) or labels copied from input_ids unshifted.
+    ("a dict with attention_mask", GOOD_MODEL + "def get_dataset():\n    return Points(lambda i, x, y: "
+     "{'input_ids': x, 'attention_mask': x, 'labels': y})\n", DataError,
+     r"is a dict with keys \['attention_mask', 'input_ids', 'labels'\]; a sample must be"),
+    ("labels unshifted", "def get_model():\n    return nn.Sequential(nn.Embedding(4, 8), nn.Linear(8, 4))\n"
+     "def get_dataset():\n    return Points(lambda i, x, y: {'input_ids': [i % 4, 1, 2], 'labels': [i % 4, 1, -100]})\n",
+     DataError, r"the target equals the input in every sample read \(6\): .*labels\[t\] = input_ids\[t \+ 1\]"),
+    ("numpy strings", GOOD_MODEL + "def get_dataset():\n    import numpy\n"
+     "    return Points(lambda i, x, y: (numpy.array(['a', 'b']), y))\n", DataError,
+     r"the input of sample 0 of the train split is a ndarray that is not an array of numbers"),
+    ("__getitem__ raising", GOOD_MODEL + "def get_dataset():\n    return Points(lambda i, x, y: [][i])\n", DataError,
+     r"reading sample 0 of the train split failed: IndexError: list index out of range"),
+    ("inconsistent shapes", GOOD_MODEL + "def get_dataset():\n    return Points(lambda i, x, y: (x[:4 + i % 2], y))\n",
+     DataError, r"samples differ: the input of sample 1 of the train split is a float of shape \[5\], that of sample 0 "
+                r"of the train split a float of shape \[4\]"),
+    ("labels out of range", GOOD_MODEL + "def get_dataset():\n    return Points(lambda i, x, y: (x, y + 2))\n",
+     DataError, r"target [45] is not a class of the model's output \(4 classes: 0..3\)"),
+    ("vocabulary smaller than the data's", "def get_model(vocab_size: int = 3):\n"
+     "    return nn.Sequential(nn.Embedding(vocab_size, 8), nn.Linear(8, vocab_size))\n"
+     "def get_dataset():\n    return Points(lambda i, x, y: (torch.arange(6) % (y + 1), (torch.arange(6) + 1) % 4))\n",
+     DataError, r"target 3 is not a class of the model's output \(3 classes: 0..2\)"),
+    ("model and data shapes", "def get_model():\n    return Two(features=5)\n" + GOOD_DATA, ConfigError,
+     r"the model and its data do not fit: forward and loss on 2 training samples \(input \[2, 8\] float32, target "
+     r"\[2\] int64\) failed: RuntimeError: mat1 and mat2 shapes cannot be multiplied"),
+    ("sys.exit in forward", "class Quits(Two):\n    def forward(self, x):\n        sys.exit(1)\n"
+     "def get_model():\n    return Quits()\n" + GOOD_DATA, ConfigError, r"do not fit: .*failed: SystemExit: 1$"),
+    ("loss_fn not callable", GOOD_MODEL + GOOD_DATA + "loss_fn = 'mse'\n", ConfigError,
+     r"loss_fn must be a function \(output, target\) -> scalar tensor \(got str\)"),
+    ("loss_fn not a scalar", GOOD_MODEL + GOOD_DATA +
+     "def loss_fn(out, y):\n    return F.cross_entropy(out, y, reduction='none')\n", ConfigError,
+     r"loss_fn must return a scalar float tensor \(got a torch.float32 tensor of shape \[2\]\)"),
+    ("loss_fn returning a number", GOOD_MODEL + GOOD_DATA + "def loss_fn(out, y):\n    return 0.5\n", ConfigError,
+     r"loss_fn must return a scalar float tensor \(got float\)"),
+    ("loss_fn without a gradient", GOOD_MODEL + GOOD_DATA +
+     "def loss_fn(out, y):\n    return F.cross_entropy(out.detach(), y)\n", ConfigError,
+     r"loss_fn returned a tensor without a gradient"),
+    ("loss_fn raising", GOOD_MODEL + GOOD_DATA + "def loss_fn(out, y):\n    return F.mse_loss(out, y)\n", ConfigError,
+     r"the model and its data do not fit: .*failed: RuntimeError"),
+]
+
+
+@pytest.mark.parametrize("name, body, error, message", FILE_CASES, ids=[c[0] for c in FILE_CASES])
+def test_a_model_file_and_its_data_are_checked_before_anything_is_recorded(tmp_path, name, body, error, message):
+    """Through training.run.resolve, as train.py calls it on every rank: one line, before any record."""
+    from training.run import resolve
+
+    cfg = RunConfig(model=write_model_file(tmp_path, HEAD + body), backend="single", steps=2,
+                    runs_dir=str(tmp_path / "runs"), run_name="r")
+    with pytest.raises(error, match=message) as caught:
+        resolve(cfg)
+    assert "\n" not in str(caught.value)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_the_model_file_cases_check_what_they_say(tmp_path):
+    """The fixture itself: HEAD with the good model and data passes every check."""
+    from training.run import check_model
+
+    check_model(RunConfig(model=write_model_file(tmp_path, HEAD + GOOD_MODEL + GOOD_DATA), backend="ddp"))
+
+
+TYPED = """
+from __future__ import annotations
+from typing import Optional
+import torch
+
+def get_model(width: int = 8, lr: float = 0.1, name: str = "m", bias: bool = True, depths: list[int] = (1,),
+              drop: Optional[float] = None, scale: int | None = None, anything=3, custom: Undefined = None):
+    return torch.nn.Linear(4, 2)
+
+def get_dataset():
+    return [(torch.ones(4), 1)] * 20
+"""
+
+
+@pytest.mark.parametrize("args, message", [
+    ("width=abc", r"model_args: width must be an int \(.*get_model\(\) annotates it int\), got str 'abc'$"),
+    ("width=3.5", r"model_args: width must be an int .*got float 3.5$"),
+    ("width=true", r"model_args: width must be an int .*got bool True$"),
+    ("lr=1e3", r"model_args: lr must be a float .*got str '1e3' \(YAML reads 1e3 as a string: write 1.0e\+3 or "
+               r"1000.0\)$"),
+    ("lr=[1]", r"model_args: lr must be a float .*got list \[1\]"),
+    ("name=3", r"model_args: name must be a string .*got int 3$"),
+    ("bias=yes please", r"model_args: bias must be a bool \(true or false\) .*got str 'yes please'$"),
+    ("depths=[1,x]", r"model_args: depths must be a list of int .*got list \[1, 'x'\]$"),
+    ("depths=2", r"model_args: depths must be a list of int .*got int 2$"),
+    ("drop=abc", r"model_args: drop must be a float or null .*got str 'abc'$"),
+    ("scale=0.5", r"model_args: scale must be an int or null .*got float 0.5$"),
+])
+def test_model_args_are_checked_against_get_models_annotations(tmp_path, args, message):
+    """A value of the wrong type for get_model's annotation: one line naming the key and the type
+    (issue 21, case 12)."""
+    with pytest.raises(ConfigError, match=message):
+        workload(model=write_model_file(tmp_path, TYPED), model_args=args)
+
+
+def test_model_args_that_fit_their_annotations_or_have_none_pass(tmp_path):
+    path = write_model_file(tmp_path, TYPED)
+    w = workload(model=path, model_args="width=4,lr=2,name=x,bias=false,depths=[1,2],drop=null,scale=3,"
+                                        "anything=[a],custom=whatever")
+    assert w.description["args"]["lr"] == 2 and w.meta().net.in_features == 4
+
+
+def test_a_model_file_imports_the_modules_beside_it(tmp_path, monkeypatch):
+    """As `python m.py` would: its own directory is on sys.path, at import and when get_model runs
+    (issue 21, case 16)."""
+    import sys
+
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.chdir(tmp_path.parent)  # not the file's directory
+    (tmp_path / "beside_layers_16.py").write_text("import torch\nWIDTH = 4\n\ndef net():\n    return torch.nn.Linear(WIDTH, 2)\n")
+    path = write_model_file(tmp_path, """
+        import torch
+        from beside_layers_16 import WIDTH
+
+        def get_model():
+            import beside_layers_16  # imported late too
+            return beside_layers_16.net()
+
+        def get_dataset():
+            return [(torch.ones(WIDTH), 1)] * 20
+        """)
+    w = workload(model=path)
+    assert w.meta().net.in_features == 4 and str(tmp_path) in sys.path
+
+
+DICT_TEXT = """
+import torch
+
+def get_model(vocab: int = 5):
+    return torch.nn.Sequential(torch.nn.Embedding(vocab, 8), torch.nn.Linear(8, vocab))
+
+def get_dataset():  # Hugging Face's text layout; lists, as datasets' rows hold them
+    return [{"input_ids": [(i + t) % 5 for t in range(6)], "labels": [(i + t + 1) % 5 for t in range(6)]}
+            for i in range(30)]
+"""
+DICT_IMAGES = """
+import numpy
+import torch
+
+def get_model():
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(), torch.nn.Linear(16, 10))
+
+def get_dataset():  # Hugging Face's image layout
+    return [{"pixel_values": numpy.full((3, 4, 4), i, dtype=numpy.float32), "labels": i % 10} for i in range(30)]
+"""
+
+
+@pytest.mark.parametrize("body, x_shape, y_shape", [(DICT_TEXT, (4, 6), (4, 6)), (DICT_IMAGES, (4, 3, 4, 4), (4,))],
+                         ids=["input_ids", "pixel_values"])
+def test_dict_samples_in_hugging_faces_layouts_train(tmp_path, body, x_shape, y_shape):
+    """{input_ids, labels} and {pixel_values, labels} items: checked, batched and trained like pairs
+    (issue 21, case 20)."""
+    from training.run import check_model
+
+    w = check_model(RunConfig(model=write_model_file(tmp_path, body), backend="single"))
+    x, y = w.example(4)
+    assert tuple(x.shape) == x_shape and tuple(y.shape) == y_shape and not y.is_floating_point()
+    out, loss = w.build(0)(x, y)
+    loss.backward()
+    assert loss.ndim == 0 and torch.isfinite(loss)
+    assert w.data.describe()["sample"] == {"input": list(x_shape[1:]), "target": list(y_shape[1:])}
+
+
+def test_a_sample_of_another_shape_found_late_is_a_data_error_in_one_line():
+    """check() reads a few samples; one of another shape among the rest fails its batch as DataError,
+    naming the samples, not as collate's traceback."""
+    ragged = [(torch.ones(3 if i in (0, 1, 26, 27, 28, 29) else 4), 0) for i in range(30)]  # those read: 3
+    data = SampledDataset(ragged, source="ragged")
+    assert len(data.check()) == 6
+    with pytest.raises(DataError, match=r"^ragged: samples \[[0-9, ]+\] of the train split cannot be batched; every "
+                                        "sample must have the same shape"):
+        data.batch("train", 0, 0, 0, 27, 27)
+
+
+def test_the_check_leaves_torchs_random_numbers_as_they_were(tmp_path):
+    """A dataset and a forward that draw from torch's global generator (the forward run for real: it reads
+    a value, which the meta device cannot): the run draws the same numbers after the check as without it."""
+    from training.run import check_model
+
+    path = write_model_file(tmp_path, HEAD + """
+        class Reads(Two):
+            def forward(self, x):
+                return self.blocks(x) * float(torch.rand(1).item() + x.sum().item() * 0)
+
+        def get_model():
+            return Reads()
+
+        def get_dataset():
+            return Points(lambda i, x, y: (x + torch.rand(8), y))
+        """.replace("\n        ", "\n"))
+    torch.manual_seed(3)
+    check_model(RunConfig(model=path, backend="single"))
+    after = torch.rand(4)
+    torch.manual_seed(3)
+    assert torch.equal(after, torch.rand(4))

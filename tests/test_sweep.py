@@ -214,7 +214,8 @@ def test_bad_max_batch_flags_are_refused(tmp_path, flags, message):
 GOOD_DATASET = ("import torch\ndef get_dataset():\n"
                 "    return torch.utils.data.TensorDataset(torch.zeros(8, 4), torch.zeros(8, dtype=torch.long))\n")
 MODEL_FILES = {"{syntax}": "def get_model(:\n",
-               "{raising}": GOOD_DATASET + "def get_model():\n    raise RuntimeError('no weights here')\n"}
+               "{raising}": GOOD_DATASET + "def get_model():\n    raise RuntimeError('no weights here')\n",
+               "{plain}": GOOD_DATASET + "def get_model():\n    return torch.nn.Linear(4, 2)\n"}
 
 
 @pytest.mark.parametrize("model, train_args, message", [
@@ -245,18 +246,36 @@ def test_every_model_of_a_matrix_is_resolved_before_the_first_run(tmp_path, mode
     assert "\n" not in str(refused.value)
 
 
+def test_a_model_without_blocks_is_refused_for_the_runs_that_need_them(tmp_path):
+    """single and ddp train a model without a repeated block; a sweep that also puts it under FSDP is
+    refused whole, naming that run (case 11)."""
+    from gptlite.errors import ConfigError
+    from training.sweep import check_runs
+
+    (tmp_path / "plain.py").write_text(MODEL_FILES["{plain}"])
+    spec = load_spec(_spec(tmp_path, matrix={"backend": ["single", "ddp"], "model": [str(tmp_path / "plain.py")]}))
+    check_runs(expand(spec)[0], spec.directory)
+    spec = load_spec(_spec(tmp_path, matrix={"backend": ["ddp", "fsdp"], "model": [str(tmp_path / "plain.py")]}))
+    with pytest.raises(ConfigError, match=r"^run fsdp-\S+: the model \(Linear\) has no repeated block .*which backend "
+                                          "fsdp needs"):
+        check_runs(expand(spec)[0], spec.directory)
+
+
 def test_each_distinct_model_is_resolved_once(tmp_path, monkeypatch):
     import training.run
     from training.sweep import check_runs
 
-    seen = []
-    monkeypatch.setattr(training.run, "check_model", lambda cfg: seen.append((cfg.model, cfg.model_args)))
+    seen, blocks = [], set()
+    monkeypatch.setattr(training.run, "check_model", lambda cfg: seen.append((cfg.model, cfg.model_args)) or cfg.model)
+    # The blocks, though, for every run: whether they are needed depends on its backend and flags.
+    monkeypatch.setattr(training.run, "check_blocks", lambda workload, cfg: blocks.add((workload, cfg.ckpt_interval)))
     spec = load_spec(_spec(tmp_path, matrix={
         "backend": ["single", "ddp"], "micro_batch": [2, 4], "ckpt_interval": [0, 1],
         "model": ["gptlite", {"model": "examples/my_model.py", "args": "width=8"}]}))
     runs, _ = expand(spec)
     check_runs(runs, spec.directory)
     assert len(runs) == 16 and sorted(seen, key=str) == [("examples/my_model.py", "width=8"), ("gptlite", None)]
+    assert blocks == {(m, c) for m in ("gptlite", "examples/my_model.py") for c in (0, 1)}
 
 
 def test_a_dry_run_refuses_a_spec_a_model_cannot_run(tmp_path):

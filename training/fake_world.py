@@ -69,7 +69,6 @@ BASE_BYTES = 2**30  # the process itself: libraries, the model, the step
 def world_memory(world: int, cfg) -> tuple[int, str]:
     """Bytes rank 0 needs to simulate `world` ranks of the run `cfg`, and what that comes from."""
     from core.blocks import find_blocks
-    from gptlite.errors import ConfigError
     from training.run import check_model
 
     if cfg.deepspeed_config and cfg.backend in (None, "deepspeed"):
@@ -86,10 +85,7 @@ def world_memory(world: int, cfg) -> tuple[int, str]:
     else:
         family, what = {"fsdp": ("fsdp", "fsdp"), "fsdp2": ("fsdp2", "fsdp2")}.get(cfg.backend, ("ddp", cfg.backend or "single"))
     workload = check_model(cfg)
-    try:
-        blocks = len(find_blocks(workload.meta(), cfg.block_class))
-    except ConfigError:
-        blocks = 1
+    blocks = len(find_blocks(workload.meta(), cfg.block_class))  # 0 for a model without any (ddp, ZeRO)
     per_rank = PER_RANK_PER_BLOCK[family] * (blocks + 1)
     return BASE_BYTES + world * per_rank, f"{per_rank / 2**10:.0f} KiB per simulated rank for {what} with {blocks} blocks"
 

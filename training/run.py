@@ -188,12 +188,21 @@ def resolve(cfg: RunConfig, env: DistEnv | None = None, resolved: Resolved | Non
 
 
 def check_model(cfg: RunConfig) -> Workload:
-    """The run's model and data, loaded and checked on the model's structure (the meta device)
-    without building anything: part of `resolve`, and what sweep.py checks for each model of a
-    matrix before its first run. Raises ConfigError/DataError."""
+    """The run's model and data, loaded and checked together (models.Workload.check: a few samples,
+    one forward and loss on the meta device) and its blocks found where the backend or a flag needs
+    them, without building anything: part of `resolve`, and what sweep.py checks for each model of a
+    matrix before its first run. `cfg` is resolved (its backend named). Raises ConfigError/DataError."""
     workload = models.load(cfg.model_request())
-    find_blocks(workload.meta(), cfg.block_class)
+    workload.check()
+    check_blocks(workload, cfg)
     return workload
+
+
+def check_blocks(workload: Workload, cfg: RunConfig) -> None:
+    """The model's blocks are found where the run needs them (Backend.blocks_needed_by: FSDP's units,
+    checkpointing, --compile); a model without any trains where nothing does (single, ddp, ZeRO)."""
+    needed_by = backends.get_backend(cfg.backend or "single").blocks_needed_by(cfg)
+    find_blocks(workload.meta(), cfg.block_class, needed_by)
 
 
 @dataclass

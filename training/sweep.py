@@ -319,9 +319,10 @@ def check_runs(runs: list[PlannedRun], directory: Path) -> None:
     from core.dist import DistEnv
     from gptlite.data import DataError
     from training.cli import config_from_argv
+    from training.run import check_blocks
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    checked: set[str] = set()
+    checked: dict[str, object] = {}  # each distinct model's workload, checked once
     for run in runs:
         nvme = dict(run.flags).get("nvme_path")
         if nvme:  # scratch space the sweep owns, for ZeRO-Infinity's NVMe offload
@@ -332,19 +333,21 @@ def check_runs(runs: list[PlannedRun], directory: Path) -> None:
                                                 launcher_for(run.backend))).cfg
             model = json.dumps({name: getattr(cfg, name) for name in MODEL_FLAGS})
             if model not in checked:
-                _check_model(cfg)
-                checked.add(model)
+                checked[model] = _check_model(cfg)
+            # Each run: its backend or flags may need blocks the model does not have (fsdp, not ddp).
+            check_blocks(checked[model], cfg)
         except (ConfigError, DataError) as e:
             raise ConfigError(f"run {run.name}: {e}") from None
 
 
-def _check_model(cfg) -> None:
+def _check_model(cfg):
     from gptlite.data import DataError
+    from gptlite.errors import one_line
     from training.run import check_model
 
     try:
-        check_model(cfg)
+        return check_model(cfg)
     except (ConfigError, DataError):
         raise
     except Exception as e:  # noqa: BLE001 - the model's own code failed (get_model raising): so would the run
-        raise ConfigError(f"model {cfg.model}: {type(e).__name__}: {e}") from None
+        raise ConfigError(f"model {cfg.model}: {one_line(e)}") from None
