@@ -366,8 +366,10 @@ def main(argv=None) -> int:
     p.add_argument("--model", default="gptlite",
                    help="gptlite (by formula), or any train.py --model (traced once on fake tensors)")
     p.add_argument("--model_args", default=None, help="the model's settings, as train.py's --model_args")
-    p.add_argument("--block_size", type=int, default=None, help="context length of hf: text models "
-                   "(default: the preset's)")
+    p.add_argument("--block_size", type=int, default=None, help="context length, of GPT-lite (default: the "
+                   "preset's) and of hf: text models")
+    for name in ("n_layer", "n_embd", "n_head"):
+        p.add_argument(f"--{name}", type=int, default=None, help=f"GPT-lite: the preset's {name}, as train.py's")
     p.add_argument("--world", type=int, default=1, help="ranks")
     p.add_argument("--ranks_per_node", type=int, default=None,
                    help="ranks (GPUs) per node: HYBRID_SHARD's default shard group (default: --world)")
@@ -389,15 +391,29 @@ def main(argv=None) -> int:
     try:
         if args.config and args.fsdp_config:
             raise ConfigError("--config (DeepSpeed) and --fsdp_config exclude each other: one backend at a time")
-        if args.model == "gptlite":
-            cfg = preset(args.preset, attention=args.attention, dropout=args.dropout, vocab_size=args.vocab_size)
-        else:
-            import models
-            from analysis.traced_model import TracedModel
-            from core.config import RunConfig
+        for name in ("world", "ranks_per_node", "micro_batch"):
+            value = getattr(args, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"--{name} must be an integer >= 1 (got {value})")
+        if args.ckpt_interval < 0:
+            raise ConfigError(f"--ckpt_interval must be an integer >= 0 (got {args.ckpt_interval})")
+        # The model flags read as train.py reads them (core/config.py RunConfig), so that each one is
+        # applied or refused, never dropped.
+        import models
+        from core.config import RunConfig
 
-            run = RunConfig(model=args.model, model_args=args.model_args, preset=args.preset,
-                            block_size=args.block_size, dropout=args.dropout)
+        run = RunConfig(model=args.model, model_args=args.model_args, preset=args.preset, block_size=args.block_size,
+                        dropout=args.dropout, attention=args.attention, n_layer=args.n_layer, n_embd=args.n_embd,
+                        n_head=args.n_head)
+        if args.model == "gptlite":
+            if run.model_args:
+                from models.gptlite_workload import GPTLITE_TAKES
+
+                raise ConfigError(GPTLITE_TAKES)
+            cfg = run.model_config(vocab_size=args.vocab_size)
+        else:
+            from analysis.traced_model import TracedModel
+
             cfg = TracedModel.of(models.load(run.model_request()))
         options = fsdp_config.load(args.fsdp_config) if args.fsdp_config else None
         ds = deepspeed_config.read(args.config) if args.config else None

@@ -9,10 +9,13 @@ from models.spec import ModelRequest
 from models.workload import Workload
 
 
+GPTLITE_TAKES = ("model_args apply to hf:, torchvision: and file models; GPT-lite takes --preset, --n_layer, "
+                 "--n_embd, --n_head, --block_size and --dropout")
+
+
 def load(request: ModelRequest) -> Workload:
     if request.args:
-        raise ConfigError("model_args apply to hf:, torchvision: and file models; GPT-lite takes --preset, "
-                          "--n_layer, --n_embd, --n_head, --block_size and --dropout")
+        raise ConfigError(GPTLITE_TAKES)
     data = CharDataset.load(request.data, request.gptlite_config(None).block_size)
     cfg = request.gptlite_config(data.vocab_size)
     # The record's model section is GPT-lite's config as before, named: old records (without

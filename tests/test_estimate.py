@@ -139,3 +139,27 @@ def test_estimate_against_the_gpu_reference_runs():
             if est.total_bytes <= capacity:
                 bad.append(f"{run['run_dir']}: ran out of memory, estimated {est.total_bytes / 2**30:.1f} GiB")
     assert not bad, "\n".join(bad)
+
+
+def _estimate_cli(capsys, *argv: str) -> tuple[int, dict | str]:
+    from analysis.estimate import main
+
+    code = main([*argv, "--device", "cpu", "--json"])
+    out, err = capsys.readouterr()
+    return code, (json.loads(out) if code == 0 else err)
+
+
+def test_the_cli_applies_every_model_flag_or_refuses_it(capsys):
+    """GPT-lite's --block_size and size flags change the estimate as they change the run (they were
+    ignored); --model_args, which GPT-lite does not take, and counts below 1 are refused in one line."""
+    base = _estimate_cli(capsys, "--preset", "tiny")[1]
+    longer = _estimate_cli(capsys, "--preset", "tiny", "--block_size", "128")[1]
+    assert longer["activation_bytes"] > base["activation_bytes"] and longer["params"] > base["params"]
+    fewer = _estimate_cli(capsys, "--preset", "tiny", "--n_layer", "2")[1]
+    assert fewer["params"] < base["params"]
+    for argv, message in ((("--model_args", "n_layer=2"), "model_args apply to hf:"),
+                          (("--world", "4", "--ranks_per_node", "0"), "--ranks_per_node must be an integer >= 1"),
+                          (("--world", "0"), "--world must be an integer >= 1"),
+                          (("--model", "hf:gpt2", "--n_layer", "2"), "n_layer applies to --model gptlite")):
+        code, err = _estimate_cli(capsys, "--preset", "tiny", *argv)
+        assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
