@@ -33,6 +33,8 @@ from pathlib import Path
 import torch
 import yaml
 
+from gptlite.errors import ConfigError
+
 REPO = Path(__file__).resolve().parent.parent
 HARDWARE = Path(__file__).resolve().parent / "hardware.yaml"
 RING_STEPS = {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1}  # x (g - 1)
@@ -199,12 +201,33 @@ def main(argv=None) -> int:
                 c.endswith((".yaml", ".json")) and (REPO / c).is_file())):
             p.error(f"--configs {c}: must be ddp, fsdp, fsdp2, or an existing fsdp_configs/*.yaml or "
                     "ds_configs/*.json file (relative to the repository)")
+    for flag, values in (("--gpus", args.gpus), ("--configs", args.configs or [])):
+        twice = next((v for v in values if values.count(v) > 1), None)
+        if twice is not None:
+            p.error(f"{flag}: each at most once ({twice} is given {values.count(twice)} times)")
+    if args.out:
+        from training.preflight import writable_dir
+
+        try:
+            writable_dir("--out", args.out)
+        except ConfigError as e:
+            p.error(str(e))
     if not 0 < args.mfu <= 1 or not 0 <= args.overlap <= 1 or args.micro_batch < 1:
         p.error("--mfu must be in (0, 1], --overlap in [0, 1], --micro_batch >= 1")
     if any(w < 1 or (w > hw["gpus"][args.gpu]["gpus_per_node"] and w % hw["gpus"][args.gpu]["gpus_per_node"])
            for w in args.gpus):
         p.error(f"--gpus: each must be >= 1 and, beyond one node, whole nodes of {hw['gpus'][args.gpu]['gpus_per_node']}")
     a = Assumptions(mfu=args.mfu, overlap=args.overlap)
+    try:  # every configuration file read before any work: a bad one is refused in one line
+        from backends import deepspeed_config, fsdp_config
+
+        for c in args.configs or configurations():
+            if c.endswith(".json"):
+                deepspeed_config.read(str(REPO / c))
+            elif c.endswith(".yaml"):
+                fsdp_config.load(str(REPO / c))
+    except ConfigError as e:
+        p.error(str(e))
     try:
         result = table(args.preset, args.gpus, args.micro_batch, args.gpu, args.network, a, args.configs,
                        args.counted)

@@ -56,6 +56,26 @@ def test_bad_arguments_are_refused(flags):
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
 
 
+def test_what_would_fail_later_is_refused_before_any_work(tmp_path, capsys):
+    """Repeated world sizes or configurations, --out onto a file, a DeepSpeed file that is not JSON:
+    one line, exit 2, before any configuration is projected (they failed with tracebacks, the bad file
+    after the others' work)."""
+    from analysis.project import main
+
+    bad, taken = tmp_path / "bad.json", tmp_path / "taken"
+    bad.write_text('{"train_batch_size": ')
+    taken.write_text("x")
+    for flags, message in ((["--gpus", "8", "8"], "--gpus: each at most once"),
+                           (["--configs", "ddp", "ddp"], "--configs: each at most once"),
+                           (["--out", str(taken)], f"{taken} exists and is not a directory"),
+                           (["--configs", "ddp", str(bad)], "not valid JSON")):
+        with pytest.raises(SystemExit) as refused:
+            main(["--preset", "tiny", *flags])
+        err = capsys.readouterr().err
+        assert refused.value.code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    assert taken.read_text() == "x"
+
+
 @pytest.mark.distributed
 def test_counted_bytes_are_the_backends_real_ones_at_w():
     """Counted under the fake process group at 8 ranks: DDP's all-reduce is its theory; the shipped
