@@ -4,13 +4,13 @@ the throughput a larger batch buys, activation offload, the order of the backend
     python -m analysis.claims runs/reference/nvidia-h100-80gb-hbm3 --out runs/reference/nvidia-h100-80gb-hbm3/claims
 
 Writes claims.md (one table per claim, each beside what the articles report) and one figure per
-claim. Runs are compared only within one preset, precision, world size and device; the records
-decide what can be said: a claim without the runs it needs is left out.
+claim. Runs are compared only within one model (its label and settings), precision and device: a
+directory holding several gets one set of tables per group. The records decide what can be said:
+a claim without the runs it needs is left out.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -35,6 +35,8 @@ def checkpointing(runs: pd.DataFrame) -> pd.DataFrame:
     checkpointing every block (the articles: 20-25% slower; 33-38% less memory for T5)."""
     plain = _plain(runs).groupby(["micro_batch", "ckpt"])[["samples_per_s", "mem_peak_bytes"]].median().unstack()
     rows = []
+    if not {("samples_per_s", "none"), ("samples_per_s", PLAIN_CKPT[1])} <= set(plain.columns):
+        return pd.DataFrame()  # runs of one kind only: nothing to compare
     for micro, row in plain.iterrows():
         if row.isna().any():
             continue
@@ -139,36 +141,72 @@ def _figures(runs: pd.DataFrame, out: Path) -> dict[str, str]:
     return drawn
 
 
+# What makes two runs comparable: the same model (its label and settings: analysis/runs.py model_key,
+# GPT-lite's preset included), precision and device. (World sizes meet in the backends' table: the
+# single process beside the 2-rank backends, each row saying which it is by its configuration.)
+COMPARABLE = ("model", "preset", "precision", "device_name")
+SECTIONS = (("Checkpointing every block: slowdown and memory freed", checkpointing),
+            ("The largest micro-batch, and what it buys", largest_batch),
+            ("Activation offload", activation_offload),
+            ("Backends at one micro-batch", backends))
+
+
+def comparable_groups(runs: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """The runs cut into groups that may be compared, each with its name (what sets it apart from
+    the others; "" where there is one group)."""
+    keys = [k for k in COMPARABLE if k in runs]
+    groups = list(runs.groupby(keys, dropna=False, sort=True)) if keys else [((), runs)]
+    varying = [k for k in keys if runs[k].nunique(dropna=False) > 1]
+    named = []
+    for key, group in groups:
+        values = dict(zip(keys, key if isinstance(key, tuple) else (key,)))
+        named.append((", ".join(f"{k} {values[k]}" for k in varying), group))
+    return named
+
+
 def write_claims(runs_dir: str | Path, out: str | Path) -> Path:
     runs_dir, out = Path(runs_dir), Path(out)
     runs = load_runs(runs_dir)
     if runs.empty:
         raise SystemExit(f"no run records under {runs_dir}")
     out.mkdir(parents=True, exist_ok=True)
-    sections = [
-        ("Checkpointing every block: slowdown and memory freed", checkpointing(runs)),
-        ("The largest micro-batch, and what it buys", largest_batch(runs)),
-        ("Activation offload", activation_offload(runs)),
-        ("Backends at one micro-batch", backends(runs)),
-    ]
     devices = ", ".join(sorted(set(runs["device_name"].dropna())))
     lines = [f"# Claims against {runs_dir.name}", "", f"{len(runs)} runs on {devices or 'unknown device'} "
              "(`python -m analysis.claims`).", ""]
-    for title, table in sections:
-        if not table.empty:
-            lines += [f"## {title}", "", markdown(table)]
-    for name, caption in _figures(runs, out).items():
-        lines += [f"### {caption}", "", f"![{caption}]({name})", ""]
+    groups = comparable_groups(runs)
+    for k, (name, group) in enumerate(groups):
+        if name:
+            lines += [f"# {name}", ""]
+        for title, section in SECTIONS:
+            table = section(group)
+            if not table.empty:
+                lines += [f"## {title}", "", markdown(table)]
+        drawn = out / (f"group{k + 1}" if len(groups) > 1 else "")
+        drawn.mkdir(exist_ok=True)
+        for figure, caption in _figures(group, drawn).items():
+            path = (drawn / figure).relative_to(out)
+            lines += [f"### {caption}", "", f"![{caption}]({path})", ""]
     path = out / "claims.md"
     path.write_text("\n".join(lines))
     return path
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m analysis.claims", description=__doc__.splitlines()[0])
+    from training.cli import OneLineParser
+
+    parser = OneLineParser(prog="python -m analysis.claims", description=__doc__.splitlines()[0])
     parser.add_argument("runs_dir", help="directory of run records (searched recursively)")
     parser.add_argument("--out", required=True, help="directory for claims.md and its figures")
     args = parser.parse_args(argv)
+    if not Path(args.runs_dir).is_dir():
+        parser.error(f"runs_dir {args.runs_dir} is not a directory")
+    from gptlite.errors import ConfigError
+    from training.preflight import writable_dir
+
+    try:
+        writable_dir("--out", args.out)
+    except ConfigError as e:
+        parser.error(str(e))
     import matplotlib
 
     matplotlib.use("Agg")

@@ -50,3 +50,37 @@ def test_write_claims_writes_every_section_and_figure(runs, tmp_path):
         assert title in text
     assert sorted(p.name for p in tmp_path.glob("*.png")) == ["activation_offload.png", "backends.png",
                                                                 "checkpointing.png"]
+
+
+def _copy(sweep: str, to, n_layer: int | None = None, only_plain: bool = False) -> None:
+    """The reference sweep's records copied under `to`; with n_layer, as if they had trained that
+    size of GPT-lite (a second model); only_plain: the runs without checkpointing only."""
+    import shutil
+
+    for record in (REFERENCE / sweep).iterdir():
+        if not (record / "summary.json").exists() or (only_plain and "ckpt0" not in record.name):
+            continue
+        shutil.copytree(record, to / record.name)
+        if n_layer is not None:
+            config = json.loads((to / record.name / "config.json").read_text())
+            config["run"]["n_layer"] = n_layer
+            (to / record.name / "config.json").write_text(json.dumps(config))
+
+
+def test_a_directory_without_checkpointing_runs_gives_the_claims_it_can(tmp_path):
+    _copy("gpu_reference_batch", tmp_path / "runs", only_plain=True)
+    text = claims.write_claims(tmp_path / "runs", tmp_path / "out").read_text()
+    assert "largest micro-batch" in text and "Checkpointing every block: slowdown" not in text
+
+
+def test_two_models_in_one_directory_are_never_pooled(tmp_path, runs):
+    """The same records twice, once as another size of GPT-lite: each model gets its own tables,
+    holding its own runs only (the medians were taken over both)."""
+    _copy("gpu_reference_batch", tmp_path / "runs" / "a")
+    _copy("gpu_reference_batch", tmp_path / "runs" / "b", n_layer=2)
+    both = load_runs(tmp_path / "runs")
+    groups = dict(claims.comparable_groups(both))
+    assert set(groups) == {"model gptlite", "model gptlite n_layer=2"}
+    assert all(len(group) == len(both) // 2 for group in groups.values())
+    text = claims.write_claims(tmp_path / "runs", tmp_path / "out").read_text()
+    assert text.count("\n## Checkpointing every block:") == 2 and "\n# model gptlite n_layer=2\n" in text

@@ -47,6 +47,8 @@ def test_a_damaged_record_is_skipped_and_named(records_with_a_damaged_one, tmp_p
 @pytest.mark.parametrize("args, message", [
     (["-m", "analysis.report", str(REFERENCE), "--out", "{FILE}"], "--out {FILE} exists and is not a directory"),
     (["-m", "training.export", str(REFERENCE), "--out", "{DIR}"], "--out {DIR} is a directory"),
+    (["-m", "analysis.claims", str(REFERENCE), "--out", "{FILE}"], "--out: {FILE} exists and is not a directory"),
+    (["-m", "analysis.claims", "{FILE}", "--out", "{DIR}"], "runs_dir {FILE} is not a directory"),
     (["-m", "analysis.estimate", "--world", "0"], "world must be an integer >= 1 (got 0)"),
     (["-m", "analysis.estimate", "--micro_batch", "-4"], "micro_batch must be an integer >= 1 (got -4)"),
     (["-m", "analysis.estimate", "--ckpt_interval", "-1"], "ckpt_interval must be an integer >= 0 (got -1)"),
