@@ -45,7 +45,8 @@ def _gb(n: int) -> str:
 def check_model_fits(cfg, env: DistEnv, model: torch.nn.Module) -> None:
     """ConfigError (one line naming --model/--model_args) when the model cannot even be built."""
     size = model_bytes(model)
-    flag = "model_args" if cfg.model_args else ("preset" if cfg.model == "gptlite" else "model")
+    sizes = [name for name in ("n_layer", "n_embd") if getattr(cfg, name, None) is not None]
+    flag = "model_args" if cfg.model_args else ("/".join(sizes) or "preset" if cfg.model == "gptlite" else "model")
     what = f"{flag}: the model's parameters and buffers take {_gb(size)}"
     host = available_host_bytes()
     # A simulated world (training/fake_world.py) runs one rank of it here, whatever its ranks per node.
