@@ -92,3 +92,25 @@ def test_bad_input_is_refused_in_one_line(args):
     proc = subprocess.run([sys.executable, "-m", "training.fake_world", *args], cwd=REPO, env=base_env(),
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_a_simulated_world_gathers_its_own_rank_only():
+    """A million simulated ranks: the run's gathers (losses, step times, memory) return rank 0's
+    own values instead of a million ranks' tensors nobody has (fake_world --world 1000000 ended in
+    bad_alloc under DDP)."""
+    from types import SimpleNamespace
+
+    import torch
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from core.dist import gather_floats
+    from training.results import gather_ranks
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=1_000_000)
+    try:
+        assert gather_floats([1.5, 2.0], torch.device("cpu")) == [[1.5, 2.0]]
+        ranks = gather_ranks(SimpleNamespace(allocator=None, profiled={"peak_bytes": 7}, state_bytes={}))
+        assert len(ranks) == 1 and ranks[0]["profiled"] == {"peak_bytes": 7}
+    finally:
+        dist.destroy_process_group()
