@@ -93,9 +93,23 @@ def _non_reentrant(module: nn.Module) -> nn.Module:
                               context_fn=lambda: (contextlib.nullcontext(), buffers_restored(module)))
 
 
+def _needing_grad(args: tuple) -> tuple:
+    """`args`, the first floating-point tensor made to require grad when none does. Reentrant
+    checkpointing of a block fed by data (a vision model's first convolution) otherwise computes no
+    gradient for the block's parameters: silently in one process, "parameters that were not used in
+    producing loss" under DDP. The tensor has no graph behind it, so nothing upstream changes."""
+    if not torch.is_grad_enabled() or any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+        return args
+    for k, a in enumerate(args):
+        if isinstance(a, torch.Tensor) and a.is_floating_point():
+            return (*args[:k], a.detach().requires_grad_(), *args[k + 1:])
+    return args
+
+
 def _reentrant(module: nn.Module) -> nn.Module:
     def checkpoint_fn(function, *args, **kwargs):
-        return torch_checkpoint(keep_buffers_on_recompute(module, function), *args, use_reentrant=True, **kwargs)
+        return torch_checkpoint(keep_buffers_on_recompute(module, function), *_needing_grad(args),
+                                use_reentrant=True, **kwargs)
 
     # checkpoint_impl still REENTRANT: the wrapper then packs keyword arguments for it.
     return checkpoint_wrapper(module, checkpoint_impl=CheckpointImpl.REENTRANT, checkpoint_fn=checkpoint_fn)

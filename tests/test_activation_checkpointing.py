@@ -171,3 +171,23 @@ def test_recompute_leaves_batchnorm_statistics_and_validation_loss_unchanged(imp
             assert value.item() == plain_buffers[name].item() == 4, f"{impl}: {name} {value.item()}"
         torch.testing.assert_close(value, plain_buffers[name], rtol=0, atol=0, msg=f"{impl}: {name}")
     assert val == plain_val
+
+
+def test_reentrant_checkpointing_of_a_block_fed_by_data_trains_its_parameters():
+    """A first block whose input needs no gradient (images, a vision model's first convolution):
+    torch's reentrant checkpoint then made no gradient for its parameters."""
+    from backends.activation_checkpointing import apply_ac
+
+    def grads(impl):
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 4, 3))
+        apply_ac(net, [net[0], net[2]], 1 if impl else 0, impl or "torch_nonreentrant", False)
+        net(torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(1))).sum().backward()
+        return [p.grad for p in net.parameters()]
+
+    plain = grads(None)
+    for impl in ("torch_reentrant", "torch_nonreentrant"):
+        got = grads(impl)
+        assert all(g is not None for g in got), impl
+        for g, expected in zip(got, plain):
+            torch.testing.assert_close(g, expected, msg=impl)
