@@ -11,10 +11,12 @@ A recompute must not touch the module's buffers: it runs in training mode, so wi
 BatchNorm in a checkpointed block updated its running statistics (and `num_batches_tracked`) twice
 per micro-batch, and the validation loss changed with --ckpt_interval. Every recompute therefore
 runs under `buffers_restored`, which puts back every buffer the recompute wrote, at the end of
-the backward that ran it. Restoring (rather than freezing BatchNorm, e.g. momentum 0 or track_running_stats off) holds
-for any module that writes a buffer in forward (momentum 0 would still count `num_batches_tracked`,
-and with momentum None the average is cumulative), and the recompute computes exactly what the
-forward computed (training-mode BatchNorm normalises by the batch's statistics either way).
+the backward that ran it. Restoring, rather than freezing BatchNorm (momentum 0, or
+track_running_stats off), holds for any module that writes a buffer in forward (momentum 0 would
+still count `num_batches_tracked`, and with momentum None the average is cumulative; without
+running statistics batch_norm saves other tensors, which the non-reentrant checkpoint's
+determinism check compares), and the recompute computes what the forward computed
+(training-mode BatchNorm normalises by the batch's statistics either way).
 torch's non-reentrant checkpoint runs its recompute under the second context of `context_fn`; the
 reentrant checkpoints (torch's, DeepSpeed's) have no such hook and DeepSpeed's non-reentrant one
 neither: there the checkpointed function itself tells its recompute from its forward by running

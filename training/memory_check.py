@@ -13,7 +13,6 @@ to (a run over it is recorded `oom`, which sweep.py --max_batch relies on), not 
 
 from __future__ import annotations
 
-
 import torch
 
 from core.dist import DistEnv, is_fake_process_group
