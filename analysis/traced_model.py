@@ -6,7 +6,9 @@ storages, no memory, no data) with autograd's saved-tensor hooks: every tensor t
 for backward is counted once, by storage, against the block that saved it first (parameters and
 buffers left out). Traced in fp32 at micro-batches 2 and 4 (batch normalisation refuses one sample
 in training); everything the estimator uses is linear in the micro-batch, so other sizes are
-extrapolated from the two.
+extrapolated from the two. A model whose construction reads data (ViT's weight init, ConvNeXt's
+`linspace().tolist()`) is built on the meta device and given fake storage; one whose forward reads
+data is traced on the model built for real, at those two micro-batches (models.Workload.traced).
 
 Per block: `full` (bytes kept for backward), `kept` (its input: what a checkpointed block keeps),
 `largest` (its largest saved tensor). Outside the blocks: `before` (saved before the first block,
@@ -32,8 +34,12 @@ def _nbytes(t: torch.Tensor) -> int:
 
 
 def trace(workload, micro_batch: int, block_class: str | None = None) -> dict:
-    """One fp32 forward of `workload`'s model on `micro_batch` fake samples: saved bytes by place."""
-    mode, model, x, y = workload.fake(micro_batch)
+    """One fp32 forward of `workload`'s model on `micro_batch` fake samples (real ones for a model
+    whose forward reads data, models.Workload.traced): saved bytes by place."""
+    return workload.traced(micro_batch, functools.partial(_trace, block_class=block_class))
+
+
+def _trace(mode, model, x, y, block_class: str | None) -> dict:
     blocks = find_blocks(model, block_class)
     owned = {p.untyped_storage() for p in (*model.parameters(), *model.buffers())}
     seen: set = set()

@@ -17,6 +17,8 @@ from contextlib import redirect_stdout
 import torch
 import torch.nn as nn
 
+from backends.activation_checkpointing import keep_buffers_on_recompute
+
 
 @functools.lru_cache(maxsize=1)
 def import_deepspeed():
@@ -74,7 +76,8 @@ class DeepSpeedCheckpointed(nn.Module):
         # DeepSpeed's checkpoint passes positional arguments only: keyword arguments (a transformers
         # layer's attention mask, position embeddings) are bound here. They need no gradient.
         function = functools.partial(self.module, **kwargs) if kwargs else self.module
-        return run(function, x, *args)
+        # Its recompute must leave the block's buffers (BatchNorm's statistics) as the forward left them.
+        return run(keep_buffers_on_recompute(self.module, function), x, *args)
 
 
 def unlink_shm_allreduce_buffer(rank: int) -> None:

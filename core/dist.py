@@ -153,8 +153,10 @@ def synchronize(device: torch.device) -> None:
 
 
 def gather_floats(values: list[float], device: torch.device) -> list[list[float]]:
-    """Every rank's `values`, indexed [rank][i]; without a process group, just ours."""
-    if not dist.is_initialized() or dist.get_world_size() == 1:
+    """Every rank's `values`, indexed [rank][i]; without a process group, just ours. In a simulated
+    world (fake process group) too: the other ranks' values do not exist, and a list of a million
+    ranks' tensors would cost memory that grows with the simulated world, which no real rank pays."""
+    if not dist.is_initialized() or dist.get_world_size() == 1 or is_fake_process_group():
         return [list(values)]
     local = torch.tensor(values, dtype=torch.float64, device=device)
     out = [torch.empty_like(local) for _ in range(dist.get_world_size())]

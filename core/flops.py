@@ -62,15 +62,17 @@ def sample_flops(workload, block_class: str | None, ckpt_interval: int) -> dict:
     """FLOPs of one sample's forward and backward: `model` (the formula where the model has one, GPT-lite;
     else counted) and `recomputed`, the forward FLOPs of the checkpointed blocks, which activation
     checkpointing runs again in backward: hardware FLOPs are model + recomputed. Counted on fake
-    tensors (models.Workload.fake) over two samples, halved."""
+    tensors (models.Workload.fake; real ones where the forward reads data) over two samples, halved."""
     from core.blocks import find_blocks
 
-    mode, model, x, y = workload.fake(2)
-    blocks = find_blocks(model, block_class)
-    names = {id(m): n for n, m in model.named_modules()}
-    wanted = {names[id(b)]: b for i, b in enumerate(blocks) if ckpt_interval and i % ckpt_interval == 0}
-    with mode:
-        counted, per_block = counted_flops(model, x, y, modules=wanted)
+    def count(mode, model, x, y):
+        blocks = find_blocks(model, block_class)
+        names = {id(m): n for n, m in model.named_modules()}
+        wanted = {names[id(b)]: b for i, b in enumerate(blocks) if ckpt_interval and i % ckpt_interval == 0}
+        with mode:
+            return counted_flops(model, x, y, modules=wanted)
+
+    counted, per_block = workload.traced(2, count)
     formula = workload.flops_formula
     return {"model": formula if formula is not None else counted / 2, "source": "formula" if formula else "counted",
             "counted": counted / 2, "recomputed": sum(per_block.values()) / 2}

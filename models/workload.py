@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -97,9 +98,25 @@ class Workload:
 
         mode = FakeTensorMode(allow_non_fake_inputs=False)
         x, y = self.example(batch)
-        with torch.random.fork_rng(devices=[]), mode:
-            model = self.make()
+        try:
+            with torch.random.fork_rng(devices=[]), mode:
+                model = self.make()
+        except Exception:  # noqa: BLE001 - its construction reads data (ViT's weight init, ConvNeXt's
+            # linspace().tolist()): its structure instead (the meta device), given fake storage.
+            model = copy.deepcopy(self.meta())
+            with mode:
+                model._apply(lambda t: torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=x.device))
         return _FakeRun(mode, self.fake_patches), model, mode.from_tensor(x), mode.from_tensor(y)
+
+    def traced(self, batch: int, run: Callable):
+        """`run(context, model, x, y)` on fake tensors (`fake`), or, for a model whose forward reads
+        data (fake tensors have none), on the model built for real and `batch` real samples: a few
+        samples of real memory, so that every model that trains can be traced and counted."""
+        try:
+            return run(*self.fake(batch))
+        except Exception:  # noqa: BLE001 - any failure on fake tensors; a real error recurs below
+            x, y = self.example(batch)
+            return run(contextlib.nullcontext(), self.build(0), x, y)
 
     def check(self) -> None:
         """The model and its data fit together, checked before anything is recorded (ConfigError or

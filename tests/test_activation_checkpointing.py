@@ -4,8 +4,10 @@ import subprocess
 
 import pytest
 import torch
+import torch.nn as nn
 
 from backends.activation_checkpointing import checkpointed_indices
+from core.config import CKPT_IMPLS, DEEPSPEED_CKPT_IMPLS
 from conftest import LAUNCH_TIMEOUT_S, REPO, base_env, launch_command, train
 
 PROBE = REPO / "tests" / "ckpt_probe.py"
@@ -102,3 +104,90 @@ def test_run_record_says_which_blocks_were_checkpointed_and_how(small_runs):
     assert record == {"interval": 1, "impl": "torch_nonreentrant", "offload": False, "prefetch_offload": None,
                       "blocks": [0, 1, 2, 3, 4, 5]}
     assert small_runs[0].config["backend"]["activation_checkpointing"]["blocks"] == []
+
+
+class _BatchNormNet(nn.Module):
+    """A small convolutional net of repeated blocks with BatchNorm (running statistics in buffers)."""
+
+    def __init__(self, n_blocks: int = 3, width: int = 4):
+        super().__init__()
+        self.stem = nn.Conv2d(3, width, 3, padding=1)
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.Conv2d(width, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU(),
+                          nn.Conv2d(width, width, 3, padding=1), nn.BatchNorm2d(width))
+            for _ in range(n_blocks))
+        self.head = nn.Linear(width, 5)
+
+    def forward(self, x):
+        x = self.stem(x)
+        for block in self.blocks:
+            x = torch.relu(x + block(x))
+        return self.head(x.mean((2, 3)))
+
+
+def _train_bn_net(impl: str | None, offload: bool = False, steps: int = 4):
+    """Buffers and validation loss of `_BatchNormNet` after `steps` SGD steps, its blocks checkpointed
+    with `impl` (None: not checkpointed)."""
+    from backends.activation_checkpointing import apply_ac
+    from backends.activation_offload import ActivationOffloader, attach
+
+    torch.manual_seed(0)
+    net = _BatchNormNet()
+    blocks = list(net.blocks)
+    wrapper = None
+    if impl in DEEPSPEED_CKPT_IMPLS:
+        from backends.deepspeed_support import deepspeed_wrapper
+
+        wrapper = deepspeed_wrapper(impl)
+    offloader = None
+    if offload:
+        offloader = ActivationOffloader(torch.device("cpu"), 1, checkpointed_indices(len(blocks), 1))
+        attach(net, offloader)
+    apply_ac(net, blocks, 1 if impl else 0, impl or "torch_nonreentrant", False, wrapper=wrapper, offloader=offloader)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    data = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        x, y = torch.randn(4, 3, 8, 8, generator=data), torch.randint(0, 5, (4,), generator=data)
+        nn.functional.cross_entropy(net(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    net.eval()
+    with torch.no_grad():
+        x, y = torch.randn(8, 3, 8, 8, generator=data), torch.randint(0, 5, (8,), generator=data)
+        val = nn.functional.cross_entropy(net(x), y).item()
+    return {name.replace("_checkpoint_wrapped_module.", "").replace("module.", ""): b.clone()
+            for name, b in net.named_buffers()}, val
+
+
+@pytest.mark.parametrize("impl, offload", [(impl, False) for impl in CKPT_IMPLS] + [("torch_nonreentrant", True)])
+def test_recompute_leaves_batchnorm_statistics_and_validation_loss_unchanged(impl, offload):
+    """A checkpoint's recompute runs the block again in training mode: BatchNorm's running statistics
+    and num_batches_tracked must be updated once per forward, as without checkpointing."""
+    plain_buffers, plain_val = _train_bn_net(None)
+    buffers, val = _train_bn_net(impl, offload)
+    assert buffers.keys() == plain_buffers.keys() and buffers
+    for name, value in buffers.items():
+        if name.endswith("num_batches_tracked"):
+            assert value.item() == plain_buffers[name].item() == 4, f"{impl}: {name} {value.item()}"
+        torch.testing.assert_close(value, plain_buffers[name], rtol=0, atol=0, msg=f"{impl}: {name}")
+    assert val == plain_val
+
+
+def test_reentrant_checkpointing_of_a_block_fed_by_data_trains_its_parameters():
+    """A first block whose input needs no gradient (images, a vision model's first convolution):
+    torch's reentrant checkpoint then made no gradient for its parameters."""
+    from backends.activation_checkpointing import apply_ac
+
+    def grads(impl):
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 4, 3))
+        apply_ac(net, [net[0], net[2]], 1 if impl else 0, impl or "torch_nonreentrant", False)
+        net(torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(1))).sum().backward()
+        return [p.grad for p in net.parameters()]
+
+    plain = grads(None)
+    for impl in ("torch_reentrant", "torch_nonreentrant"):
+        got = grads(impl)
+        assert all(g is not None for g in got), impl
+        for g, expected in zip(got, plain):
+            torch.testing.assert_close(g, expected, msg=impl)

@@ -150,3 +150,25 @@ def test_a_world_that_fits_is_simulated(monkeypatch):
     monkeypatch.setattr(fake_world, "available_memory", lambda: 8 * 2**30)
     fake_world.check_world(64, config_from_argv(["--preset", "tiny", "--fsdp_config",
                                                  str(REPO / "fsdp_configs" / "fsdp2.yaml")]))
+
+
+def test_a_simulated_world_gathers_its_own_rank_only():
+    """A million simulated ranks: the run's gathers (losses, step times, memory) return rank 0's
+    own values instead of a million ranks' tensors nobody has (fake_world --world 1000000 ended in
+    bad_alloc under DDP)."""
+    from types import SimpleNamespace
+
+    import torch
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from core.dist import gather_floats
+    from training.results import gather_ranks
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=1_000_000)
+    try:
+        assert gather_floats([1.5, 2.0], torch.device("cpu")) == [[1.5, 2.0]]
+        ranks = gather_ranks(SimpleNamespace(allocator=None, profiled={"peak_bytes": 7}, state_bytes={}))
+        assert len(ranks) == 1 and ranks[0]["profiled"] == {"peak_bytes": 7}
+    finally:
+        dist.destroy_process_group()

@@ -2,9 +2,11 @@
 ResNet-18 and a user file (examples/my_model.py), each against its own single-process reference.
 
 Per model: the reference (one process, fp32, no dropout) with and without checkpointing every
-block, which must leave the losses unchanged (1e-6) and cut the activation bytes of the profiled
-step. Then 2-rank runs with every block checkpointed, each matching the reference within 1e-5
-(torch backends) or 1e-4 (DeepSpeed). Every run's measured peak is also held against the memory
+block, which must leave the losses, the validation loss and the final buffers (BatchNorm's running
+statistics: a recompute must not update them again) unchanged (1e-6) and cut the activation bytes
+of the profiled step. Then 2-rank runs with every block checkpointed, each matching the reference within 1e-5
+(torch backends) or 1e-4 (DeepSpeed), the validation loss too where the model keeps no running
+statistics. Every run's measured peak is also held against the memory
 estimator's (ESTIMATE_TOLERANCE). The single reference runs micro-batches of 4 with 2-step
 accumulation: the same samples per micro-batch as each of the 2 ranks (batch normalisation
 computes its statistics per micro-batch, so ResNet's losses depend on how the batch is cut).
@@ -29,6 +31,7 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
 
 from conftest import assert_losses_close, train
 
@@ -88,14 +91,30 @@ def assert_estimate_close(run, backend: str = "single") -> None:
 
 @pytest.fixture(scope="module")
 def references(tmp_path_factory) -> dict:
-    """Per model: the single-process runs without and with checkpointing every block."""
+    """Per model: the single-process runs without and with checkpointing every block, each saving
+    its final state (what training left in the buffers, e.g. BatchNorm's running statistics)."""
     runs = tmp_path_factory.mktemp("model_references")
     out = {}
     for model, args in MODELS.items():
         out[model] = {ckpt: train(runs, f"{model}-ckpt{ckpt}", *COMMON, *args, "--backend", "single",
-                                  "--micro_batch", "4", "--grad_accum", "2", "--ckpt_interval", str(ckpt)).check_ok()
+                                  "--micro_batch", "4", "--grad_accum", "2", "--ckpt_interval", str(ckpt),
+                                  "--save_dir", str(runs / f"{model}-ckpt{ckpt}-checkpoints"),
+                                  "--save_every", str(STEPS)).check_ok()
                       for ckpt in (0, 1)}
     return out
+
+
+def final_state(run) -> dict:
+    from training.export import consolidated_state_dict, resolve
+
+    return consolidated_state_dict(resolve(run.config["run"]["save_dir"]))[0]
+
+
+def keeps_running_statistics(run) -> bool:
+    """Whether the model's forward writes statistics into buffers (BatchNorm): each rank then keeps
+    its own, from its own micro-batches (the reference: two per step), so the validation loss of a
+    2-rank run is not the reference's by design."""
+    return any(name.endswith("num_batches_tracked") for name in final_state(run))
 
 
 @pytest.mark.distributed
@@ -103,6 +122,15 @@ def references(tmp_path_factory) -> dict:
 def test_checkpointing_every_block_keeps_the_losses_and_cuts_activations(references, model):
     plain, checkpointed = references[model][0], references[model][1]
     assert_losses_close(checkpointed.losses, plain.losses, STEPS, rtol=1e-6)
+    # The recompute must not touch the buffers (BatchNorm's running statistics): the validation
+    # loss, which uses them, and the buffers themselves are those of the run without checkpointing.
+    assert checkpointed.summary["val_loss"] == pytest.approx(plain.summary["val_loss"], rel=1e-6)
+    plain_state, checkpointed_state = final_state(plain), final_state(checkpointed)
+    assert checkpointed_state.keys() == plain_state.keys()
+    for name, value in checkpointed_state.items():
+        exact = name.endswith("num_batches_tracked")
+        torch.testing.assert_close(value, plain_state[name], rtol=0 if exact else 1e-5, atol=0 if exact else 1e-6,
+                                   msg=f"{model}: {name} with checkpointing")
     assert checkpointed.config["backend"]["activation_checkpointing"]["blocks"], "no block was checkpointed"
     saved = plain.summary["mem_activation_peak_bytes"], checkpointed.summary["mem_activation_peak_bytes"]
     assert saved[1] < saved[0], f"activation bytes with checkpointing {saved[1]} >= without {saved[0]}"
@@ -120,4 +148,6 @@ def test_model_trains_the_same_under_every_backend(references, tmp_path, model, 
     assert run.config["backend"]["activation_checkpointing"]["blocks"], "no block was checkpointed"
     rtol = 1e-4 if launcher == "deepspeed" else 1e-5
     assert_losses_close(run.losses, references[model][0].losses, STEPS, rtol=rtol)
+    if not keeps_running_statistics(references[model][0]):
+        assert run.summary["val_loss"] == pytest.approx(references[model][0].summary["val_loss"], rel=rtol)
     assert_estimate_close(run, backend)

@@ -14,8 +14,10 @@ import pytest
 import torch
 
 from conftest import REPO, TRAIN, base_env
+from core.dist import DistEnv
 from core.records import atomic_write_json
 from core.summary import RunSummary
+from gptlite.errors import ConfigError
 from training.run import describe_error, is_oom
 
 REFERENCE = REPO / "runs" / "reference" / "nvidia-h100-80gb-hbm3" / "gpu_reference"
@@ -368,3 +370,33 @@ def test_replacing_a_record_never_deletes_checkpoints_inside_it(tmp_path):
     with pytest.raises(ConfigError, match=r"run_name: .*fake holds checkpoints \(.*step_00000004\), which replacing"):
         make_setup(tmp_path, overwrite=True)
     assert (step / "meta.json").exists()
+
+
+def test_a_model_larger_than_the_machine_is_refused_before_anything_is_built_or_recorded(tmp_path, monkeypatch):
+    """Every rank builds the whole model before sharding it: parameters beyond the machine's memory
+    are refused in one line naming --model_args, with no run directory, before any allocation."""
+    from training import memory_check
+    from training.cli import config_from_argv
+    from training.run import resolve
+
+    runs = tmp_path / "runs"
+    huge = ["--model", "hf:gpt2", "--model_args", "n_layer=4,n_embd=16384,n_head=16", "--device", "cpu",
+            "--runs_dir", str(runs), "--steps", "1"]
+    size = memory_check.model_bytes(resolve(config_from_argv([*huge, "--dry_run"])).workload.meta())
+    assert size > 50e9  # ~12.9 B fp32 parameters, measured on the meta device
+    # The machine's memory as the kernel reports it, held just below the model.
+    monkeypatch.setattr(memory_check, "available_host_bytes", lambda: size - 1)
+    with pytest.raises(ConfigError, match=r"^model_args: the model's parameters .* 5\d\.\d GB.* available"):
+        resolve(config_from_argv(huge))
+    assert not runs.exists()
+    # Two ranks on the machine build it twice: refused with room for one.
+    monkeypatch.setattr(memory_check, "available_host_bytes", lambda: int(size * 1.5))
+    meta = resolve(config_from_argv([*huge, "--dry_run"])).workload.meta()
+    memory_check.check_model_fits(config_from_argv(huge), DistEnv(0, 0, 1, 1, torch.device("cpu"), "python"), meta)
+    with pytest.raises(ConfigError, match="each of the 2 ranks on this machine"):
+        memory_check.check_model_fits(config_from_argv(huge), DistEnv(0, 0, 2, 2, torch.device("cpu"), "torchrun"),
+                                      meta)
+    # The real machine's memory: the small models of the tests and demos are never refused.
+    monkeypatch.undo()
+    small = config_from_argv(["--preset", "small", "--device", "cpu", "--runs_dir", str(runs), "--steps", "1"])
+    resolve(small)

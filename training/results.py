@@ -14,6 +14,7 @@ import time
 import torch
 
 from core import comm, flops
+from core.dist import is_fake_process_group
 from core.memory import peak_rss_bytes
 from core.summary import RunSummary
 from training.loop import LoopResult
@@ -33,8 +34,8 @@ def gather_ranks(result: LoopResult) -> list[dict]:
     """Every rank's memory measurements, indexed by rank."""
     mine = {"allocator": result.allocator, "profiled": result.profiled, "rss_peak": peak_rss_bytes(),
             "state": result.state_bytes}
-    if not (torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1):
-        return [mine]
+    if not (torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1) or is_fake_process_group():
+        return [mine]  # a simulated world (training/fake_world.py) has no other ranks to ask
     ranks = [None] * torch.distributed.get_world_size()
     torch.distributed.all_gather_object(ranks, mine)
     return ranks

@@ -37,7 +37,7 @@ import models
 from gptlite.data import BatchLayout, DataError
 from gptlite.errors import ConfigError
 from models import Workload
-from training import checkpoint, preflight
+from training import checkpoint, memory_check, preflight
 from training.cli import report_bad_input
 from training.loop import StepLoop
 from training.results import MemoryBudgetExceeded, finished_summary, gather_ranks
@@ -150,6 +150,9 @@ def resolve(cfg: RunConfig, env: DistEnv | None = None, resolved: Resolved | Non
     setup = Setup(resolved, env, workload, fault)
     if cfg.dry_run:
         return setup
+    # Before anything is built or recorded (a dry run builds nothing: it may describe a run meant
+    # for a bigger machine).
+    memory_check.check_model_fits(cfg, env, workload.meta())
     preflight.writable_dir("runs_dir", cfg.runs_dir)
     record_dir = Path(cfg.runs_dir) / cfg.run_name if cfg.run_name else None
     if cfg.save_dir:
