@@ -80,7 +80,8 @@ ESTIMATE_TOLERANCE = {"fsdp2": 0.25}
 # ResNet-18's measured peak also holds the CPU convolution library's (oneDNN's) temporaries in
 # backward: its weight gradient of the widest convolution (512 x 512 x 3 x 3, 9.4 MB) made and
 # copied again, as many times as the kernel oneDNN picks for the CPU needs. On the AMD EPYC of
-# 2026-11-25 the estimate was within 0.6% of every ResNet run here; the CI run of 2026-11-24, on
+# 2026-11-25 the estimate was within 0.6% of the single-process runs and within 10% of the FSDP and
+# ZeRO-3 ones (a helper session's runs of this file); the CI run of 2026-11-24, on
 # another CPU, measured 12.9% (single, checkpointed), 14.9% (FSDP SHARD_GRAD_OP) and 13.8% (ZeRO-3)
 # above it: about three such copies. The estimator counts what the program's order fixes, not a
 # kernel library's scratch, so the measured peak may exceed it by up to 20% for this model.
