@@ -57,7 +57,9 @@ def build_config(request: ModelRequest, task: str, vocab_size: int | None):
                           f"{some}, ...)")
     settings = {}
     if task == "causal_lm":
-        settings.update(vocab_size=vocab_size, max_position_embeddings=request.seq_len)
+        # is_decoder: encoder types that can be decoders (BERT and its family) apply a causal mask only
+        # with it; decoder-only types ignore it. Workload.check probes that the model is causal.
+        settings.update(vocab_size=vocab_size, max_position_embeddings=request.seq_len, is_decoder=True)
         # A character vocabulary has no room for the type's default special tokens (GPT-2's 50256).
         for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
             if getattr(default, name, None) is not None:
@@ -107,7 +109,7 @@ def load(request: ModelRequest) -> Workload:
 
     description = {"name": request.name, "task": task, "args": request.args, "config": config.to_diff_dict()}
     return Workload(request.name, description, data, make, tokens_per_sample=tokens,
-                    fake_patches=(_one_sequence_per_row,) if task == "causal_lm" else ())
+                    fake_patches=(_one_sequence_per_row,) if task == "causal_lm" else (), causal=task == "causal_lm")
 
 
 def _one_sequence_per_row():

@@ -64,6 +64,9 @@ class Workload:
     flops_formula: float | None = None
     # Context managers the model needs to run on fake tensors as it runs on real ones (see hf.py).
     fake_patches: tuple = ()
+    # A causal language model: its logits at position t must not depend on the tokens after t (the
+    # targets are those tokens). check() holds a built model to that where it is small enough.
+    causal: bool = False
     _meta: nn.Module | None = field(default=None, repr=False)
 
     def __post_init__(self):
@@ -128,6 +131,22 @@ class Workload:
         without the check (a dataset or forward that draws from it)."""
         with torch.random.fork_rng(devices=[]):
             self._check()
+            if self.causal and self.n_params * 4 <= REAL_CHECK_BYTES:
+                self._check_causal()
+
+    def _check_causal(self) -> None:
+        """Change the last token of a real sample: the logits before it must stay as they were, or the
+        model sees the tokens it is trained to predict (an encoder built as a language model)."""
+        x, _ = self.example(1)
+        changed = x.clone()
+        changed[:, -1] = (x[:, -1] + 1) % max(int(x.max()) + 2, 2)
+        model = self.build(0).eval()
+        with torch.no_grad():
+            before, after = model(x)[0], model(changed)[0]
+        if not torch.allclose(before[:, :-1], after[:, :-1]):
+            raise ConfigError(f"model {self.name}: its logits at a position change with the tokens after it: it is "
+                              "not causal, and would learn from the tokens it is asked to predict (an encoder type "
+                              "without a decoder mode); choose a causal language model type")
 
     def _check(self) -> None:
         check = getattr(self.data, "check", None)

@@ -432,3 +432,53 @@ def test_the_check_leaves_torchs_random_numbers_as_they_were(tmp_path):
     after = torch.rand(4)
     torch.manual_seed(3)
     assert torch.equal(after, torch.rand(4))
+
+
+TEXT_MODELS = {
+    "gptlite": {"preset": "tiny"},
+    "hf:gpt2": {"model_args": GPT2_ARGS},
+    "hf:llama": {"model_args": "num_hidden_layers=2,hidden_size=64,num_attention_heads=4,num_key_value_heads=2,"
+                               "intermediate_size=128"},
+    "hf:bert": {"model_args": "num_hidden_layers=2,hidden_size=32,num_attention_heads=2,intermediate_size=64"},
+    "hf:electra": {"model_args": "num_hidden_layers=2,hidden_size=32,num_attention_heads=2,intermediate_size=64,"
+                                 "embedding_size=32"},
+}
+
+
+@pytest.mark.parametrize("name", list(TEXT_MODELS))
+def test_no_text_model_sees_the_tokens_it_predicts(name):
+    """The targets are the next tokens: the logits at position t must not change when a token after t
+    does (hf:bert was built as BertLMHeadModel without is_decoder and attended to the whole window)."""
+    flags = {"model": name, "block_size": 32, **TEXT_MODELS[name]}
+    if name != "gptlite":
+        flags["preset"] = "tiny"
+    w = workload(**flags)
+    w.check()  # what every run goes through: passes for a causal model
+    x, _ = w.example(2)
+    changed = x.clone()
+    changed[:, 10:] = (x[:, 10:] + 1) % 30
+    model = w.build(0).eval()
+    with torch.no_grad():
+        before, after = model(x)[0], model(changed)[0]
+    torch.testing.assert_close(before[:, :10], after[:, :10])
+    assert not torch.allclose(before[:, 10:], after[:, 10:])  # the change is seen where it may be
+
+
+def test_a_language_model_that_is_not_causal_is_refused():
+    """A model that mixes the whole window into every position (as an encoder does), given as a causal
+    language model: refused in one line by the check every run goes through."""
+    from gptlite.data import CharDataset
+    from models.workload import WithLoss, Workload
+
+    class Bidirectional(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.head = torch.nn.Embedding(65, 16), torch.nn.Linear(16, 65)
+
+        def forward(self, x):
+            h = self.embed(x)
+            return self.head(h + h.mean(dim=1, keepdim=True))
+
+    w = Workload("bidirectional", {}, CharDataset.load(None, 16), lambda: WithLoss(Bidirectional()), causal=True)
+    with pytest.raises(ConfigError, match="not causal"):
+        w.check()
