@@ -12,7 +12,7 @@ GPT-lite (the targets are already the next tokens, so the model's own shifted lo
 from __future__ import annotations
 
 from gptlite.data import CharDataset
-from gptlite.errors import ConfigError
+from gptlite.errors import ConfigError, one_line
 from models.spec import ModelRequest
 from models.workload import Workload, WithLoss
 
@@ -74,8 +74,8 @@ def build_config(request: ModelRequest, task: str, vocab_size: int | None):
     settings.update(request.args)
     try:
         return transformers.AutoConfig.for_model(model_type, **settings)
-    except (ValueError, TypeError) as e:
-        raise ConfigError(f"model_args: hf:{model_type}: {e}") from None
+    except Exception as e:  # noqa: BLE001 - the config's own validation (ValueError, TypeError, huggingface_hub's)
+        raise ConfigError(f"model_args: hf:{model_type}: {one_line(e)}") from None
 
 
 def _causal_lm_logits(net, x):

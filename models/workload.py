@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from gptlite.data import DataError
 from gptlite.errors import ConfigError, one_line
+from models.spec import format_model_args
 
 # The largest model (fp32 parameter bytes) that check() builds for real where the meta device cannot
 # run it: every rank builds it, before any memory check of the run itself.
@@ -87,8 +88,17 @@ class Workload:
             try:
                 with torch.device("meta"):
                     self._meta = self.make()
+            except ConfigError:
+                raise
             except Exception:  # noqa: BLE001 - a user model that creates tensors on a named device
-                self._meta = self.build(0)
+                try:
+                    self._meta = self.build(0)
+                except ConfigError:
+                    raise
+                except Exception as e:  # noqa: BLE001 - settings the model's own code refuses (HF's checks)
+                    args = self.description.get("args")
+                    settings = f" with --model_args {format_model_args(args)}" if args else ""
+                    raise ConfigError(f"model {self.name}{settings} cannot be built: {one_line(e)}") from None
         return self._meta
 
     def fake(self, batch: int = 2):

@@ -482,3 +482,20 @@ def test_a_language_model_that_is_not_causal_is_refused():
     w = Workload("bidirectional", {}, CharDataset.load(None, 16), lambda: WithLoss(Bidirectional()), causal=True)
     with pytest.raises(ConfigError, match="not causal"):
         w.check()
+
+
+@pytest.mark.parametrize("name, args, says", [
+    ("hf:gpt2", "n_layer=2.5", "n_layer"),
+    ("hf:gpt2", "n_embd=33,n_head=2", "n_embd=33,n_head=2"),
+    ("hf:gpt2", "n_layer=2,resid_pdrop=1.5", "resid_pdrop=1.5"),
+    ("hf:resnet", "layer_type=basik", "layer_type=basik"),
+])
+def test_settings_a_transformers_model_refuses_are_one_line_naming_them(name, args, says):
+    """The config's own validation, or the model's constructor refusing the settings: a ConfigError on
+    one line naming the setting, from the check every run goes through (they were tracebacks)."""
+    from training.run import check_model
+
+    with pytest.raises(ConfigError) as refused:
+        check_model(RunConfig(model=name, model_args=args, preset="tiny"))
+    message = str(refused.value)
+    assert "\n" not in message and says in message and "model_args" in message, message
