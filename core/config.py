@@ -274,7 +274,7 @@ class RunConfig:
     def model_request(self) -> ModelRequest:
         """What the flags say about the model and its data (models.load builds it)."""
         return ModelRequest(self.model, parse_model_args(self.model_args), self.data,
-                            seq_len=self.model_config().block_size,
+                            seq_len=self.model_config().block_size, block_size_given=self.block_size is not None,
                             dropout=self.dropout if self.model != "gptlite" else None,
                             gptlite_config=lambda vocab_size: self.model_config(vocab_size=vocab_size))
 

@@ -11,6 +11,7 @@ a step is a pure function of (seed, step). Backends see nothing else of the mode
 
 from __future__ import annotations
 
+from gptlite.errors import ConfigError
 from models.spec import ModelRequest, check_name, model_label, parse_model_args  # noqa: F401
 from models.workload import Workload  # noqa: F401
 
@@ -26,4 +27,8 @@ def load(request: ModelRequest) -> Workload:
         from models.vision import load_torchvision as load_kind
     else:
         from models.user import load as load_kind
-    return load_kind(request)
+    workload = load_kind(request)
+    if request.block_size_given and workload.tokens_per_sample is None:
+        raise ConfigError(f"block_size: {request.name} takes no context length (its samples are not token windows: "
+                          "--block_size applies to GPT-lite and hf: language models); drop it")
+    return workload

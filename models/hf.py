@@ -64,6 +64,15 @@ def build_config(request: ModelRequest, task: str, vocab_size: int | None):
         for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
             if getattr(default, name, None) is not None:
                 settings[name] = None
+        # A context length in model_args stands (it was overwritten by --block_size's): it must hold a sample.
+        alias = getattr(default, "attribute_map", {}).get("max_position_embeddings", "max_position_embeddings")
+        for key in {"max_position_embeddings", alias} & set(request.args):
+            value = request.args[key]
+            if not isinstance(value, int) or isinstance(value, bool) or value < request.seq_len:
+                raise ConfigError(f"model_args: {key}={value!r} is shorter than a sample ({request.seq_len} tokens: "
+                                  f"--block_size, or the preset's); give --block_size {value} or a {key} of at least "
+                                  f"{request.seq_len}")
+            settings.pop("max_position_embeddings", None)
     else:
         settings.update(num_labels=10)
         for name, value in (("image_size", 32), ("num_channels", 3)):

@@ -61,7 +61,9 @@ def _split_top_level(text: str) -> list[str]:
             parts.append(text[start:i])
             start = i + 1
     parts.append(text[start:])
-    return [p.strip() for p in parts if p.strip()]
+    if depth or quote:
+        raise ConfigError(f"model_args: unbalanced brackets or quotes in {text!r}")
+    return [p.strip() for p in parts]
 
 
 def parse_model_args(text: str | None) -> dict:
@@ -72,8 +74,13 @@ def parse_model_args(text: str | None) -> dict:
 
     args = {}
     for part in _split_top_level(text):
+        if not part:
+            raise ConfigError(f"model_args: an empty item between commas in {text!r}; write key=value pairs "
+                              "separated by single commas")
         key, sep, value = part.partition("=")
         key = key.strip()
+        if sep and not value.strip():
+            raise ConfigError(f"model_args: {key} has no value (got {part!r})")
         if not sep or not key.isidentifier():
             raise ConfigError(f"model_args: expected key=value pairs separated by commas, e.g. n_layer=4,n_embd=128 "
                               f"(got {part!r})")
@@ -94,6 +101,7 @@ class ModelRequest:
     args: dict = field(default_factory=dict)
     data: str | None = None  # --data: a text file, an image directory (CIFAR-10), or None
     seq_len: int = 256  # tokens per sample for text models (--block_size, or the preset's)
+    block_size_given: bool = False  # --block_size given: a model without tokens cannot take it
     dropout: float | None = None  # --dropout: every dropout probability of an HF config
     # GPT-lite's config for a vocabulary size (the preset with its overrides): gptlite only.
     gptlite_config: Callable | None = None

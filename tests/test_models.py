@@ -499,3 +499,26 @@ def test_settings_a_transformers_model_refuses_are_one_line_naming_them(name, ar
         check_model(RunConfig(model=name, model_args=args, preset="tiny"))
     message = str(refused.value)
     assert "\n" not in message and says in message and "model_args" in message, message
+
+
+def test_settings_are_applied_or_refused_never_dropped():
+    """A context length in --model_args stands (--block_size overwrote GPT-2's n_positions) or is refused
+    when a sample does not fit it (Llama's max_position_embeddings=8 crashed at the first step);
+    --block_size with a model that has no tokens, and empty items in --model_args, are refused."""
+    from training.run import check_model
+
+    longer = workload(model="hf:gpt2", model_args=f"{GPT2_ARGS},n_positions=512", preset="tiny")
+    assert longer.description["config"]["n_positions"] == 512
+    fitting = workload(model="hf:gpt2", model_args=f"{GPT2_ARGS},n_positions=8", preset="tiny", block_size=8)
+    assert fitting.description["config"]["n_positions"] == 8 and fitting.tokens_per_sample == 8
+    for flags, message in (
+            ({"model": "hf:gpt2", "model_args": f"{GPT2_ARGS},n_positions=8"}, "n_positions=8 is shorter than a sample"),
+            ({"model": "hf:llama", "model_args": "num_hidden_layers=1,hidden_size=32,num_attention_heads=2,"
+                                                 "intermediate_size=64,max_position_embeddings=8"},
+             "max_position_embeddings=8 is shorter than a sample"),
+            ({"model": "hf:resnet", "block_size": 64}, "block_size: hf:resnet takes no context length"),
+            ({"model": EXAMPLE, "block_size": 64}, "takes no context length"),
+            ({"model": EXAMPLE, "model_args": "width=8,,depth=2"}, "an empty item between commas"),
+            ({"model": EXAMPLE, "model_args": "width="}, "width has no value")):
+        with pytest.raises(ConfigError, match=message):
+            check_model(RunConfig(preset="tiny", **flags))
