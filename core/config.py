@@ -88,7 +88,11 @@ class RunConfig:
         "Settings of a non-GPT-lite model, key=value separated by commas (values read as YAML): an HF config's "
         "fields (n_layer=2,n_embd=64 for gpt2; layer_type=basic,depths=[2,2,2,2] makes hf:resnet ResNet-18), "
         "or your get_model()'s keyword arguments.", None, group="model", metavar="K=V,...")
-    preset: str = _flag("GPT-lite's size preset.", "small", choices=tuple(PRESETS), group="model")
+    preset: str = _flag(
+        "GPT-lite's size preset; for hf: language models, their context length (the preset's block_size) "
+        "unless --block_size is given. Image models and model files have no use for it (a sweep may set it "
+        "across a model dimension); --block_size, which only sets a context length, is refused for them.",
+        "small", choices=tuple(PRESETS), group="model")
     n_layer: int | None = _flag("Override the preset's number of transformer blocks.", None, group="model")
     n_embd: int | None = _flag("Override the preset's embedding width.", None, group="model")
     n_head: int | None = _flag("Override the preset's number of attention heads.", None, group="model")
