@@ -93,6 +93,29 @@ def test_failures_are_worded_to_be_acted_on():
     assert not is_oom(RuntimeError("shapes do not match"))
 
 
+def test_a_budget_breach_is_raised_before_rank_0_counts_flops_and_a_stop_is_never_swallowed():
+    # Seen in CI: rank 1 failed over --mem_budget_gb at once while rank 0 was still counting FLOPs;
+    # the launcher's SIGTERM landed in the count, whose `except Exception` took the stop for a
+    # counting error (torch's fake-tensor dispatch logged a traceback through our files) and went on.
+    from training.loop import LoopResult
+    from training.results import MemoryBudgetExceeded, finished_summary
+    from training.run import Terminated
+
+    counted = []
+    ranks = [{"profiled": {"peak_bytes": 5 * 2**20}, "state": {}}] * 2
+    with pytest.raises(MemoryBudgetExceeded):
+        finished_summary(RunSummary("r"), LoopResult(profiled={"peak_bytes": 5 * 2**20}), ranks, None, 2,
+                         0.001, 0.0, {}, lambda: counted.append(1))
+    assert counted == []  # the budget was checked first
+    assert not issubclass(Terminated, Exception)  # no `except Exception` on the way swallows a stop
+    try:
+        raise Terminated("stop")
+    except Exception:  # noqa: BLE001
+        pytest.fail("an `except Exception` caught the launcher's stop request")
+    except BaseException:
+        pass
+
+
 def test_help_shows_the_suites_flags_only():
     proc = _tool(str(TRAIN), "--help")
     assert proc.returncode == 0

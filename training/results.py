@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
+from typing import Callable
 
 import torch
 
@@ -56,13 +57,15 @@ def comm_record(measured: dict | None, theory: dict, host_device: dict | None = 
 
 def finished_summary(base: RunSummary, result: LoopResult, ranks: list[dict], workload, world_size: int,
                      budget_gb: float | None, started: float, comm_theory: dict,
-                     sample_flops: dict | None) -> RunSummary:
-    """The summary of a run whose every step ran (raises MemoryBudgetExceeded over the budget)."""
+                     count_flops: Callable[[], dict | None] | None) -> RunSummary:
+    """The summary of a run whose every step ran (raises MemoryBudgetExceeded over the budget,
+    before `count_flops`, the FLOPs per sample, is called: None on the ranks that do not write it)."""
     source = "cuda_allocator" if result.allocator else ("torch_profiler" if "peak_bytes" in result.profiled else None)
     key = "allocator" if result.allocator else "profiled"
     peak = max(r[key]["peak_bytes"] for r in ranks) if source else None
     if budget_gb and peak is not None and peak > budget_gb * 2**30:
         raise MemoryBudgetExceeded(f"peak {peak / 2**30:.3f} GiB > --mem_budget_gb {budget_gb:g}", peak)
+    sample_flops = count_flops() if count_flops else None
     peak_rank = max(ranks, key=lambda r: r[key].get("peak_bytes", 0)) if source else None
     samples_per_s = statistics.median(result.timed_rates) if result.timed_rates else None
     tokens = workload.tokens_per_sample

@@ -45,8 +45,11 @@ from training.results import MemoryBudgetExceeded, finished_summary, gather_rank
 EXIT_OK, EXIT_FAILED = 0, 1
 
 
-class Terminated(Exception):
-    """The launcher asked this rank to stop (SIGTERM), e.g. because another rank failed."""
+class Terminated(BaseException):
+    """The launcher asked this rank to stop (SIGTERM), e.g. because another rank failed. A
+    BaseException, as KeyboardInterrupt is: a stop request must not be taken for an error by an
+    `except Exception` on the way (FLOP counting's, torch's fake-tensor dispatch logging its own
+    traceback), which would swallow it and let the rank go on."""
 
 
 def _raise_terminated(signum, frame):
@@ -329,9 +332,11 @@ class Run:
             torch.cuda.set_per_process_memory_fraction(min(1.0, cfg.mem_budget_gb * 2**30 / total), env.device)
 
         result = StepLoop(self.s, backend, self.record, start).run()
+        # The budget is checked before rank 0 counts FLOPs (seconds on a large model): the other
+        # ranks fail at once over it and the launcher stops rank 0 in the middle of the count.
         summary = finished_summary(self.summary, result, gather_ranks(result), self.s.workload, env.world_size,
                                    cfg.mem_budget_gb, started, backend.comm_theory(self.s.n_params),
-                                   self._sample_flops() if env.is_main else None)  # rank 0 writes the summary
+                                   self._sample_flops if env.is_main else None)  # rank 0 writes the summary
         if cfg.compile:
             summary = dataclasses.replace(summary, compile=compile_stats())
         if env.is_main:
