@@ -30,6 +30,11 @@ def test_model_args_are_key_value_pairs_read_as_yaml():
     for bad in ("n_layer", "=4", "a=1,a=2", "x=[1,2"):
         with pytest.raises(ConfigError, match="model_args"):
             parse_model_args(bad)
+    # A comma inside brackets or quotes does not split; brackets or quotes left open are refused.
+    assert parse_model_args("d=[1,2],s='a,b'") == {"d": [1, 2], "s": "a,b"}
+    for bad in ("x=[1,2", "x=[1,2,y=3", "x={a: 1", "s='a,b"):
+        with pytest.raises(ConfigError, match=r"^model_args: unbalanced brackets or quotes in "):
+            parse_model_args(bad)
 
 
 def test_model_names_say_their_kind():

@@ -56,6 +56,33 @@ def test_a_run_whose_validation_loss_is_not_finite_is_recorded_as_failed(runs_di
     assert run.proc.returncode == 1
     assert run.summary["status"] == "failed"
     assert "FloatingPointError: validation loss is nan after step 0" in run.summary["error"], run.summary
+    assert "Traceback" not in run.proc.stderr  # an outcome of the settings, said in one line
+
+
+def test_a_model_file_whose_validation_data_holds_nan_fails(runs_dir, tmp_path):
+    """The training split is finite, the validation split is not: the run failed, with the reason."""
+    model = tmp_path / "nan_val.py"
+    model.write_text(
+        "import torch, torch.nn as nn\n"
+        "class Block(nn.Module):\n"
+        "    def __init__(self): super().__init__(); self.l = nn.Linear(8, 8)\n"
+        "    def forward(self, x): return torch.relu(self.l(x))\n"
+        "class Net(nn.Module):\n"
+        "    def __init__(self): super().__init__(); self.blocks = nn.ModuleList([Block(), Block()]); self.head = nn.Linear(8, 4)\n"
+        "    def forward(self, x):\n"
+        "        for b in self.blocks: x = b(x)\n"
+        "        return self.head(x)\n"
+        "def split(n, nan):\n"
+        "    g = torch.Generator().manual_seed(n)\n"
+        "    x, y = torch.randn(n, 8, generator=g), torch.randint(0, 4, (n,), generator=g)\n"
+        "    if nan: x[:] = float('nan')\n"
+        "    return torch.utils.data.TensorDataset(x, y)\n"
+        "def get_model(): return Net()\n"
+        "def get_dataset(): return split(64, False), split(16, True)\n")
+    run = train(runs_dir, "nan_val_file", "--model", str(model), "--steps", "2", "--eval_batches", "1",
+                "--mem_profile_steps", "0", "--warmup_steps", "0")
+    assert run.proc.returncode == 1 and run.summary["status"] == "failed", run.proc.stderr
+    assert "FloatingPointError: validation loss is nan" in run.summary["error"], run.summary
 
 
 def test_a_failure_with_a_message_on_several_lines_is_recorded_on_one(runs_dir):

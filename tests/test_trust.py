@@ -299,7 +299,8 @@ def test_a_resume_without_a_checkpoint_replaces_a_record_only_with_the_same_run(
     record = _files(tmp_path / "runs" / "fake")
     for flags, difference in [({"preset": "small"}, "--preset 'tiny' there, 'small' here"),
                               ({"lr": 0.01}, "--lr 0.05 there, 0.01 here"),
-                              ({"micro_batch": 4}, "--micro_batch 2 there, 4 here")]:
+                              ({"micro_batch": 4}, "--micro_batch 2 there, 4 here"),
+                              ({"model": "hf:gpt2", "model_args": "n_layer=1,n_embd=16,n_head=2"}, "--model 'gptlite' there, 'hf:gpt2' here")]:
         with pytest.raises(ConfigError, match=f"resume: .* was recorded with other settings \\({difference}\\)"):
             make_setup(tmp_path, resume=True, **{**save, **flags})
         assert _files(tmp_path / "runs" / "fake") == record
@@ -420,6 +421,14 @@ def test_a_model_larger_than_the_machine_is_refused_before_anything_is_built_or_
         memory_check.check_model_fits(config_from_argv(huge), DistEnv(0, 0, 2, 2, torch.device("cpu"), "torchrun"),
                                       meta)
     # The real machine's memory: the small models of the tests and demos are never refused.
+    # GPT-lite's size comes from its flags: the line names the ones given, or the preset.
+    for flags, named in [(["--n_layer", "48", "--n_embd", "4096", "--n_head", "8"], "n_layer/n_embd"), (["--preset", "paper"], "preset")]:
+        argv = [*flags, "--device", "cpu", "--runs_dir", str(runs), "--steps", "1"]
+        size = memory_check.model_bytes(resolve(config_from_argv([*argv, "--dry_run"])).workload.meta())
+        monkeypatch.setattr(memory_check, "available_host_bytes", lambda: size - 1)
+        with pytest.raises(ConfigError, match=rf"^{named}: the model's parameters"):
+            resolve(config_from_argv(argv))
+        assert not runs.exists()
     monkeypatch.undo()
     small = config_from_argv(["--preset", "small", "--device", "cpu", "--runs_dir", str(runs), "--steps", "1"])
     resolve(small)

@@ -371,8 +371,10 @@ class Run:
     def _record_failure(self, error: BaseException, started: float) -> None:
         status = "oom" if is_oom(error) else "failed"
         message = describe_error(error)
-        if isinstance(error, (MemoryBudgetExceeded, Terminated)):
-            print(f"rank {self.env.rank}: {message}", file=sys.stderr)  # expected outcomes, no traceback
+        # Outcomes of the settings, not faults of the code: one line, no traceback. FloatingPointError
+        # is the loop's non-finite loss (training/loop.py); torch itself never raises it.
+        if isinstance(error, (MemoryBudgetExceeded, Terminated, FloatingPointError)):
+            print(f"rank {self.env.rank}: {message}", file=sys.stderr)
         else:
             traceback.print_exc()
         if self.record is None:
