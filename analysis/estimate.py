@@ -347,6 +347,9 @@ def estimate_from_record(config: dict) -> Estimate:
     from backends import fsdp_config
 
     run = config["run"]
+    if (run.get("ckpt_policy") or "full") != "full" and run.get("ckpt_interval"):
+        raise ConfigError(f"ckpt_policy {run['ckpt_policy']}: the estimator models whole-block checkpointing only "
+                          "(full) so far")
     if config["model"].get("name", "gptlite") == "gptlite":
         model = GPTConfig(**{k: config["model"][k] for k in GPTConfig.field_names()})
     else:  # any other model: traced once from the run's own flags

@@ -37,10 +37,14 @@ def config_label(backend: str, fsdp_config: str | None = None, deepspeed_config:
 
 def ckpt_label(row: dict) -> str:
     """"none", "every 2 (torch_nonreentrant)", "every 1 (torch_nonreentrant, torch offload)",
-    "every 1 (torch_nonreentrant, prefetch offload H=2)"."""
+    "every 1 (torch_nonreentrant, prefetch offload H=2)", "every 1 (torch_nonreentrant, selective)",
+    "every 1 (torch_nonreentrant, selective keeping mm,bmm)"."""
     interval, impl = row.get("ckpt_interval") or 0, row.get("config.run.ckpt_impl")
     if not interval:
         return "none"
+    if row.get("config.run.ckpt_policy") == "selective":
+        ops = row.get("config.run.ckpt_save_ops")
+        impl = f"{impl}, selective" + (f" keeping {ops}" if isinstance(ops, str) and ops else "")
     if row.get("config.run.offload_activations"):
         impl = f"{impl}, prefetch offload H={row.get('config.run.activation_loading_horizon')}"
     elif row.get("config.run.ckpt_offload"):

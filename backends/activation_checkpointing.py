@@ -1,4 +1,4 @@
-"""Activation checkpointing of every k-th transformer block.
+"""Activation checkpointing of every k-th transformer block, whole (full) or op by op (selective).
 
 Blocks i with i % k == 0 are wrapped so that only their inputs are kept in forward and their
 activations are recomputed in backward. Wrapping happens after the backend has wrapped the model
@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn as nn
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (CheckpointImpl,
                                                                          apply_activation_checkpointing,
@@ -38,6 +39,17 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (Checkpo
 from core.config import TORCH_CKPT_IMPLS
 
 TORCH_IMPLS = dict(zip(TORCH_CKPT_IMPLS, (CheckpointImpl.NO_REENTRANT, CheckpointImpl.REENTRANT)))
+
+# What a selective checkpoint (--ckpt_policy selective) keeps, by aten operator: the expensive ops.
+# A matmul with a weight reaches the dispatcher as mm or addmm (nn.Linear, HF's Conv1D), a
+# convolution as convolution, fused attention as its kernel. The naive attention core's QK^T and
+# AV are batched matmuls of two activations (bmm): recomputed with the softmax and dropout between
+# them, Megatron's selective recompute: the T x T scores are the largest activations and the
+# cheapest per byte to recompute. Everything else (norms, activations, elementwise, dropout, views)
+# is recomputed from the kept outputs.
+SELECTIVE_SAVE_OPS = ("mm", "addmm", "convolution", "_scaled_dot_product_flash_attention",
+                      "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_efficient_attention",
+                      "_scaled_dot_product_cudnn_attention")
 
 
 def checkpointed_indices(n_layer: int, interval: int) -> list[int]:
@@ -90,9 +102,40 @@ def keep_buffers_on_recompute(module: nn.Module, function: Callable) -> Callable
     return run
 
 
-def _non_reentrant(module: nn.Module) -> nn.Module:
-    return checkpoint_wrapper(module, checkpoint_impl=CheckpointImpl.NO_REENTRANT,
-                              context_fn=lambda: (contextlib.nullcontext(), buffers_restored(module)))
+def selective_policy(save_ops: Sequence[str]) -> Callable:
+    """torch's selective-checkpoint policy: the outputs of `save_ops` (aten names) kept, the rest recomputed.
+    MUST_SAVE, so that a compiled region would honour it too; PREFER_RECOMPUTE, torch's own default."""
+    keep = {getattr(torch.ops.aten, name) for name in save_ops}
+
+    def policy(ctx, op, *args, **kwargs):
+        return CheckpointPolicy.MUST_SAVE if getattr(op, "overloadpacket", None) in keep \
+            else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return policy
+
+
+@contextlib.contextmanager
+def _all_of(*managers):
+    with contextlib.ExitStack() as stack:
+        for manager in managers:
+            stack.enter_context(manager)
+        yield
+
+
+def _non_reentrant(module: nn.Module, save_ops: Sequence[str] | None = None) -> nn.Module:
+    """torch's non-reentrant checkpoint of `module`; with `save_ops`, selective: the recompute reuses the
+    outputs of those ops, kept in forward (create_selective_checkpoint_contexts), and runs the rest.
+    The non-reentrant checkpoint restores the RNG state before it recomputes: dropout draws the masks
+    of the forward (preserve_rng_state)."""
+    def contexts():
+        if save_ops is None:
+            return contextlib.nullcontext(), buffers_restored(module)
+        forward, recompute = create_selective_checkpoint_contexts(selective_policy(save_ops))
+        # buffers_restored first: its copies of the buffers must not run under the selective
+        # recompute's dispatch mode, which takes any op the forward did not run for nondeterminism.
+        return forward, _all_of(buffers_restored(module), recompute)
+
+    return checkpoint_wrapper(module, checkpoint_impl=CheckpointImpl.NO_REENTRANT, context_fn=contexts)
 
 
 def _needing_grad(args: tuple) -> tuple:
@@ -117,10 +160,15 @@ def _reentrant(module: nn.Module) -> nn.Module:
     return checkpoint_wrapper(module, checkpoint_impl=CheckpointImpl.REENTRANT, checkpoint_fn=checkpoint_fn)
 
 
-def torch_wrapper(impl: str, offload: bool):
-    """checkpoint_wrapper with `impl`; with `offload`, the kept inputs also go to host memory."""
+def torch_wrapper(impl: str, offload: bool, save_ops: Sequence[str] | None = None):
+    """checkpoint_wrapper with `impl`; with `offload`, the kept inputs also go to host memory; with
+    `save_ops` (non-reentrant only), selective."""
     if impl not in TORCH_IMPLS:
         raise ValueError(f"ckpt_impl must be one of {', '.join(TORCH_IMPLS)} here (got {impl!r})")
+    if save_ops is not None:
+        if TORCH_IMPLS[impl] != CheckpointImpl.NO_REENTRANT or offload:
+            raise ValueError("a selective checkpoint is non-reentrant and not offloaded")
+        return lambda module: _non_reentrant(module, tuple(save_ops))
     wrap = _non_reentrant if TORCH_IMPLS[impl] == CheckpointImpl.NO_REENTRANT else _reentrant
     if offload:
         # offload_wrapper runs the block under save_on_cpu: what autograd keeps for the block
@@ -129,20 +177,35 @@ def torch_wrapper(impl: str, offload: bool):
     return wrap
 
 
+def save_ops_for(policy: str, save_ops: Sequence[str] | None) -> tuple[str, ...] | None:
+    """The ops a checkpointed block keeps under `policy` (None: full, inputs only), raising on an unknown
+    policy; `save_ops` (RunConfig.save_ops(), --ckpt_save_ops) replaces the selective default."""
+    if policy == "full":
+        return None
+    if policy == "selective":
+        return tuple(save_ops) if save_ops is not None else SELECTIVE_SAVE_OPS
+    raise ValueError(f"unknown checkpointing policy {policy!r} (full, selective)")
+
+
 def apply_ac(model: nn.Module, blocks: Sequence[nn.Module], interval: int, impl: str, offload: bool,
-             wrapper=None, offloader=None) -> dict:
+             wrapper=None, offloader=None, policy: str = "full", save_ops: Sequence[str] | None = None) -> dict:
     """Checkpoint blocks[i] for i % interval == 0, wherever they sit inside `model`.
 
     `blocks` are the model's Block modules as they were before the backend wrapped the model
     (wrappers keep the same module objects inside). With an `offloader`
-    (backends/activation_offload.py) each checkpointed block's saved inputs go through it.
+    (backends/activation_offload.py) each checkpointed block's saved inputs go through it. `policy`
+    full keeps a block's inputs; selective also the outputs of `save_ops` (default SELECTIVE_SAVE_OPS).
     Returns what was done, for the run record.
     """
     indices = checkpointed_indices(len(blocks), interval)
     if not indices:
-        return {"interval": 0, "impl": None, "offload": False, "prefetch_offload": None, "blocks": []}
+        return {"interval": 0, "impl": None, "offload": False, "prefetch_offload": None, "blocks": [],
+                "policy": None, "save_ops": None}
     index_of = {id(blocks[i]): i for i in indices}
-    checkpoint = wrapper or torch_wrapper(impl, offload)
+    kept = save_ops_for(policy, save_ops)
+    if kept is not None and (wrapper is not None or offloader is not None):
+        raise ValueError("a selective checkpoint is torch's non-reentrant one, without an offloader")
+    checkpoint = wrapper or torch_wrapper(impl, offload, kept)
     if offloader is not None:
         inner = checkpoint
 
@@ -151,4 +214,5 @@ def apply_ac(model: nn.Module, blocks: Sequence[nn.Module], interval: int, impl:
 
     apply_activation_checkpointing(model, checkpoint_wrapper_fn=checkpoint, check_fn=lambda m: id(m) in index_of)
     return {"interval": interval, "impl": impl, "offload": offload,
-            "prefetch_offload": offloader.describe() if offloader is not None else None, "blocks": indices}
+            "prefetch_offload": offloader.describe() if offloader is not None else None, "blocks": indices,
+            "policy": policy, "save_ops": list(kept) if kept is not None else None}

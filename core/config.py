@@ -24,6 +24,7 @@ DEVICES = ("auto", "cpu", "cuda")
 TORCH_CKPT_IMPLS = ("torch_nonreentrant", "torch_reentrant")
 DEEPSPEED_CKPT_IMPLS = ("deepspeed", "deepspeed_nonreentrant")
 CKPT_IMPLS = (*TORCH_CKPT_IMPLS, *DEEPSPEED_CKPT_IMPLS)
+CKPT_POLICIES = ("full", "selective")
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 # Defaults of the flags a backend's config file may set instead (DeepSpeed JSON, FSDP YAML).
@@ -74,6 +75,18 @@ class RunConfig:
         "Checkpointing implementation: torch's non-reentrant or reentrant checkpoint_wrapper, or "
         "(DeepSpeed backend) deepspeed.checkpointing's checkpoint or non_reentrant_checkpoint.",
         "torch_nonreentrant", choices=CKPT_IMPLS, group="activation checkpointing")
+    ckpt_policy: str = _flag(
+        "What a checkpointed block keeps for backward. full: its inputs only, everything else is recomputed. "
+        "selective: decided op by op (torch's selective checkpoint contexts, any model): the outputs of "
+        "matmuls with a weight, convolutions and fused attention kernels are kept; norms, activations, "
+        "elementwise ops, dropout (with the same masks) and the naive attention core (QK^T, softmax, AV: the "
+        "T x T scores) are recomputed. Applies to the blocks --ckpt_interval picks; needs ckpt_impl "
+        "torch_nonreentrant.", "full", choices=CKPT_POLICIES, group="activation checkpointing")
+    ckpt_save_ops: str | None = _flag(
+        "With --ckpt_policy selective: the aten ops whose outputs are kept, comma-separated (torch.ops.aten "
+        "names, e.g. mm,addmm,convolution), instead of the default set (backends/activation_checkpointing.py "
+        "SELECTIVE_SAVE_OPS). Everything else is recomputed.", None, group="activation checkpointing",
+        metavar="OP,...")
     ckpt_offload: bool = _flag(
         "Keep the checkpointed blocks' saved inputs in host memory (torch's offload_wrapper), "
         "fetched back when backward reaches them.", False, group="activation checkpointing")
@@ -205,6 +218,39 @@ class RunConfig:
         "Timeout of collective operations, so a rank that died fails the others instead of "
         "hanging them.", 300.0, group="distributed")
 
+    def _check_ckpt_policy(self) -> None:
+        if self.ckpt_save_ops is not None and self.ckpt_policy != "selective":
+            raise ConfigError("ckpt_save_ops needs --ckpt_policy selective (it names the ops a selective checkpoint keeps)")
+        if self.ckpt_policy == "full":
+            return
+        why = f"ckpt_policy {self.ckpt_policy}"
+        if not self.ckpt_interval:
+            raise ConfigError(f"{why} requires ckpt_interval > 0 (it decides what the checkpointed blocks keep)")
+        if self.ckpt_impl != "torch_nonreentrant":
+            raise ConfigError(f"{why} needs ckpt_impl torch_nonreentrant (got {self.ckpt_impl}): torch's selective "
+                              "checkpoint contexts run only inside the non-reentrant checkpoint")
+        for flag in ("offload_activations", "ckpt_offload", "compile"):
+            if getattr(self, flag):
+                raise ConfigError(f"{why} with --{flag}: not supported yet (the kept op outputs would stay where "
+                                  "they are, untested); use --ckpt_policy full with it")
+        self.save_ops()  # names checked
+
+    def save_ops(self) -> tuple[str, ...] | None:
+        """--ckpt_save_ops as aten operator names, each checked against torch.ops.aten; None when not
+        given (a selective checkpoint then keeps backends/activation_checkpointing.py's default set)."""
+        if self.ckpt_save_ops is None:
+            return None
+        import torch
+
+        names = []
+        for item in self.ckpt_save_ops.split(","):
+            name = item.strip().removeprefix("aten.").split(".")[0]
+            if not name or not isinstance(getattr(torch.ops.aten, name, None), torch._ops.OpOverloadPacket):
+                raise ConfigError(f"ckpt_save_ops: {item.strip()!r} is not an aten operator (names as torch.ops.aten "
+                                  "has them, comma-separated: mm,addmm,convolution,_scaled_dot_product_flash_attention)")
+            names.append(name)
+        return tuple(dict.fromkeys(names))
+
     def __post_init__(self):
         for f in fields(self):
             choices = f.metadata.get("choices")
@@ -237,6 +283,7 @@ class RunConfig:
         if self.compile and not self.warmup_steps and not self.dry_run:
             raise ConfigError("warmup_steps must be >= 1 with --compile: the first step compiles, and a timed "
                               "compile would be reported as training speed")
+        self._check_ckpt_policy()
         if self.ckpt_offload and not self.ckpt_interval:
             raise ConfigError("ckpt_offload requires ckpt_interval > 0 (it offloads the checkpointed blocks' inputs)")
         for name in ("mem_budget_gb", "grad_clip", "lr", "dist_timeout_s"):

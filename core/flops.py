@@ -23,14 +23,16 @@ PEAK_BF16_FLOPS = {
 }
 
 
-def counted_flops(model, *inputs, modules: dict | None = None) -> int | tuple[int, dict]:
+def counted_flops(model, *inputs, modules: dict | None = None,
+                  kept_ops: tuple[str, ...] = ()) -> int | tuple[int, dict]:
     """FLOPs of one forward and backward of `model` on `inputs` as torch.utils.flop_counter counts
     them: every matmul, convolution and attention kernel (elementwise work is not counted, as in
     the formula above), whatever the model. `model(*inputs)` returns the loss, or a tuple whose
     last element is. On the meta device it costs no memory and little time.
 
     With `modules` ({name: module} of submodules of `model`): also the forward FLOPs of each,
-    ({name: forward FLOPs}), what activation checkpointing runs again in backward."""
+    ({name: forward FLOPs}), what activation checkpointing runs again in backward; a selective checkpoint
+    keeps the outputs of `kept_ops` (aten names) and does not run those again, so they are left out."""
     from torch.utils.flop_counter import FlopCounterMode
 
     with FlopCounterMode(display=False) as forward:
@@ -44,7 +46,8 @@ def counted_flops(model, *inputs, modules: dict | None = None) -> int | tuple[in
     counts = forward.get_flop_counts()
     # FlopCounterMode names modules by their path under the root's class name: "GPTLite.blocks.0".
     root = type(model).__name__
-    return total, {name: sum(counts.get(f"{root}.{name}", {}).values()) for name in modules}
+    return total, {name: sum(n for op, n in counts.get(f"{root}.{name}", {}).items()
+                             if getattr(op, "__name__", str(op)) not in kept_ops) for name in modules}
 
 
 def counted_flops_per_token(cfg: GPTConfig) -> float:
@@ -58,11 +61,12 @@ def counted_flops_per_token(cfg: GPTConfig) -> float:
     return counted_flops(model, idx, idx) / cfg.block_size
 
 
-def sample_flops(workload, block_class: str | None, ckpt_interval: int) -> dict:
+def sample_flops(workload, block_class: str | None, ckpt_interval: int, kept_ops: tuple[str, ...] | None = None) -> dict:
     """FLOPs of one sample's forward and backward: `model` (the formula where the model has one, GPT-lite;
     else counted) and `recomputed`, the forward FLOPs of the checkpointed blocks, which activation
-    checkpointing runs again in backward: hardware FLOPs are model + recomputed. Counted on fake
-    tensors (models.Workload.fake; real ones where the forward reads data) over two samples, halved."""
+    checkpointing runs again in backward, but for the ops a selective checkpoint keeps (`kept_ops`):
+    hardware FLOPs are model + recomputed. Counted on fake tensors (models.Workload.fake; real ones
+    where the forward reads data) over two samples, halved."""
     from core.blocks import find_blocks
 
     def count(mode, model, x, y):
@@ -70,7 +74,7 @@ def sample_flops(workload, block_class: str | None, ckpt_interval: int) -> dict:
         names = {id(m): n for n, m in model.named_modules()}
         wanted = {names[id(b)]: b for i, b in enumerate(blocks) if ckpt_interval and i % ckpt_interval == 0}
         with mode:
-            return counted_flops(model, x, y, modules=wanted)
+            return counted_flops(model, x, y, modules=wanted, kept_ops=tuple(kept_ops or ()))
 
     counted, per_block = workload.traced(2, count)
     formula = workload.flops_formula

@@ -4,8 +4,9 @@ activation-checkpointing settings, in one launch (python or torchrun).
     python -m torch.distributed.run --nproc_per_node 2 tests/ckpt_probe.py OUT_DIR BACKEND [CONFIG_FILE] \\
         --case 0:torch_nonreentrant:0 --case 1:torch_reentrant:0 ...
 
-Each case is interval:impl:offload, offload being 0 (none), 1 (torch's, --ckpt_offload) or pH
-(--offload_activations with horizon H; the offloader's schedule of the first step is recorded).
+Each case is interval:impl:offload[:policy[:dropout]], offload being 0 (none), 1 (torch's, --ckpt_offload)
+or pH (--offload_activations with horizon H; the offloader's schedule of the first step is recorded),
+policy full (default) or selective (--ckpt_policy), dropout the model's (default 0).
 For every case the real backend is set up on a fresh model
 (same seed) and trained for a few steps through training.loop.accumulate_gradients; each rank
 writes OUT_DIR/rank<k>.pt with, per case, the losses, this rank's local gradients after the first
@@ -35,6 +36,19 @@ from training.loop import accumulate_gradients  # noqa: E402
 STEPS = 3
 
 
+def parse_case(case: str) -> tuple[int, str, str, str, float]:
+    """interval, impl, offload, policy, dropout of a case."""
+    interval, impl, offload, *more = case.split(":")
+    policy, dropout = [*more, *("full", "0")[len(more):]]
+    return int(interval), impl, offload, policy, float(dropout)
+
+
+def baseline_of(case: str) -> str:
+    """The case without checkpointing that `case` must match: the same dropout."""
+    dropout = parse_case(case)[4]
+    return "0:torch_nonreentrant:0" + (f":full:{dropout:g}" if dropout else "")
+
+
 def offload_fields(offload: str) -> dict:
     if offload.startswith("p"):
         return {"offload_activations": True, "activation_loading_horizon": int(offload[1:])}
@@ -42,11 +56,13 @@ def offload_fields(offload: str) -> dict:
 
 
 def run_case(base: dict, interval: int, impl: str, offload: str, env: DistEnv, data: CharDataset,
-             freeze_embeddings: bool) -> dict:
-    cfg = RunConfig(**base, ckpt_interval=interval, ckpt_impl=impl, **offload_fields(offload))
+             freeze_embeddings: bool, policy: str = "full", dropout: float = 0.0) -> dict:
+    cfg = RunConfig(**{**base, "dropout": dropout}, ckpt_interval=interval, ckpt_impl=impl, ckpt_policy=policy,
+                    **offload_fields(offload))
     resolved = get_backend(cfg.backend).resolve(cfg, env)
     cfg, backend = resolved.cfg, resolved.build(env)
     model = build_model(cfg.model_config(vocab_size=data.vocab_size), cfg.seed)
+    torch.manual_seed(cfg.seed * 1000 + env.rank)  # each case's dropout stream from the same start, as train.py's
     if freeze_embeddings:
         for p in (*model.token_embedding.parameters(), *model.position_embedding.parameters()):
             p.requires_grad_(False)
@@ -86,7 +102,7 @@ def main() -> None:
     parser.add_argument("out_dir")
     parser.add_argument("backend")
     parser.add_argument("config", nargs="?", help="--fsdp_config or --deepspeed_config file")
-    parser.add_argument("--case", action="append", required=True, help="interval:impl:offload (0, 1 or pH)")
+    parser.add_argument("--case", action="append", required=True, help="interval:impl:offload (0, 1 or pH)[:policy[:dropout]]")
     parser.add_argument("--micro_batch", type=int, default=4)
     parser.add_argument("--grad_accum", type=int, default=1)
     parser.add_argument("--local_rank", type=int, help="passed by the deepspeed launcher (LOCAL_RANK is used)")
@@ -104,8 +120,8 @@ def main() -> None:
     data = CharDataset.load(None, block_size=64)
     results = {}
     for case in args.case:
-        interval, impl, offload = case.split(":")
-        results[case] = run_case(base, int(interval), impl, offload, env, data, args.freeze_embeddings)
+        interval, impl, offload, policy, dropout = parse_case(case)
+        results[case] = run_case(base, interval, impl, offload, env, data, args.freeze_embeddings, policy, dropout)
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     torch.save(results, out / f"rank{env.rank}.pt")

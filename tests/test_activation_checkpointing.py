@@ -8,6 +8,7 @@ import torch.nn as nn
 
 from backends.activation_checkpointing import checkpointed_indices
 from core.config import CKPT_IMPLS, DEEPSPEED_CKPT_IMPLS
+from ckpt_probe import baseline_of, parse_case
 from conftest import LAUNCH_TIMEOUT_S, REPO, base_env, launch_command, train
 
 PROBE = REPO / "tests" / "ckpt_probe.py"
@@ -17,6 +18,9 @@ INTERVALS = (1, 2, N_LAYER)
 BASELINE = "0:torch_nonreentrant:0"
 CASES = [BASELINE] + [f"{k}:{impl}:0" for impl in IMPLS for k in INTERVALS] + ["1:torch_nonreentrant:1",
                                                                                   "2:torch_reentrant:1"]
+# --ckpt_policy selective, without dropout and with it: a recompute draws the forward's dropout masks.
+CASES += ["1:torch_nonreentrant:0:selective", "2:torch_nonreentrant:0:selective",
+          "0:torch_nonreentrant:0:full:0.1", "1:torch_nonreentrant:0:full:0.1", "1:torch_nonreentrant:0:selective:0.1"]
 TOLERANCE = 1e-6
 
 BACKENDS = {
@@ -54,12 +58,14 @@ def probe(request, tmp_path_factory):
 def test_checkpointing_leaves_losses_and_gradients_unchanged(probe):
     backend, ranks = probe
     for results in ranks:
-        base = results[BASELINE]
-        assert base["record"]["blocks"] == []
+        assert results[BASELINE]["record"]["blocks"] == []
         for case in CASES[1:]:
-            got = results[case]
-            interval = int(case.split(":")[0])
+            got, base = results[case], results[baseline_of(case)]
+            interval, *_, policy, dropout = parse_case(case)
             assert got["record"]["blocks"] == checkpointed_indices(N_LAYER, interval)
+            assert got["record"]["policy"] == (policy if interval else None)
+            if dropout:  # the dropout runs differ from the runs without it
+                assert got["losses"] != results[BASELINE]["losses"]
             torch.testing.assert_close(torch.tensor(got["losses"]), torch.tensor(base["losses"]),
                                        rtol=TOLERANCE, atol=TOLERANCE, msg=f"{backend} {case} losses")
             assert got["grads"].keys() == base["grads"].keys() and got["grads"]
@@ -102,7 +108,7 @@ def test_interval_1_at_least_halves_activation_bytes_at_the_peak(small_runs):
 def test_run_record_says_which_blocks_were_checkpointed_and_how(small_runs):
     record = small_runs[1].config["backend"]["activation_checkpointing"]
     assert record == {"interval": 1, "impl": "torch_nonreentrant", "offload": False, "prefetch_offload": None,
-                      "blocks": [0, 1, 2, 3, 4, 5]}
+                      "blocks": [0, 1, 2, 3, 4, 5], "policy": "full", "save_ops": None}
     assert small_runs[0].config["backend"]["activation_checkpointing"]["blocks"] == []
 
 
@@ -127,7 +133,9 @@ class _BatchNormNet(nn.Module):
 
 def _train_bn_net(impl: str | None, offload: bool = False, steps: int = 4):
     """Buffers and validation loss of `_BatchNormNet` after `steps` SGD steps, its blocks checkpointed
-    with `impl` (None: not checkpointed)."""
+    with `impl` (None: not checkpointed; "selective": torch's non-reentrant, --ckpt_policy selective)."""
+    policy = "selective" if impl == "selective" else "full"
+    impl = "torch_nonreentrant" if impl == "selective" else impl
     from backends.activation_checkpointing import apply_ac
     from backends.activation_offload import ActivationOffloader, attach
 
@@ -143,7 +151,8 @@ def _train_bn_net(impl: str | None, offload: bool = False, steps: int = 4):
     if offload:
         offloader = ActivationOffloader(torch.device("cpu"), 1, checkpointed_indices(len(blocks), 1))
         attach(net, offloader)
-    apply_ac(net, blocks, 1 if impl else 0, impl or "torch_nonreentrant", False, wrapper=wrapper, offloader=offloader)
+    apply_ac(net, blocks, 1 if impl else 0, impl or "torch_nonreentrant", False, wrapper=wrapper, offloader=offloader,
+             policy=policy)
     optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
     data = torch.Generator().manual_seed(1)
     for _ in range(steps):
@@ -159,7 +168,8 @@ def _train_bn_net(impl: str | None, offload: bool = False, steps: int = 4):
             for name, b in net.named_buffers()}, val
 
 
-@pytest.mark.parametrize("impl, offload", [(impl, False) for impl in CKPT_IMPLS] + [("torch_nonreentrant", True)])
+@pytest.mark.parametrize("impl, offload", [(impl, False) for impl in CKPT_IMPLS] + [("torch_nonreentrant", True),
+                                                                                    ("selective", False)])
 def test_recompute_leaves_batchnorm_statistics_and_validation_loss_unchanged(impl, offload):
     """A checkpoint's recompute runs the block again in training mode: BatchNorm's running statistics
     and num_batches_tracked must be updated once per forward, as without checkpointing."""
@@ -191,3 +201,54 @@ def test_reentrant_checkpointing_of_a_block_fed_by_data_trains_its_parameters():
         assert all(g is not None for g in got), impl
         for g, expected in zip(got, plain):
             torch.testing.assert_close(g, expected, msg=impl)
+
+
+def _backward_flops_by_op(interval: int, policy: str = "full", save_ops=None) -> dict:
+    """FLOPs of one backward of GPT-lite tiny (naive attention) by aten op (torch's FlopCounterMode):
+    a checkpoint's recompute runs inside the backward, so what it runs again is counted there."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from backends.activation_checkpointing import apply_ac
+    from core.blocks import find_blocks
+    from core.config import RunConfig
+    from gptlite.model import build_model
+
+    model = build_model(RunConfig(preset="tiny", dropout=0.0).model_config(vocab_size=65), 0)
+    apply_ac(model, find_blocks(model, None), interval, "torch_nonreentrant", False, policy=policy, save_ops=save_ops)
+    idx = torch.randint(0, 65, (2, 64), generator=torch.Generator().manual_seed(0))
+    loss = model(idx, idx)[-1]
+    with FlopCounterMode(display=False) as counter:
+        loss.backward()
+    return {str(op): n for op, n in counter.get_flop_counts()["Global"].items()}
+
+
+def test_a_selective_checkpoint_recomputes_only_the_ops_it_does_not_keep():
+    """Full checkpointing runs every block's forward again in backward; selective keeps the weight
+    matmuls' outputs (mm, addmm) and recomputes the naive attention core (bmm: QK^T and AV); keeping
+    bmm too (--ckpt_save_ops) recomputes no FLOP at all. The FLOP count of the run record
+    (core/flops.py, recomputed) says the same."""
+    from backends.activation_checkpointing import SELECTIVE_SAVE_OPS
+    from core.flops import counted_flops
+    from core.blocks import find_blocks
+    from core.config import RunConfig
+    from gptlite.model import build_model
+
+    none, full = _backward_flops_by_op(0), _backward_flops_by_op(1)
+    selective = _backward_flops_by_op(1, "selective")
+    every_matmul = _backward_flops_by_op(1, "selective", ("mm", "addmm", "bmm"))
+    assert full["aten.mm"] > none["aten.mm"] and full["aten.bmm"] > none["aten.bmm"]
+    assert selective["aten.mm"] == none["aten.mm"] and selective.get("aten.addmm") == none.get("aten.addmm")
+    assert selective["aten.bmm"] > none["aten.bmm"]
+    assert every_matmul == none
+    # The record's recomputed FLOPs against what the backward measured above. Selective: exactly.
+    # Full: an upper bound, by the block's last matmul: torch's non-reentrant checkpoint stops its
+    # recompute once it has what backward needs (early stop), and nothing keeps the last op's output.
+    model = build_model(RunConfig(preset="tiny", dropout=0.0).model_config(vocab_size=65), 0)
+    idx = torch.randint(0, 65, (2, 64), generator=torch.Generator().manual_seed(0))
+    blocks = {f"blocks.{i}": b for i, b in enumerate(find_blocks(model, None))}
+    recomputed = {}
+    for policy, kept, measured in (("full", (), full), ("selective", SELECTIVE_SAVE_OPS, selective)):
+        _, per_block = counted_flops(model, idx, idx, modules=blocks, kept_ops=kept)
+        recomputed[policy] = (sum(per_block.values()), sum(measured.values()) - sum(none.values()))
+    assert recomputed["selective"][0] == recomputed["selective"][1] > 0
+    assert recomputed["full"][0] >= recomputed["full"][1] > 2 * recomputed["selective"][1]

@@ -113,3 +113,8 @@ def test_checkpointing_label_names_the_activation_offload():
     assert ckpt_label({**base, "config.run.offload_activations": True,
                        "config.run.activation_loading_horizon": 4}) == (
         "every 1 (torch_nonreentrant, prefetch offload H=4)")
+    # The policy: selective runs are not labelled as the full ones of the same interval.
+    assert ckpt_label({**base, "config.run.ckpt_policy": "full"}) == "every 1 (torch_nonreentrant)"
+    assert ckpt_label({**base, "config.run.ckpt_policy": "selective"}) == "every 1 (torch_nonreentrant, selective)"
+    assert ckpt_label({**base, "config.run.ckpt_policy": "selective", "config.run.ckpt_save_ops": "mm,bmm"}) == (
+        "every 1 (torch_nonreentrant, selective keeping mm,bmm)")

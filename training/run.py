@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 import backends
+from backends.activation_checkpointing import save_ops_for
 from backends.base import Backend, Resolved
 from backends.compile import compile_stats
 from core.blocks import find_blocks
@@ -351,7 +352,8 @@ class Run:
         """FLOPs per sample (core/flops.py), or None, said once, for a model fake tensors cannot run:
         counting is a measurement beside the run, never a reason for it to fail."""
         try:
-            return sample_flops(self.s.workload, self.cfg.block_class, self.cfg.ckpt_interval)
+            kept = save_ops_for(self.cfg.ckpt_policy, self.cfg.save_ops()) if self.cfg.ckpt_interval else None
+            return sample_flops(self.s.workload, self.cfg.block_class, self.cfg.ckpt_interval, kept)
         except Exception as e:  # noqa: BLE001
             if self.env.is_main:
                 print(f"note: FLOPs not counted ({type(e).__name__}: {e}); mfu and hfu left empty", file=sys.stderr)
