@@ -40,7 +40,10 @@ m bytes per dropout mask: e on CPU, 1 on CUDA): 12 BTC e (block input, two Layer
 q, k, v, attention output, FFN input and the 4C-wide ReLU output) + 16 BT (LayerNorm statistics);
 naive attention, or sdpa with dropout on CPU (its math kernel): + B H T^2 e (softmax), + T^2 (the
 causal mask, naive only); with dropout: + 2 BTC m + B H T^2 (e + m). A checkpointed block keeps its input
-(BTC e) and recomputes the rest in backward.
+(BTC e) and recomputes the rest in backward; a selective checkpoint (--ckpt_policy selective) keeps its
+input and the outputs of the operators it saves (matmuls with a weight, convolutions, fused attention
+by default), counted per block and operator on the traced forward of any model, GPT-lite's included
+(tests/test_estimate.py holds each policy's per-block bytes within 10% of what the real model keeps).
 
 Mixed precision: 16-bit activations where the backend computes in 16 bits (FSDP and DeepSpeed
 cast the module); under autocast (single, ddp) the residual stream and LayerNorm outputs stay fp32
@@ -71,9 +74,14 @@ from pathlib import Path
 
 from analysis.memory_model import (DS_MAX_LIVE, DS_PERSISTENCE, DS_PREFETCH_BUCKET, DS_REDUCE_BUCKET, F32, Counts,
                                    activation_per_block, backward_transient, head_activations, layout_for)
+from backends.activation_checkpointing import SELECTIVE_SAVE_OPS
 from gptlite.data import DataError
 from gptlite.errors import ConfigError
 from gptlite.model import PRESETS, GPTConfig
+
+
+# What the estimator can do with one block: keep everything, checkpoint it op by op, or whole.
+CKPT_CHOICES = ("none", "selective", "full")
 
 
 @dataclass
@@ -105,6 +113,21 @@ class Activations:
     before: int  # kept before the blocks, alive through all of backward
     logits_grad: int  # the output's gradient, made first in backward
     batch: int  # inputs and targets
+    ops: list[dict] | None = None  # per block, the bytes of each aten operator's new outputs (traced)
+
+    def retained(self, i: int, choice: str, save_ops=None) -> int:
+        """What block i keeps for backward under `choice` (CKPT_CHOICES): everything it saves (none),
+        its input (full), or its input and the outputs of the operators a selective checkpoint keeps."""
+        if choice == "none":
+            return self.full[i]
+        if choice == "full":
+            return self.kept[i]
+        if choice == "selective":
+            if self.ops is None:
+                raise ValueError("selective checkpointing needs the traced operator outputs (Activations.ops)")
+            keep = set(save_ops if save_ops is not None else SELECTIVE_SAVE_OPS)
+            return self.kept[i] + sum(b for op, b in self.ops[i].items() if op in keep)
+        raise ValueError(f"unknown checkpointing choice {choice!r} ({', '.join(CKPT_CHOICES)})")
 
 
 def gptlite_activations(cfg: GPTConfig, micro_batch: int, act: int, mask: int, device: str, autocast: bool,
@@ -129,16 +152,34 @@ def traced_activations(traced, micro_batch: int, act: int) -> Activations:
     transient = max((2 * big + inp for big, inp in zip(t["largest"], t["kept"])), default=0)
     return Activations(full=[scale(v) for v in t["full"]], kept=[scale(v) for v in t["kept"]],
                        transient=scale(transient), head=scale(t["after"]), before=scale(t["before"]),
-                       logits_grad=t["output"], batch=t["batch"])
+                       logits_grad=t["output"], batch=t["batch"],
+                       ops=[{op: scale(b) for op, b in block.items()} for block in t["ops"]])
+
+
+def ckpt_choices(blocks: int, interval: int, policy: str = "full", plan=None) -> list[str]:
+    """What each block does under checkpointing (CKPT_CHOICES): `plan` (one choice per block) where
+    given, else `policy` for the blocks `interval` picks (i % interval == 0) and none elsewhere."""
+    if plan is not None:
+        plan = list(plan)
+        if len(plan) != blocks or any(c not in CKPT_CHOICES for c in plan):
+            raise ConfigError(f"a checkpointing plan has one of {', '.join(CKPT_CHOICES)} per block ({blocks} blocks; "
+                              f"got {plan})")
+        return plan
+    if policy not in ("full", "selective"):
+        raise ConfigError(f"ckpt_policy must be full or selective here (got {policy!r})")
+    return [policy if interval and i % interval == 0 else "none" for i in range(blocks)]
 
 
 def estimate(cfg, backend: str, world: int = 1, micro_batch: int = 1, precision: str = "fp32",
              ckpt_interval: int = 0, device: str = "cpu", fsdp_options=None, ds_config: dict | None = None,
-             ranks_per_node: int | None = None, grad_accum: int = 1) -> Estimate:
+             ranks_per_node: int | None = None, grad_accum: int = 1, ckpt_policy: str = "full",
+             save_ops=None, ckpt_plan=None) -> Estimate:
     """The per-rank memory of one training step of a model under a backend configuration.
 
     `cfg`: GPT-lite's GPTConfig (activations by formula), or any model traced once
-    (analysis/traced_model.TracedModel)."""
+    (analysis/traced_model.TracedModel). Checkpointing: `ckpt_policy` (full, selective, keeping the
+    outputs of `save_ops`, default SELECTIVE_SAVE_OPS) for the blocks `ckpt_interval` picks, or
+    `ckpt_plan`, one of CKPT_CHOICES per block."""
     for name, value, minimum in (("world", world, 1), ("micro_batch", micro_batch, 1),
                                  ("ckpt_interval", ckpt_interval, 0), ("grad_accum", grad_accum, 1)):
         if not isinstance(value, int) or value < minimum:
@@ -191,8 +232,16 @@ def estimate(cfg, backend: str, world: int = 1, micro_batch: int = 1, precision:
                            + (", scaled to 16 bits" if act != F32 else ""))
     blocks = len(a.full)
     transient, head = a.transient, a.head
-    checkpointed = [bool(ckpt_interval) and i % ckpt_interval == 0 for i in range(blocks)]
-    per_block = [a.kept[i] if ck else a.full[i] for i, ck in enumerate(checkpointed)]
+    choices = ckpt_choices(blocks, ckpt_interval, ckpt_policy, ckpt_plan)
+    checkpointed = [c != "none" for c in choices]
+    if "selective" in choices and a.ops is None:  # GPT-lite by formula: its operators' outputs traced
+        from analysis.traced_model import TracedModel
+
+        a.ops = traced_activations(TracedModel.of_gptlite(cfg), micro_batch, act).ops
+    if "selective" in choices:
+        assumptions.append("selective checkpointing keeps a block's input and the outputs of "
+                           + ", ".join(save_ops if save_ops is not None else SELECTIVE_SAVE_OPS))
+    per_block = [a.retained(i, c, save_ops) for i, c in enumerate(choices)]
 
     # On an accelerator, offloaded states live in host memory, not in the device's: the optimizer
     # state always; the parameter shards under FSDP's CPU offload and ZeRO-Infinity's offload_param;
@@ -347,9 +396,7 @@ def estimate_from_record(config: dict) -> Estimate:
     from backends import fsdp_config
 
     run = config["run"]
-    if (run.get("ckpt_policy") or "full") != "full" and run.get("ckpt_interval"):
-        raise ConfigError(f"ckpt_policy {run['ckpt_policy']}: the estimator models whole-block checkpointing only "
-                          "(full) so far")
+    done = (config.get("backend") or {}).get("activation_checkpointing") or {}
     if config["model"].get("name", "gptlite") == "gptlite":
         model = GPTConfig(**{k: config["model"][k] for k in GPTConfig.field_names()})
     else:  # any other model: traced once from the run's own flags
@@ -366,7 +413,8 @@ def estimate_from_record(config: dict) -> Estimate:
         ds = plan["config"] if plan is not None else described["config"]
     device = "cuda" if str((config.get("environment") or {}).get("device", "cpu")).startswith("cuda") else "cpu"
     return estimate(model, backend, int(config["world_size"]), int(run["micro_batch"]), run["precision"],
-                    int(run.get("ckpt_interval") or 0), device, options, ds, grad_accum=int(run.get("grad_accum") or 1))
+                    int(run.get("ckpt_interval") or 0), device, options, ds, grad_accum=int(run.get("grad_accum") or 1),
+                    ckpt_policy=run.get("ckpt_policy") or "full", save_ops=done.get("save_ops"))
 
 
 def main(argv=None) -> int:
@@ -388,7 +436,13 @@ def main(argv=None) -> int:
     p.add_argument("--backend", default=None, help="single, ddp, fsdp, fsdp2 (inferred from a config file)")
     p.add_argument("--config", default=None, help="DeepSpeed JSON (ds_configs/*.json)")
     p.add_argument("--fsdp_config", default=None, help="FSDP YAML (fsdp_configs/*.yaml)")
-    p.add_argument("--ckpt_interval", type=int, default=0)
+    p.add_argument("--ckpt_interval", type=int, default=0,
+                   help="checkpoint every k-th block (train.py's --ckpt_interval; 0: none)")
+    p.add_argument("--ckpt_policy", default="full", choices=("full", "selective"),
+                   help="what a checkpointed block keeps (train.py's --ckpt_policy): full, its input; selective, "
+                        "also the outputs of the operators --ckpt_save_ops names (traced on fake tensors)")
+    p.add_argument("--ckpt_save_ops", default=None, metavar="OP,...",
+                   help="with --ckpt_policy selective: the aten operators whose outputs are kept (train.py's)")
     p.add_argument("--micro_batch", type=int, default=1)
     p.add_argument("--grad_accum", type=int, default=1, help="micro-batches per step (train.py's --grad_accum)")
     p.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp16"))
@@ -417,7 +471,8 @@ def main(argv=None) -> int:
 
         run = RunConfig(model=args.model, model_args=args.model_args, preset=args.preset, block_size=args.block_size,
                         dropout=args.dropout, attention=args.attention, n_layer=args.n_layer, n_embd=args.n_embd,
-                        n_head=args.n_head)
+                        n_head=args.n_head, ckpt_interval=args.ckpt_interval, ckpt_policy=args.ckpt_policy,
+                        ckpt_save_ops=args.ckpt_save_ops)
         if args.model == "gptlite":
             if run.model_args:
                 from models.gptlite_workload import GPTLITE_TAKES
@@ -434,7 +489,8 @@ def main(argv=None) -> int:
         if args.backend and args.backend != backend:
             raise ConfigError(f"--backend {args.backend} does not match the config file's backend {backend}")
         est = estimate(cfg, backend, args.world, args.micro_batch, args.precision, args.ckpt_interval, args.device,
-                       options, ds, args.ranks_per_node, args.grad_accum)
+                       options, ds, args.ranks_per_node, args.grad_accum, ckpt_policy=args.ckpt_policy,
+                       save_ops=run.save_ops())
     except (ConfigError, DataError) as e:
         print(f"estimate: error: {e}", file=sys.stderr)
         return 2
@@ -445,7 +501,8 @@ def main(argv=None) -> int:
     unit, scale = ("GiB", 2**30) if est.total_bytes >= 2**30 else ("MiB", 2**20)
     what = f"{args.preset} preset" if args.model == "gptlite" else args.model
     print(f"{what}, {backend}, {args.world} rank(s), micro-batch {args.micro_batch}, {args.precision}, "
-          f"checkpoint interval {args.ckpt_interval}, per rank:")
+          f"checkpoint interval {args.ckpt_interval}"
+          + (f" ({args.ckpt_policy})" if args.ckpt_interval and args.ckpt_policy != "full" else "") + ", per rank:")
     for name, value in (("parameters", est.params), ("gathered parameters", est.params_gathered),
                         ("gradients", est.grads), ("optimizer state", est.optimizer),
                         ("model states", est.model_states_bytes), ("activations at the peak", est.activation_bytes),

@@ -11,7 +11,9 @@ extrapolated from the two. A model whose construction reads data (ViT's weight i
 data is traced on the model built for real, at those two micro-batches (models.Workload.traced).
 
 Per block: `full` (bytes kept for backward), `kept` (its input: what a checkpointed block keeps),
-`largest` (its largest saved tensor). Outside the blocks: `before` (saved before the first block,
+`largest` (its largest saved tensor), and `ops`, the bytes of the new tensors each aten operator
+made in the block's forward, by operator name (a dispatch mode under the same trace): what a
+selective checkpoint keeps besides the input is the outputs of the operators it saves. Outside the blocks: `before` (saved before the first block,
 alive through all of backward) and `after` (saved after the last: alive until backward leaves the
 head), `output` (the output's fp32 gradient, the first thing backward makes), and `batch` (the
 input and target tensors). Parameters: the counts the model-state formulas need.
@@ -24,6 +26,8 @@ import json
 from dataclasses import dataclass
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from analysis.memory_model import Counts
 from core.blocks import find_blocks
@@ -44,7 +48,9 @@ def _trace(mode, model, x, y, block_class: str | None) -> dict:
     owned = {p.untyped_storage() for p in (*model.parameters(), *model.buffers())}
     seen: set = set()
     keep = []  # the storages stay alive (and their ids unique) until the trace ends
-    out = {"full": [0] * len(blocks), "kept": [0] * len(blocks), "largest": [0] * len(blocks), "before": 0, "after": 0}
+    out = {"full": [0] * len(blocks), "kept": [0] * len(blocks), "largest": [0] * len(blocks), "before": 0, "after": 0,
+           "ops": [{} for _ in blocks]}
+    made: set = set()  # the storages an operator made (outputs that are views of older tensors are not new)
     state = {"block": None, "finished": 0}
 
     def pre(i, module, args):
@@ -70,10 +76,28 @@ def _trace(mode, model, x, y, block_class: str | None) -> dict:
             out["before" if state["finished"] < len(blocks) else "after"] += size
         return t
 
+    class OpOutputs(TorchDispatchMode):
+        """The bytes of each operator's new outputs, per block and operator name."""
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            result = func(*args, **(kwargs or {}))
+            i = state["block"]
+            if i is not None:
+                name = func.overloadpacket.__name__
+                for t in tree_leaves(result):
+                    if isinstance(t, torch.Tensor):
+                        storage = t.untyped_storage()
+                        if storage not in owned and storage not in made:
+                            made.add(storage)
+                            keep.append(storage)
+                            out["ops"][i][name] = out["ops"][i].get(name, 0) + storage.nbytes()
+            return result
+
     handles = [b.register_forward_pre_hook(functools.partial(pre, i)) for i, b in enumerate(blocks)]
     handles += [b.register_forward_hook(functools.partial(post, i)) for i, b in enumerate(blocks)]
     try:
-        with torch.random.fork_rng(devices=[]), mode, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with torch.random.fork_rng(devices=[]), mode, OpOutputs(), \
+                torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             output, loss = model(x, y)
     finally:
         for h in handles:
@@ -103,6 +127,12 @@ class TracedModel:
         counts = Counts(sum(sizes), per_block, root, root // 2, len(sizes), sizes)
         return cls(workload.name, counts, trace(workload, 2, block_class), trace(workload, 4, block_class))
 
+    @classmethod
+    def of_gptlite(cls, cfg) -> "TracedModel":
+        """GPT-lite of GPTConfig `cfg`, traced as any other model (its own activations are by formula;
+        this gives what the formulas do not: each operator's outputs, for selective checkpointing)."""
+        return _gptlite_cached(json.dumps(cfg.to_dict(), sort_keys=True))
+
     @property
     def n_blocks(self) -> int:
         return len(self.counts.per_block)
@@ -110,10 +140,34 @@ class TracedModel:
     def at(self, micro_batch: int) -> dict:
         """The traced quantities at `micro_batch`, on the line through the traces at 2 and 4."""
         def line(a, b):
+            if isinstance(a, dict):
+                return {k: line(a.get(k, 0), b.get(k, 0)) for k in {**a, **b}}
             if isinstance(a, list):
                 return [line(u, v) for u, v in zip(a, b)]
             return max(0, int(a + (b - a) * (micro_batch - 2) / 2))
         return {k: line(self.at2[k], self.at4[k]) for k in self.at2}
+
+
+class _Tokens:
+    """Token ids of zeros, in CharDataset's batch interface: what tracing GPT-lite needs of data."""
+
+    def __init__(self, block_size: int):
+        self.block_size = block_size
+
+    def batch(self, split, step, rank, world, micro_batch, batch):
+        x = torch.zeros(batch, self.block_size, dtype=torch.long)
+        return x, x
+
+
+@functools.lru_cache(maxsize=16)
+def _gptlite_cached(key: str) -> TracedModel:
+    from gptlite.model import GPTConfig, GPTLite, meta_model
+    from models.workload import Workload
+
+    cfg = GPTConfig(**json.loads(key))
+    workload = Workload("gptlite", {"name": "gptlite", **cfg.to_dict()}, _Tokens(cfg.block_size),
+                        lambda: GPTLite(cfg), _meta=meta_model(cfg))
+    return TracedModel.of(workload)
 
 
 @functools.lru_cache(maxsize=16)

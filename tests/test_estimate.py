@@ -246,3 +246,117 @@ def test_with_gradient_accumulation_backward_holds_every_gradient():
     assert one.peak_moment.startswith("backward") and two.peak_moment.startswith("backward")
     # The last block's backward (the peak) then holds the gradients of every block below it too.
     assert two.total_bytes - one.total_bytes >= two.grads / 2
+
+
+# The models of tests/test_model_parity.py, and GPT-lite, at sizes that build in a moment.
+POLICY_MODELS = {
+    "gptlite": ("gptlite", None),
+    "gpt2": ("hf:gpt2", "n_layer=2,n_embd=64,n_head=4"),
+    "llama": ("hf:llama", "num_hidden_layers=2,hidden_size=64,num_attention_heads=4,num_key_value_heads=2,"
+                          "intermediate_size=128"),
+    "resnet18": ("hf:resnet", "layer_type=basic,depths=[2,2,2,2],hidden_sizes=[64,128,256,512],embedding_size=64"),
+    "user_file": ("examples/my_model.py", "width=64,depth=4"),
+}
+
+
+def _kept_per_block(model, blocks, x, y, checkpointed: bool) -> list[int]:
+    """What each block of a real model keeps for backward after one forward on real tensors.
+
+    Without checkpointing: autograd's saved tensors (saved-tensor hooks), each storage counted once,
+    against the block that saved it first, parameters and buffers left out. With it the checkpoint
+    keeps the tensors itself (its input, and under a selective checkpoint the outputs it caches),
+    out of autograd's sight: the storages still alive once forward has returned, made in the
+    block or its input, less its output (the next block's input, kept by that block)."""
+    import gc
+
+    from torch.multiprocessing.reductions import StorageWeakRef
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    def key(t):
+        return StorageWeakRef(t.untyped_storage()).cdata
+
+    owned = {key(p) for p in (*model.parameters(), *model.buffers())}
+    saved, made, inputs, outputs = {}, {}, {}, [set() for _ in blocks]
+    state = {"block": None}
+
+    class Made(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            result = func(*args, **(kwargs or {}))
+            for t in tree_leaves(result):
+                if isinstance(t, torch.Tensor) and key(t) not in owned and key(t) not in made:
+                    made[key(t)] = (StorageWeakRef(t.untyped_storage()), t.untyped_storage().nbytes(), state["block"])
+            return result
+
+    def pack(t):
+        if state["block"] is not None and key(t) not in owned and key(t) not in saved:
+            saved[key(t)] = (t.untyped_storage().nbytes(), state["block"])
+        return t
+
+    def pre(i, module, args):
+        state["block"] = i
+        first = next(a for a in args if isinstance(a, torch.Tensor))
+        inputs[i] = (StorageWeakRef(first.untyped_storage()), first.untyped_storage().nbytes())
+
+    def post(i, module, args, output):
+        state["block"] = None
+        outputs[i] |= {key(t) for t in tree_leaves(output) if isinstance(t, torch.Tensor)}
+
+    handles = [b.register_forward_pre_hook(lambda m, a, i=i: pre(i, m, a)) for i, b in enumerate(blocks)]
+    handles += [b.register_forward_hook(lambda m, a, o, i=i: post(i, m, a, o)) for i, b in enumerate(blocks)]
+    kept = [0] * len(blocks)
+    try:
+        with Made(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = model(x, y)
+        gc.collect()
+        if not checkpointed:
+            for size, i in saved.values():
+                kept[i] += size
+            return kept
+        for k, (ref, size, i) in made.items():
+            if i is not None and not ref.expired() and k not in outputs[i]:
+                kept[i] += size
+        for i, (ref, size) in inputs.items():
+            kept[i] += 0 if ref.expired() else size
+        del out
+        return kept
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@pytest.mark.parametrize("model", list(POLICY_MODELS))
+def test_each_policy_keeps_per_block_what_the_estimator_says(model):
+    """Per block and policy (none, selective, full), the estimator's activation bytes (GPT-lite's by
+    formula, selective's kept operator outputs traced on fake tensors) are within 10% of what the real
+    model keeps for backward, run on real tensors through the run's own checkpoint wrappers."""
+    import models
+    from analysis.estimate import gptlite_activations, traced_activations
+    from analysis.traced_model import TracedModel
+    from backends.activation_checkpointing import apply_ac
+    from core.blocks import find_blocks
+
+    name, args = POLICY_MODELS[model]
+    run = RunConfig(model=name, model_args=args, preset="tiny", dropout=None if name.endswith(".py") else 0.0)
+    workload = models.load(run.model_request())
+    micro_batch = 4
+    if name == "gptlite":
+        cfg = run.model_config(vocab_size=65)
+        acts = gptlite_activations(cfg, micro_batch, 4, 4, "cpu", autocast=False, residual=4)
+        acts.ops = traced_activations(TracedModel.of_gptlite(cfg), micro_batch, 4).ops
+    else:
+        acts = traced_activations(TracedModel.of(workload), micro_batch, 4)
+    x, y = workload.example(micro_batch)
+    for policy in ("none", "selective", "full"):
+        net = workload.build(0).train()
+        blocks = find_blocks(net, run.block_class)
+        if policy != "none":
+            apply_ac(net, blocks, 1, "torch_nonreentrant", False, policy=policy)
+        measured = _kept_per_block(net, blocks, x, y, checkpointed=policy != "none")
+        estimated = [acts.retained(i, policy) for i in range(len(blocks))]
+        assert all(measured), f"{model} {policy}: a block keeps nothing? {measured}"
+        for i, (e, m) in enumerate(zip(estimated, measured)):
+            assert e == pytest.approx(m, rel=0.10), f"{model} {policy} block {i}: estimated {e}, kept {m}"
+    # The policies are told apart: selective keeps less than none and more than full.
+    kept = {p: sum(acts.retained(i, p) for i in range(len(blocks))) for p in ("none", "selective", "full")}
+    assert kept["none"] > kept["selective"] > kept["full"], kept
