@@ -96,6 +96,11 @@ class Estimate:
     terms: dict = field(default_factory=dict)  # the named pieces of the peak
     peak_moment: str = ""  # when in the step the peak falls: "backward of block 3", "optimizer step", ...
     assumptions: list[str] = field(default_factory=list)
+    # For a checkpointing plan (analysis/ckpt_plan.py): each moment of the step as (bytes besides the
+    # activations kept by the first k blocks, k, name), the batch's bytes, and the activation terms.
+    moment_bases: list = field(default_factory=list, repr=False)
+    batch_bytes: int = field(default=0, repr=False)
+    activations: "Activations | None" = field(default=None, repr=False)
 
     @property
     def model_states_bytes(self) -> int:
@@ -284,7 +289,7 @@ def estimate(cfg, backend: str, world: int = 1, micro_batch: int = 1, precision:
     # The moments of a step whose live bytes can set its peak: (bytes, moment, activations then).
     moments = []
     # Backward starts in the head: every block's activations and the head's are alive.
-    moments.append((resident + sum(per_block) + head + a.logits_grad, "start of backward", sum(per_block) + head))
+    moments.append((resident + sum(per_block) + head + a.logits_grad, "start of backward", sum(per_block) + head, blocks))
     if lay.kind == "zero3" and gloo:
         # The end of forward: everything gathered, and the last gathers still in flight through
         # gloo's buffers: the prefetch (up to stage3_prefetch_bucket_size elements: the whole model
@@ -292,7 +297,7 @@ def estimate(cfg, backend: str, world: int = 1, micro_batch: int = 1, precision:
         # the bucket).
         prefetch = int(float(lay.ds.get("stage3_prefetch_bucket_size", DS_PREFETCH_BUCKET)))
         in_flight = c * max(min(P - persistent, prefetch), 2 * largest)
-        moments.append((resident + sum(per_block) + in_flight, "end of forward", sum(per_block)))
+        moments.append((resident + sum(per_block) + in_flight, "end of forward", sum(per_block), blocks))
     fsdp_unit = lay.kind in ("full_shard", "shard_grad_op") and backend in ("fsdp", "fsdp2")
     # Where gradients are not held in buckets or partitions allocated up front, they grow as
     # backward goes: the head's first, then block by block (sharded under FSDP).
@@ -321,7 +326,7 @@ def estimate(cfg, backend: str, world: int = 1, micro_batch: int = 1, precision:
         # (reduce_scatter_max_input_buffers, 1 by default).
         held = c * units[i + 1] if fsdp_unit and backend == "fsdp2" and i + 1 < blocks else 0
         moments.append((resident + grads_so_far(i, units[i] // 3) + below + a.full[i] + transient + regathered
-                        + held, f"backward of block {i}", below + (0 if checkpointed[i] else a.full[i])))
+                        + held, f"backward of block {i}", below + (0 if checkpointed[i] else a.full[i]), i))
         if fsdp_unit:
             # The end of the unit's backward, its activations gone: two unit-sized buffers of its
             # gradients at a time. FSDP1: op by op, then flattened (FlatParameter), then the flat
@@ -334,14 +339,14 @@ def estimate(cfg, backend: str, world: int = 1, micro_batch: int = 1, precision:
             shards = grads_so_far(i, units[i] if backend == "fsdp" else 0)
             freed = c * units[i] if lay.kind == "shard_grad_op" else 0
             moments.append((resident + shards + below + regathered + 2 * c * units[i] - freed,
-                            f"gradient reduction of block {i}", below))
+                            f"gradient reduction of block {i}", below, i))
             if backend == "fsdp2" and gloo:
                 # Its forward, on gloo: the unit's all-gather output and gloo's flat buffer of the
                 # same size, the previous unit's output not yet freed; a unit that stays gathered
                 # is counted in `resident` once copied out, so not yet here.
                 gathering = c * (2 * units[i] + (units[i - 1] if i else 0))
                 not_yet = c * sum(units[i:]) if lay.kind == "shard_grad_op" else 0
-                moments.append((resident - not_yet + below + gathering, f"forward of block {i}", below))
+                moments.append((resident - not_yet + below + gathering, f"forward of block {i}", below, i))
         elif lay.kind == "zero12":
             # ZeRO-1/2 reduce each gradient as backward makes it, into this rank's gradient
             # partition (allocated at the first; ZeRO-Offload's is the fp32 one counted above): a
@@ -349,15 +354,15 @@ def estimate(cfg, backend: str, world: int = 1, micro_batch: int = 1, precision:
             # gradient larger than one), beside the two buckets.
             partition = 0 if lay.offload else c * P // W
             moments.append((resident + partition + 2 * c * bucket + below + 2 * c * units[i],
-                            f"gradient reduction of block {i}", below))
+                            f"gradient reduction of block {i}", below, i))
     # After backward, the gradients reduced: ZeRO-0 all-reduces them flattened into one buffer;
     # ZeRO-1/2 through two buckets, flattening each for the all-reduce, then copies this rank's
     # partition out in fp32 (kept on the host under ZeRO-Offload: counted above).
     if backend == "deepspeed" and lay.kind == "replicated":
-        moments.append((resident + grads + c * P, "gradient reduction", 0))
+        moments.append((resident + grads + c * P, "gradient reduction", 0, 0))
     elif lay.kind == "zero12":
         moments.append((resident + 2 * c * bucket + c * min(P, bucket) + (0 if lay.offload else F32 * P // W),
-                        "gradient reduction", 0))
+                        "gradient reduction", 0, 0))
     # The optimizer step: every resident state with the gradients complete, and the update's
     # temporaries (torch's single-tensor AdamW: about two of the largest tensor's shard). It sets the
     # peak of models whose activations are small beside their states.
@@ -366,11 +371,13 @@ def estimate(cfg, backend: str, world: int = 1, micro_batch: int = 1, precision:
     step = resident + (grads if separate_grads else 0) + update_temporaries
     if lay.kind == "zero12" and not lay.offload:
         step += F32 * P // W  # ZeRO-1/2's step flattens this rank's gradient partition (fp32) first
-    moments.append((step, "optimizer step", 0))
+    moments.append((step, "optimizer step", 0, 0))
     if lay.kind == "zero12" and gloo:
         # ZeRO-1/2 all-gather the updated partitions into the parameters, through gloo's buffer.
-        moments.append((resident + c * P, "parameter all-gather", 0))
-    peak, moment, activation_at_peak = max(moments, key=lambda m: m[0])
+        moments.append((resident + c * P, "parameter all-gather", 0, 0))
+    peak, moment, activation_at_peak, _ = max(moments, key=lambda m: m[0])
+    # Each moment as the bytes besides the kept activations of the blocks below it, for planning.
+    bases = [(int(b - sum(per_block[:k])), k, name) for b, name, _, k in moments]
     batch = a.batch
     return Estimate(
         params=int(params), params_gathered=int(gathered), grads=int(grads), optimizer=int(optimizer),
@@ -380,7 +387,7 @@ def estimate(cfg, backend: str, world: int = 1, micro_batch: int = 1, precision:
                "checkpointed_block_input": int(max(a.kept, default=0)), "backward_transient": int(transient),
                "head_activations": int(head)},
         peak_moment=moment,
-        assumptions=assumptions)
+        assumptions=assumptions, moment_bases=bases, batch_bytes=int(batch), activations=a)
 
 
 def estimate_run(run) -> Estimate:
@@ -417,6 +424,16 @@ def estimate_from_record(config: dict) -> Estimate:
                     ckpt_policy=run.get("ckpt_policy") or "full", save_ops=done.get("save_ops"))
 
 
+def _gptlite_workload(cfg):
+    """GPT-lite of GPTConfig `cfg` as a workload, to count its FLOPs by operator."""
+    from analysis.traced_model import _Tokens
+    from gptlite.model import GPTLite, meta_model
+    from models.workload import Workload
+
+    return Workload("gptlite", {"name": "gptlite", **cfg.to_dict()}, _Tokens(cfg.block_size), lambda: GPTLite(cfg),
+                    _meta=meta_model(cfg))
+
+
 def main(argv=None) -> int:
     from training.cli import OneLineParser
 
@@ -438,9 +455,13 @@ def main(argv=None) -> int:
     p.add_argument("--fsdp_config", default=None, help="FSDP YAML (fsdp_configs/*.yaml)")
     p.add_argument("--ckpt_interval", type=int, default=0,
                    help="checkpoint every k-th block (train.py's --ckpt_interval; 0: none)")
-    p.add_argument("--ckpt_policy", default="full", choices=("full", "selective"),
+    p.add_argument("--ckpt_policy", default="full", choices=("full", "selective", "auto"),
                    help="what a checkpointed block keeps (train.py's --ckpt_policy): full, its input; selective, "
-                        "also the outputs of the operators --ckpt_save_ops names (traced on fake tensors)")
+                        "also the outputs of the operators --ckpt_save_ops names (traced on fake tensors); auto, "
+                        "with --mem_budget_gb: none, selective or full per block, the plan of least recompute whose "
+                        "estimated peak fits the budget (analysis/ckpt_plan.py; not yet a train.py policy)")
+    p.add_argument("--mem_budget_gb", type=float, default=None,
+                   help="with --ckpt_policy auto: the peak per rank to plan for, in GiB")
     p.add_argument("--ckpt_save_ops", default=None, metavar="OP,...",
                    help="with --ckpt_policy selective: the aten operators whose outputs are kept (train.py's)")
     p.add_argument("--micro_batch", type=int, default=1)
@@ -464,6 +485,13 @@ def main(argv=None) -> int:
                 raise ConfigError(f"--{name} must be an integer >= 1 (got {value})")
         if args.ckpt_interval < 0:
             raise ConfigError(f"--ckpt_interval must be an integer >= 0 (got {args.ckpt_interval})")
+        auto = args.ckpt_policy == "auto"
+        if auto and args.mem_budget_gb is None:
+            raise ConfigError("ckpt_policy auto needs --mem_budget_gb (the peak per rank it plans for, in GiB)")
+        if auto and args.ckpt_interval:
+            raise ConfigError("ckpt_policy auto chooses every block's checkpointing itself: drop --ckpt_interval")
+        if args.mem_budget_gb is not None and not args.mem_budget_gb > 0:
+            raise ConfigError(f"--mem_budget_gb must be > 0 (got {args.mem_budget_gb})")
         # The model flags read as train.py reads them (core/config.py RunConfig), so that each one is
         # applied or refused, never dropped.
         import models
@@ -471,8 +499,8 @@ def main(argv=None) -> int:
 
         run = RunConfig(model=args.model, model_args=args.model_args, preset=args.preset, block_size=args.block_size,
                         dropout=args.dropout, attention=args.attention, n_layer=args.n_layer, n_embd=args.n_embd,
-                        n_head=args.n_head, ckpt_interval=args.ckpt_interval, ckpt_policy=args.ckpt_policy,
-                        ckpt_save_ops=args.ckpt_save_ops)
+                        n_head=args.n_head, ckpt_interval=1 if auto else args.ckpt_interval,
+                        ckpt_policy="selective" if auto else args.ckpt_policy, ckpt_save_ops=args.ckpt_save_ops)
         if args.model == "gptlite":
             if run.model_args:
                 from models.gptlite_workload import GPTLITE_TAKES
@@ -483,19 +511,32 @@ def main(argv=None) -> int:
             from analysis.traced_model import TracedModel
 
             cfg = TracedModel.of(models.load(run.model_request()))
+        policy, interval = ("selective", 1) if auto else (args.ckpt_policy, args.ckpt_interval)
         options = fsdp_config.load(args.fsdp_config) if args.fsdp_config else None
         ds = deepspeed_config.read(args.config) if args.config else None
         backend = "deepspeed" if ds else (options.backend if options else args.backend or "single")
         if args.backend and args.backend != backend:
             raise ConfigError(f"--backend {args.backend} does not match the config file's backend {backend}")
-        est = estimate(cfg, backend, args.world, args.micro_batch, args.precision, args.ckpt_interval, args.device,
-                       options, ds, args.ranks_per_node, args.grad_accum, ckpt_policy=args.ckpt_policy,
-                       save_ops=run.save_ops())
+        est = estimate(cfg, backend, args.world, args.micro_batch, args.precision, interval, args.device,
+                       options, ds, args.ranks_per_node, args.grad_accum, ckpt_policy=policy, save_ops=run.save_ops())
+        chosen = None
+        if auto:  # the moments do not depend on the plan: planned on this estimate, then estimated with the plan
+            from analysis import ckpt_plan
+            from core.flops import block_flops_by_op
+
+            workload = models.load(run.model_request()) if args.model != "gptlite" else _gptlite_workload(cfg)
+            chosen = ckpt_plan.plan(est, args.mem_budget_gb, block_flops_by_op(workload, run.block_class),
+                                    run.save_ops())
+            est = estimate(cfg, backend, args.world, args.micro_batch, args.precision, 0, args.device, options, ds,
+                           args.ranks_per_node, args.grad_accum, save_ops=run.save_ops(), ckpt_plan=chosen.choices)
     except (ConfigError, DataError) as e:
         print(f"estimate: error: {e}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps({**asdict(est), "model_states_bytes": est.model_states_bytes}, indent=2))
+        shown = {k: v for k, v in asdict(est).items() if k not in ("moment_bases", "batch_bytes", "activations")}
+        plan = {"ckpt_plan": chosen.choices, "recomputed_flops_per_sample": chosen.cost[0],
+                "recomputed_bytes_per_sample": chosen.cost[1]} if chosen else {}
+        print(json.dumps({**shown, "model_states_bytes": est.model_states_bytes, **plan}, indent=2))
         return 0
     # GiB, or MiB for a model whose whole step fits in less than one GiB.
     unit, scale = ("GiB", 2**30) if est.total_bytes >= 2**30 else ("MiB", 2**20)
@@ -503,6 +544,11 @@ def main(argv=None) -> int:
     print(f"{what}, {backend}, {args.world} rank(s), micro-batch {args.micro_batch}, {args.precision}, "
           f"checkpoint interval {args.ckpt_interval}"
           + (f" ({args.ckpt_policy})" if args.ckpt_interval and args.ckpt_policy != "full" else "") + ", per rank:")
+    if chosen:
+        from analysis.ckpt_plan import describe
+
+        print(f"  checkpointing planned for {args.mem_budget_gb:g} GiB: {describe(chosen.choices)} "
+              f"(recomputes {chosen.cost[0] / 1e9:.3g} GFLOP per sample)")
     for name, value in (("parameters", est.params), ("gathered parameters", est.params_gathered),
                         ("gradients", est.grads), ("optimizer state", est.optimizer),
                         ("model states", est.model_states_bytes), ("activations at the peak", est.activation_bytes),

@@ -161,13 +161,11 @@ class _Tokens:
 
 @functools.lru_cache(maxsize=16)
 def _gptlite_cached(key: str) -> TracedModel:
-    from gptlite.model import GPTConfig, GPTLite, meta_model
-    from models.workload import Workload
+    from gptlite.model import GPTConfig
 
-    cfg = GPTConfig(**json.loads(key))
-    workload = Workload("gptlite", {"name": "gptlite", **cfg.to_dict()}, _Tokens(cfg.block_size),
-                        lambda: GPTLite(cfg), _meta=meta_model(cfg))
-    return TracedModel.of(workload)
+    from analysis.estimate import _gptlite_workload
+
+    return TracedModel.of(_gptlite_workload(GPTConfig(**json.loads(key))))
 
 
 @functools.lru_cache(maxsize=16)

@@ -97,3 +97,24 @@ def utilisation(samples_per_s: float | None, flops_per_sample: float | None, dev
     if peak is None or samples_per_s is None or flops_per_sample is None:
         return None
     return samples_per_s * flops_per_sample / (peak * world_size)
+
+
+def block_flops_by_op(workload, block_class: str | None) -> list[dict[str, float]]:
+    """Each block's forward FLOPs of one sample by aten operator name ({"mm": ..., "bmm": ...}): what
+    checkpointing the block runs again in backward, all of it (full) or the operators a selective
+    checkpoint does not keep. Counted on fake tensors over two samples, halved, as sample_flops."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from core.blocks import find_blocks
+
+    def count(mode, model, x, y):
+        blocks = find_blocks(model, block_class)
+        names = {id(m): n for n, m in model.named_modules()}
+        with mode, FlopCounterMode(display=False) as counter:
+            model(x, y)
+        counts = counter.get_flop_counts()
+        root = type(model).__name__
+        return [{getattr(op, "__name__", str(op)).split(".")[0]: n / 2
+                 for op, n in counts.get(f"{root}.{names[id(b)]}", {}).items()} for b in blocks]
+
+    return workload.traced(2, count)

@@ -1,0 +1,131 @@
+"""Checkpointing by memory budget (analysis/ckpt_plan.py): the solver against brute force, and the
+plans of GPT-lite and an HF Llama-style model against the hand-set policies, on the estimator."""
+
+import itertools
+import random
+import subprocess
+import sys
+
+import pytest
+
+from analysis import ckpt_plan
+from analysis.estimate import estimate
+from backends.activation_checkpointing import save_ops_for
+from conftest import REPO, base_env
+from core.flops import block_flops_by_op
+
+GiB = 2**30
+
+
+def _brute_force(room, kept, cost):
+    best = None
+    for plan in itertools.product(*(list(k) for k in kept)):
+        prefix = [sum(kept[i][c] for i, c in enumerate(plan[:k])) for k in range(len(plan) + 1)]
+        if all(p <= r for p, r in zip(prefix, room)):
+            total = tuple(sum(cost[i][c][j] for i, c in enumerate(plan)) for j in range(2))
+            best = total if best is None or total < best else best
+    return best
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_solver_finds_the_least_cost_plan_brute_force_finds(seed):
+    """Random blocks (kept bytes and costs per choice, ties included) and random prefix limits: the
+    solver's plan is feasible and costs what the cheapest feasible plan costs, or both find none."""
+    rng = random.Random(seed)
+    blocks = rng.randint(1, 6)
+    kept, cost = [], []
+    for _ in range(blocks):
+        full = rng.randint(1, 4)
+        selective = full + rng.randint(0, 6)
+        kept.append({"none": selective + rng.randint(0, 6), "selective": selective, "full": full})
+        flops = rng.choice([0, 1, 2, 5])
+        cost.append({"none": (0, 0), "selective": (flops, rng.randint(1, 5)), "full": (flops + rng.randint(0, 8), 9)})
+    total = sum(k["none"] for k in kept)
+    room = [rng.choice([float("inf"), rng.randint(0, total)]) for _ in range(blocks + 1)]
+    plan = ckpt_plan.solve(room, kept, cost)
+    best = _brute_force(room, kept, cost)
+    if best is None:
+        assert plan is None
+        return
+    assert plan is not None, f"no plan found, brute force found one costing {best}"
+    prefix = [sum(kept[i][c] for i, c in enumerate(plan[:k])) for k in range(blocks + 1)]
+    assert all(p <= r for p, r in zip(prefix, room)), (plan, prefix, room)
+    assert tuple(sum(cost[i][c][j] for i, c in enumerate(plan)) for j in range(2)) == best
+
+
+def _models():
+    import models
+    from analysis.estimate import _gptlite_workload
+    from analysis.traced_model import TracedModel
+    from core.config import RunConfig
+
+    gpt = RunConfig(preset="small").model_config(vocab_size=65)
+    llama = RunConfig(model="hf:llama", model_args="num_hidden_layers=6,hidden_size=192,num_attention_heads=6,"
+                      "num_key_value_heads=6,intermediate_size=512")
+    workload = models.load(llama.model_request())
+    return {"gptlite": (gpt, _gptlite_workload(gpt)), "llama": (TracedModel.of(workload), workload)}
+
+
+@pytest.fixture(scope="module")
+def planned_models():
+    return _models()
+
+
+@pytest.mark.parametrize("model", ["gptlite", "llama"])
+@pytest.mark.parametrize("backend, options", [("single", None), ("deepspeed", {"zero_optimization": {"stage": 2}})])
+def test_plans_fit_their_budgets_fall_with_them_and_beat_the_hand_set_policies(planned_models, model, backend, options):
+    """Five budgets between full checkpointing's peak and no checkpointing's: each plan's estimated peak
+    is within its budget, peaks fall as budgets fall while the recompute grows, and no hand-set policy
+    (every k-th block full or selective) that fits a budget recomputes fewer FLOPs than its plan."""
+    cfg, workload = planned_models[model]
+    world = 1 if backend == "single" else 2
+
+    def est(**kw):
+        return estimate(cfg, backend, world, 8, "fp32", device="cpu", ds_config=options, **kw)
+
+    flops = block_flops_by_op(workload, None)
+    blocks = len(flops)
+    kept_by_selective = set(save_ops_for("selective", None))
+    lowest, highest = est(ckpt_interval=1).total_bytes, est().total_bytes
+    assert lowest < highest
+    base = est(ckpt_interval=1, ckpt_policy="selective")
+    hand_set = {f"{p} every {k}": [p if i % k == 0 else "none" for i in range(blocks)]
+                for p in ("full", "selective") for k in (1, 2, 3)}
+    peaks, costs = [], []
+    for step in range(5):
+        budget = (lowest + (highest - lowest) * (4 - step) / 4) / GiB
+        chosen = ckpt_plan.plan(base, budget, flops)
+        assert chosen.peak_bytes <= budget * GiB
+        assert est(ckpt_plan=chosen.choices).total_bytes == chosen.peak_bytes
+        for name, choices in hand_set.items():
+            if est(ckpt_plan=choices).total_bytes <= budget * GiB:
+                recomputed = sum(f for block, c in zip(flops, choices) if c != "none"
+                                 for op, f in block.items() if c == "full" or op not in kept_by_selective)
+                assert chosen.cost[0] <= recomputed, f"{name} fits {budget:.3f} GiB recomputing less than {chosen}"
+        peaks.append(chosen.peak_bytes)
+        costs.append(chosen.cost)
+    assert peaks == sorted(peaks, reverse=True) and peaks[0] > peaks[-1], peaks
+    assert costs == sorted(costs), costs
+    assert ckpt_plan.plan(base, highest / GiB, flops).choices == ["none"] * blocks
+
+
+def test_the_cli_prints_a_plan_or_names_the_smallest_reachable_peak():
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "analysis.estimate", "--preset", "small", "--micro_batch", "8",
+                               "--device", "cpu", *args], cwd=REPO, env=base_env(), capture_output=True, text=True,
+                              timeout=300)
+
+    fits = cli("--ckpt_policy", "auto", "--mem_budget_gb", "0.15")
+    assert fits.returncode == 0, fits.stderr
+    assert "checkpointing planned for 0.15 GiB: " in fits.stdout
+    too_small = cli("--ckpt_policy", "auto", "--mem_budget_gb", "0.01")
+    assert too_small.returncode == 2 and too_small.stdout == ""
+    line = too_small.stderr.strip()
+    assert "\n" not in line and "Traceback" not in line and "smallest reachable peak is" in line, line
+    least = float(line.split("smallest reachable peak is ")[1].split()[0])
+    assert cli("--ckpt_policy", "auto", "--mem_budget_gb", str(least)).returncode == 0
+    for args, words in ((("--ckpt_policy", "auto"), "needs --mem_budget_gb"),
+                        (("--ckpt_policy", "auto", "--mem_budget_gb", "1", "--ckpt_interval", "2"), "drop --ckpt_interval"),
+                        (("--ckpt_policy", "auto", "--mem_budget_gb", "-1"), "mem_budget_gb must be > 0")):
+        bad = cli(*args)
+        assert bad.returncode == 2 and words in bad.stderr and "Traceback" not in bad.stderr, (args, bad.stderr)
