@@ -30,5 +30,16 @@ EXAMPLES = """examples:
 Records go to --runs_dir/--run_name: config.json, metrics.jsonl, summary.json
 (fields documented in runs/README.md)."""
 
+
+
+def plan_checkpointing(*args):
+    """--ckpt_policy auto's planner: the memory estimator's (analysis/ckpt_plan.py), which sits above
+    the training packages, so this script, above them all, hands it in."""
+    from analysis.ckpt_plan import plan_for_record
+
+    return plan_for_record(*args)
+
+
 if __name__ == "__main__":
-    exit_process(main(parse_args(parser=build_parser(description=DESCRIPTION, examples=EXAMPLES))))
+    exit_process(main(parse_args(parser=build_parser(description=DESCRIPTION, examples=EXAMPLES)),
+                      planner=plan_checkpointing))

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from analysis.estimate import CKPT_CHOICES, Estimate
+from core.config import describe_plan as describe  # noqa: F401 - re-exported
 from backends.activation_checkpointing import save_ops_for
 from gptlite.errors import ConfigError
 
@@ -108,12 +109,16 @@ def plan(est: Estimate, budget_gb: float, block_flops: Sequence[dict], save_ops:
                     tuple(sum(cost[i][c][j] for i, c in enumerate(chosen)) for j in range(2)))
 
 
-def describe(choices: Sequence[str]) -> str:
-    """A plan in one line: runs of equal choices, "full x2, selective x4"."""
-    runs: list[list] = []
-    for c in choices:
-        if runs and runs[-1][0] == c:
-            runs[-1][1] += 1
-        else:
-            runs.append([c, 1])
-    return ", ".join(f"{c} x{n}" if n > 1 else c for c, n in runs)
+def plan_for_record(config: dict, budget_gb: float, workload, choices: Sequence[str] = CKPT_CHOICES) -> CkptPlan:
+    """The plan for a run described as its config.json would describe it (train.py --dry_run's
+    output; `run.ckpt_policy` auto), within `budget_gb`: what train.py's --ckpt_policy auto runs.
+    `workload`: the run's model (models.load), whose FLOPs are counted per block and operator."""
+    from analysis.estimate import estimate, record_arguments
+    from core.flops import block_flops_by_op
+
+    model, args, kwargs = record_arguments(config)
+    backend, world, micro_batch, precision, _, *rest = args
+    kwargs.update(ckpt_plan=None, ckpt_policy="selective")  # every block selective: the operators' outputs traced
+    est = estimate(model, backend, world, micro_batch, precision, 1, *rest, **kwargs)
+    return plan(est, budget_gb, block_flops_by_op(workload, config["run"].get("block_class")), kwargs["save_ops"],
+                choices)

@@ -400,6 +400,12 @@ def estimate_from_record(config: dict) -> Estimate:
     precision and the backend's recorded plan, never the config files named in it, which may have
     changed since (or be another machine's). Records written before the plan was recorded keep
     the same information in `backend.options` (FSDP) and `backend.config` (DeepSpeed)."""
+    model, args, kwargs = record_arguments(config)
+    return estimate(model, *args, **kwargs)
+
+
+def record_arguments(config: dict) -> tuple:
+    """(model, args, kwargs) of `estimate` for a config.json (estimate_from_record)."""
     from backends import fsdp_config
 
     run = config["run"]
@@ -419,9 +425,13 @@ def estimate_from_record(config: dict) -> Estimate:
     elif backend == "deepspeed":
         ds = plan["config"] if plan is not None else described["config"]
     device = "cuda" if str((config.get("environment") or {}).get("device", "cpu")).startswith("cuda") else "cpu"
-    return estimate(model, backend, int(config["world_size"]), int(run["micro_batch"]), run["precision"],
-                    int(run.get("ckpt_interval") or 0), device, options, ds, grad_accum=int(run.get("grad_accum") or 1),
-                    ckpt_policy=run.get("ckpt_policy") or "full", save_ops=done.get("save_ops"))
+    plan = run.get("ckpt_plan")
+    policy = run.get("ckpt_policy") or "full"
+    save_ops = done.get("save_ops") or (run["ckpt_save_ops"].split(",") if run.get("ckpt_save_ops") else None)
+    return model, (backend, int(config["world_size"]), int(run["micro_batch"]), run["precision"],
+                   int(run.get("ckpt_interval") or 0), device, options, ds), dict(
+        grad_accum=int(run.get("grad_accum") or 1), ckpt_policy=policy if policy != "auto" else "full",
+        save_ops=save_ops, ckpt_plan=[c.strip() for c in plan.split(",")] if plan else None)
 
 
 def _gptlite_workload(cfg):

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from core.config import describe_plan
 from core.summary import RunSummary
 from models.spec import format_model_args, model_label, parse_model_args
 
@@ -38,8 +39,15 @@ def config_label(backend: str, fsdp_config: str | None = None, deepspeed_config:
 def ckpt_label(row: dict) -> str:
     """"none", "every 2 (torch_nonreentrant)", "every 1 (torch_nonreentrant, torch offload)",
     "every 1 (torch_nonreentrant, prefetch offload H=2)", "every 1 (torch_nonreentrant, selective)",
-    "every 1 (torch_nonreentrant, selective keeping mm,bmm)"."""
+    "every 1 (torch_nonreentrant, selective keeping mm,bmm)", a plan: "plan full x3, selective x2, none",
+    and one --ckpt_policy auto chose: "auto 0.15 GiB: full x3, selective x2, none"."""
     interval, impl = row.get("ckpt_interval") or 0, row.get("config.run.ckpt_impl")
+    plan = row.get("config.run.ckpt_plan")
+    if isinstance(plan, str) and plan:
+        choices = describe_plan(plan.split(","))
+        if row.get("config.run.ckpt_policy") == "auto":
+            return f"auto {row.get('config.run.mem_budget_gb'):g} GiB: {choices}"
+        return f"plan {choices}"
     if not interval:
         return "none"
     if row.get("config.run.ckpt_policy") == "selective":

@@ -188,31 +188,41 @@ def save_ops_for(policy: str, save_ops: Sequence[str] | None) -> tuple[str, ...]
 
 
 def apply_ac(model: nn.Module, blocks: Sequence[nn.Module], interval: int, impl: str, offload: bool,
-             wrapper=None, offloader=None, policy: str = "full", save_ops: Sequence[str] | None = None) -> dict:
+             wrapper=None, offloader=None, policy: str = "full", save_ops: Sequence[str] | None = None,
+             choices: Sequence[str] | None = None) -> dict:
     """Checkpoint blocks[i] for i % interval == 0, wherever they sit inside `model`.
 
     `blocks` are the model's Block modules as they were before the backend wrapped the model
     (wrappers keep the same module objects inside). With an `offloader`
     (backends/activation_offload.py) each checkpointed block's saved inputs go through it. `policy`
     full keeps a block's inputs; selective also the outputs of `save_ops` (default SELECTIVE_SAVE_OPS).
-    Returns what was done, for the run record.
+    `choices` (a plan: --ckpt_plan, --ckpt_policy auto) instead names each block's: none, selective
+    or full. Returns what was done, for the run record.
     """
-    indices = checkpointed_indices(len(blocks), interval)
+    if choices is None:
+        choices = ["none"] * len(blocks)
+        for i in checkpointed_indices(len(blocks), interval):
+            choices[i] = policy
+    elif len(choices) != len(blocks) or any(c not in ("none", "selective", "full") for c in choices):
+        raise ValueError(f"a checkpointing plan has one of none, selective, full per block ({len(blocks)}): {choices}")
+    indices = [i for i, c in enumerate(choices) if c != "none"]
     if not indices:
         return {"interval": 0, "impl": None, "offload": False, "prefetch_offload": None, "blocks": [],
-                "policy": None, "save_ops": None}
+                "policy": None, "save_ops": None, "plan": list(choices)}
     index_of = {id(blocks[i]): i for i in indices}
-    kept = save_ops_for(policy, save_ops)
-    if kept is not None and (wrapper is not None or offloader is not None):
+    kept = save_ops_for("selective", save_ops) if "selective" in choices else None
+    if kept is not None and (wrapper is not None or offloader is not None or offload):
         raise ValueError("a selective checkpoint is torch's non-reentrant one, without an offloader")
-    checkpoint = wrapper or torch_wrapper(impl, offload, kept)
-    if offloader is not None:
-        inner = checkpoint
+    whole = wrapper or torch_wrapper(impl, offload)
+    by_op = torch_wrapper(impl, False, kept) if kept is not None else None
 
-        def checkpoint(module):
-            return offloader.wrap(inner(module), index_of[id(module)])
+    def checkpoint(module):
+        wrapped = (by_op if choices[index_of[id(module)]] == "selective" else whole)(module)
+        return offloader.wrap(wrapped, index_of[id(module)]) if offloader is not None else wrapped
 
     apply_activation_checkpointing(model, checkpoint_wrapper_fn=checkpoint, check_fn=lambda m: id(m) in index_of)
-    return {"interval": interval, "impl": impl, "offload": offload,
+    planned = len(set(choices) - {"none"}) > 1 or indices != checkpointed_indices(len(blocks), interval)
+    return {"interval": 0 if planned else interval, "impl": impl, "offload": offload,
             "prefetch_offload": offloader.describe() if offloader is not None else None, "blocks": indices,
-            "policy": policy, "save_ops": list(kept) if kept is not None else None}
+            "policy": "plan" if planned else choices[indices[0]], "save_ops": list(kept) if kept is not None else None,
+            "plan": list(choices)}

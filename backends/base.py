@@ -138,9 +138,11 @@ class Backend(ABC):
         without one trains where nothing does (single, ddp, ZeRO, accelerate, without checkpointing)."""
         if cls.wraps_blocks:
             return f"backend {cls.name}"
-        for flag in ("ckpt_interval", "compile", "offload_activations"):
+        for flag in ("ckpt_interval", "ckpt_plan", "compile", "offload_activations"):
             if getattr(cfg, flag):
                 return f"--{flag}"
+        if cfg.ckpt_policy == "auto":
+            return "--ckpt_policy auto"
         return None
 
     def prepare_blocks(self, model: nn.Module) -> list[nn.Module]:

@@ -123,7 +123,8 @@ class DeepSpeedBackend(Backend):
         self.offloader = make_offloader(cfg, self.env.device, model, blocks)
         self.activation_checkpointing = apply_ac(model, blocks, cfg.ckpt_interval, cfg.ckpt_impl, cfg.ckpt_offload,
                                                  wrapper=wrapper, offloader=self.offloader, policy=cfg.ckpt_policy,
-                                                 save_ops=cfg.save_ops())
+                                                 save_ops=cfg.save_ops(),
+                                                 choices=cfg.ckpt_choices(len(blocks)) if cfg.ckpt_plan is not None else None)
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=model, model_parameters=[p for p in model.parameters() if p.requires_grad], config=plan.config)
         self.model = self.engine

@@ -195,14 +195,14 @@ def _plan_nvme(cfg, zero: dict, where: str, notes: list[str]) -> None:
 
 
 def _plan_checkpointing(cfg, config: dict, stage: int, notes: list[str]) -> None:
-    if cfg.ckpt_interval and cfg.ckpt_policy == "selective" and stage == 3:
+    if stage == 3 and ("selective" in cfg.plan_choices() or (cfg.ckpt_interval and cfg.ckpt_policy == "selective")):
         # Measured (tests/ckpt_probe.py, GPT-lite tiny, 2 ranks): step 0's gradients exact, step 1's
         # off by up to 7%: the backward of a kept matmul reads a view of its weight that ZeRO-3 has
         # released and reused by then.
         raise ConfigError(
             f"ckpt_policy selective under ZeRO stage 3 gives wrong gradients in DeepSpeed {_version()} from the "
             "second step (a kept matmul's backward reads a weight ZeRO-3 has released); use ckpt_policy full, or "
-            "ZeRO stage 0-2")
+            "ZeRO stage 0-2 (ckpt_policy auto plans with none and full there)")
     if not cfg.ckpt_interval or not cfg.ckpt_impl.startswith("deepspeed"):
         return
     if cfg.ckpt_impl == "deepspeed_nonreentrant" and stage == 3:

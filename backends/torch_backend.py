@@ -71,7 +71,8 @@ class TorchBackend(Backend):
         # After wrapping, as the FSDP tutorial does; see backends/activation_checkpointing.py.
         self.activation_checkpointing = apply_ac(
             self.model, blocks, self.cfg.ckpt_interval, self.cfg.ckpt_impl, self.cfg.ckpt_offload,
-            offloader=self.offloader, policy=self.cfg.ckpt_policy, save_ops=self.cfg.save_ops())
+            offloader=self.offloader, policy=self.cfg.ckpt_policy, save_ops=self.cfg.save_ops(),
+            choices=self.cfg.ckpt_choices(len(blocks)) if self.cfg.ckpt_plan is not None else None)
         self.optimizer = self.build_optimizer(self.model.parameters())
         warmup = self.cfg.lr_warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: warmup_factor(s, warmup))

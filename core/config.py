@@ -12,6 +12,7 @@ decides (its config file, its options, the defaults it fills in) is checked by t
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import MISSING, asdict, dataclass, field, fields
 
 from gptlite.errors import ConfigError
@@ -24,7 +25,8 @@ DEVICES = ("auto", "cpu", "cuda")
 TORCH_CKPT_IMPLS = ("torch_nonreentrant", "torch_reentrant")
 DEEPSPEED_CKPT_IMPLS = ("deepspeed", "deepspeed_nonreentrant")
 CKPT_IMPLS = (*TORCH_CKPT_IMPLS, *DEEPSPEED_CKPT_IMPLS)
-CKPT_POLICIES = ("full", "selective")
+CKPT_POLICIES = ("full", "selective", "auto")
+CKPT_CHOICES = ("none", "selective", "full")  # what one block does, in a --ckpt_plan
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 # Defaults of the flags a backend's config file may set instead (DeepSpeed JSON, FSDP YAML).
@@ -81,7 +83,14 @@ class RunConfig:
         "matmuls with a weight, convolutions and fused attention kernels are kept; norms, activations, "
         "elementwise ops, dropout (with the same masks) and the naive attention core (QK^T, softmax, AV: the "
         "T x T scores) are recomputed. Applies to the blocks --ckpt_interval picks; needs ckpt_impl "
-        "torch_nonreentrant.", "full", choices=CKPT_POLICIES, group="activation checkpointing")
+        "torch_nonreentrant. auto: with --mem_budget_gb and without --ckpt_interval, none, selective or full "
+        "for each block, the plan of least recomputed FLOPs whose estimated peak per rank fits the budget "
+        "(analysis/ckpt_plan.py, on the memory estimator), printed before training and recorded as "
+        "--ckpt_plan.", "full", choices=CKPT_POLICIES, group="activation checkpointing")
+    ckpt_plan: str | None = _flag(
+        "What each block does, in order, comma-separated: none, selective or full (one per block, e.g. "
+        "full,full,selective,none for 4 blocks); instead of --ckpt_interval. --ckpt_policy auto writes it.",
+        None, group="activation checkpointing", metavar="CHOICE,...")
     ckpt_save_ops: str | None = _flag(
         "With --ckpt_policy selective: the aten ops whose outputs are kept, comma-separated (torch.ops.aten "
         "names, e.g. mm,addmm,convolution), instead of the default set (backends/activation_checkpointing.py "
@@ -219,13 +228,26 @@ class RunConfig:
         "hanging them.", 300.0, group="distributed")
 
     def _check_ckpt_policy(self) -> None:
-        if self.ckpt_save_ops is not None and self.ckpt_policy != "selective":
+        if self.ckpt_save_ops is not None and self.ckpt_policy == "full" and "selective" not in self.plan_choices():
             raise ConfigError("ckpt_save_ops needs --ckpt_policy selective (it names the ops a selective checkpoint keeps)")
-        if self.ckpt_policy == "full":
+        if self.ckpt_plan is not None:
+            if self.ckpt_interval:
+                raise ConfigError("ckpt_plan names every block's checkpointing: drop --ckpt_interval")
+            if self.ckpt_policy == "selective":
+                raise ConfigError("ckpt_plan names each block's policy (none, selective, full): drop --ckpt_policy")
+            why = "ckpt_plan"
+        elif self.ckpt_policy == "auto":
+            if self.mem_budget_gb is None:
+                raise ConfigError("ckpt_policy auto needs --mem_budget_gb (the peak per rank it plans for, in GiB)")
+            if self.ckpt_interval:
+                raise ConfigError("ckpt_policy auto chooses every block's checkpointing itself: drop --ckpt_interval")
+            why = "ckpt_policy auto"
+        elif self.ckpt_policy == "full":
             return
-        why = f"ckpt_policy {self.ckpt_policy}"
-        if not self.ckpt_interval:
-            raise ConfigError(f"{why} requires ckpt_interval > 0 (it decides what the checkpointed blocks keep)")
+        else:
+            why = f"ckpt_policy {self.ckpt_policy}"
+            if not self.ckpt_interval:
+                raise ConfigError(f"{why} requires ckpt_interval > 0 (it decides what the checkpointed blocks keep)")
         if self.ckpt_impl != "torch_nonreentrant":
             raise ConfigError(f"{why} needs ckpt_impl torch_nonreentrant (got {self.ckpt_impl}): torch's selective "
                               "checkpoint contexts run only inside the non-reentrant checkpoint")
@@ -234,6 +256,34 @@ class RunConfig:
                 raise ConfigError(f"{why} with --{flag}: not supported yet (the kept op outputs would stay where "
                                   "they are, untested); use --ckpt_policy full with it")
         self.save_ops()  # names checked
+
+    def plan_choices(self) -> list[str]:
+        """--ckpt_plan as a list, each entry checked ([] without one)."""
+        if self.ckpt_plan is None:
+            return []
+        choices = [c.strip() for c in self.ckpt_plan.split(",")]
+        for c in choices:
+            if c not in CKPT_CHOICES:
+                raise ConfigError(f"ckpt_plan: {c!r} is not a choice (one of {', '.join(CKPT_CHOICES)} per block, "
+                                  "comma-separated)")
+        return choices
+
+    def ckpt_choices(self, blocks: int) -> list[str]:
+        """What each of the model's `blocks` does: --ckpt_plan's entries (one per block, checked), or
+        --ckpt_policy for the blocks --ckpt_interval picks and none elsewhere."""
+        if self.ckpt_plan is not None:
+            choices = self.plan_choices()
+            if len(choices) != blocks:
+                raise ConfigError(f"ckpt_plan has {len(choices)} entries; the model has {blocks} blocks (one of "
+                                  f"{', '.join(CKPT_CHOICES)} per block)")
+            return choices
+        policy = self.ckpt_policy if self.ckpt_policy in ("full", "selective") else "full"
+        return [policy if self.ckpt_interval and i % self.ckpt_interval == 0 else "none" for i in range(blocks)]
+
+    @property
+    def checkpointing(self) -> bool:
+        """Whether any block may be checkpointed (--ckpt_interval, --ckpt_plan or --ckpt_policy auto)."""
+        return bool(self.ckpt_interval) or self.ckpt_plan is not None or self.ckpt_policy == "auto"
 
     def save_ops(self) -> tuple[str, ...] | None:
         """--ckpt_save_ops as aten operator names, each checked against torch.ops.aten; None when not
@@ -331,6 +381,17 @@ class RunConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def describe_plan(choices: Sequence[str]) -> str:
+    """A plan in one line: runs of equal choices, "full x2, selective x4"."""
+    runs: list[list] = []
+    for c in choices:
+        if runs and runs[-1][0] == c:
+            runs[-1][1] += 1
+        else:
+            runs.append([c, 1])
+    return ", ".join(f"{c} x{n}" if n > 1 else c for c, n in runs)
 
 
 # GPT-lite's own size flags; other models are sized by --model_args.

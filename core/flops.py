@@ -82,6 +82,15 @@ def sample_flops(workload, block_class: str | None, ckpt_interval: int, kept_ops
             "counted": counted / 2, "recomputed": sum(per_block.values()) / 2}
 
 
+def planned_sample_flops(workload, block_class: str | None, choices, kept_ops) -> dict:
+    """sample_flops for a plan (--ckpt_plan): `choices` per block, none, selective (keeping the outputs
+    of `kept_ops`) or full."""
+    flops = sample_flops(workload, block_class, 0)
+    recomputed = sum(f for block, c in zip(block_flops_by_op(workload, block_class), choices) if c != "none"
+                     for op, f in block.items() if c == "full" or op not in set(kept_ops or ()))
+    return {**flops, "recomputed": recomputed}
+
+
 def peak_flops(device_name: str) -> float | None:
     for key, flops in PEAK_BF16_FLOPS.items():
         if key in device_name:

@@ -6,7 +6,8 @@ activation-checkpointing settings, in one launch (python or torchrun).
 
 Each case is interval:impl:offload[:policy[:dropout]], offload being 0 (none), 1 (torch's, --ckpt_offload)
 or pH (--offload_activations with horizon H; the offloader's schedule of the first step is recorded),
-policy full (default) or selective (--ckpt_policy), dropout the model's (default 0).
+policy full (default) or selective (--ckpt_policy), or a plan, each block's choice joined by "+"
+(--ckpt_plan: full+selective+none+full, with interval 0), dropout the model's (default 0).
 For every case the real backend is set up on a fresh model
 (same seed) and trained for a few steps through training.loop.accumulate_gradients; each rank
 writes OUT_DIR/rank<k>.pt with, per case, the losses, this rank's local gradients after the first
@@ -57,8 +58,9 @@ def offload_fields(offload: str) -> dict:
 
 def run_case(base: dict, interval: int, impl: str, offload: str, env: DistEnv, data: CharDataset,
              freeze_embeddings: bool, policy: str = "full", dropout: float = 0.0) -> dict:
-    cfg = RunConfig(**{**base, "dropout": dropout}, ckpt_interval=interval, ckpt_impl=impl, ckpt_policy=policy,
-                    **offload_fields(offload))
+    plan = policy.replace("+", ",") if "+" in policy else None
+    cfg = RunConfig(**{**base, "dropout": dropout}, ckpt_interval=interval, ckpt_impl=impl,
+                    ckpt_policy="full" if plan else policy, ckpt_plan=plan, **offload_fields(offload))
     resolved = get_backend(cfg.backend).resolve(cfg, env)
     cfg, backend = resolved.cfg, resolved.build(env)
     model = build_model(cfg.model_config(vocab_size=data.vocab_size), cfg.seed)

@@ -21,6 +21,8 @@ CASES = [BASELINE] + [f"{k}:{impl}:0" for impl in IMPLS for k in INTERVALS] + ["
 # --ckpt_policy selective, without dropout and with it: a recompute draws the forward's dropout masks.
 CASES += ["1:torch_nonreentrant:0:selective", "2:torch_nonreentrant:0:selective",
           "0:torch_nonreentrant:0:full:0.1", "1:torch_nonreentrant:0:full:0.1", "1:torch_nonreentrant:0:selective:0.1"]
+# A plan per block (--ckpt_plan, what --ckpt_policy auto runs), without dropout and with it.
+CASES += ["0:torch_nonreentrant:0:selective+full+none+full", "0:torch_nonreentrant:0:full+none+selective+selective:0.1"]
 TOLERANCE = 1e-6
 
 BACKENDS = {
@@ -62,8 +64,13 @@ def test_checkpointing_leaves_losses_and_gradients_unchanged(probe):
         for case in CASES[1:]:
             got, base = results[case], results[baseline_of(case)]
             interval, *_, policy, dropout = parse_case(case)
-            assert got["record"]["blocks"] == checkpointed_indices(N_LAYER, interval)
-            assert got["record"]["policy"] == (policy if interval else None)
+            if "+" in policy:  # a plan
+                assert got["record"]["plan"] == policy.split("+") and got["record"]["policy"] == "plan"
+                assert got["record"]["blocks"] == [i for i, c in enumerate(policy.split("+")) if c != "none"]
+                assert got["modules"]["CheckpointWrapper"] == len(got["record"]["blocks"])
+            else:
+                assert got["record"]["blocks"] == checkpointed_indices(N_LAYER, interval)
+                assert got["record"]["policy"] == (policy if interval else None)
             if dropout:  # the dropout runs differ from the runs without it
                 assert got["losses"] != results[BASELINE]["losses"]
             torch.testing.assert_close(torch.tensor(got["losses"]), torch.tensor(base["losses"]),
@@ -108,7 +115,7 @@ def test_interval_1_at_least_halves_activation_bytes_at_the_peak(small_runs):
 def test_run_record_says_which_blocks_were_checkpointed_and_how(small_runs):
     record = small_runs[1].config["backend"]["activation_checkpointing"]
     assert record == {"interval": 1, "impl": "torch_nonreentrant", "offload": False, "prefetch_offload": None,
-                      "blocks": [0, 1, 2, 3, 4, 5], "policy": "full", "save_ops": None}
+                      "blocks": [0, 1, 2, 3, 4, 5], "policy": "full", "save_ops": None, "plan": ["full"] * 6}
     assert small_runs[0].config["backend"]["activation_checkpointing"]["blocks"] == []
 
 

@@ -82,6 +82,25 @@ CASES = [
                                      "mm,matmull"], None, "ckpt_save_ops: 'matmull' is not an aten operator"),
     ("ops to keep under full checkpointing", "train", ["--ckpt_interval", "1", "--ckpt_save_ops", "mm"], None,
      "ckpt_save_ops needs --ckpt_policy selective"),
+    ("a plan for another model", "train", ["--ckpt_plan", "full,none"], None,
+     "ckpt_plan has 2 entries; the model has 6 blocks"),
+    ("a plan with an unknown choice", "train", ["--ckpt_plan", "full,none,full,none,full,partial"], None,
+     "ckpt_plan: 'partial' is not a choice (one of none, selective, full"),
+    ("a plan and an interval", "train", ["--ckpt_plan", "full,none,full,none,full,none", "--ckpt_interval", "2"],
+     None, "ckpt_plan names every block's checkpointing: drop --ckpt_interval"),
+    ("a selective plan under ZeRO-3", "train", ["--deepspeed_config", "ds_configs/z3.json", "--ckpt_plan",
+                                                "selective,none,none,none,none,none"], None,
+     "ckpt_policy selective under ZeRO stage 3 gives wrong gradients"),
+    ("auto without a budget", "train", ["--ckpt_policy", "auto"], None,
+     "ckpt_policy auto needs --mem_budget_gb"),
+    ("auto with an interval", "train", ["--ckpt_policy", "auto", "--mem_budget_gb", "1", "--ckpt_interval", "1"], None,
+     "ckpt_policy auto chooses every block's checkpointing itself: drop --ckpt_interval"),
+    ("auto and a plan", "train", ["--ckpt_policy", "auto", "--mem_budget_gb", "1", "--ckpt_plan",
+                                  "full,none,full,none,full,none"], None, "ckpt_plan is what --ckpt_policy auto decides"),
+    ("auto under a budget no plan fits", "train", ["--ckpt_policy", "auto", "--mem_budget_gb", "0.01"], None,
+     "no checkpointing plan fits mem_budget_gb 0.01: the smallest reachable peak is"),
+    ("auto compiled", "train", ["--ckpt_policy", "auto", "--mem_budget_gb", "1", "--compile"], None,
+     "ckpt_policy auto with --compile: not supported yet"),
     ("save_every without save_dir", "train", ["--save_every", "5"], None, "save_every and resume need --save_dir"),
     ("zero memory budget", "train", ["--mem_budget_gb", "0"], None, "mem_budget_gb must be > 0"),
     ("negative learning rate", "train", ["--lr", "-1"], None, "lr must be > 0"),
@@ -232,7 +251,7 @@ def test_bad_input(tmp_path, name, tool, args, file, message):
 # model, the model's structure. Every case above runs under plain python.
 UNDER_TORCHRUN = ("unknown backend", "negative steps", "fsdp config on ddp", "ds batch mismatch", "fsdp unknown key",
                   "missing init_from file", "data too short", "unknown transformers model type", "missing model file",
-                  "model file whose items are not pairs", "unknown block class")
+                  "model file whose items are not pairs", "unknown block class", "auto under a budget no plan fits")
 TRAIN_CASES = [c for c in CASES if c[0] in UNDER_TORCHRUN]
 assert len(TRAIN_CASES) == len(UNDER_TORCHRUN)
 

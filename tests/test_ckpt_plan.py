@@ -129,3 +129,50 @@ def test_the_cli_prints_a_plan_or_names_the_smallest_reachable_peak():
                         (("--ckpt_policy", "auto", "--mem_budget_gb", "-1"), "mem_budget_gb must be > 0")):
         bad = cli(*args)
         assert bad.returncode == 2 and words in bad.stderr and "Traceback" not in bad.stderr, (args, bad.stderr)
+
+
+def _budget_between(config: dict, world: int) -> float:
+    """A budget halfway between full checkpointing's estimated peak and no checkpointing's, in GiB."""
+    from analysis.estimate import record_arguments
+
+    model, args, kwargs = record_arguments({**config, "world_size": world})
+    peaks = [estimate(model, *args[:4], interval, *args[5:], **kwargs).total_bytes for interval in (0, 1)]
+    return round((peaks[0] + peaks[1]) / 2 / GiB, 4)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("launcher, backend", [("python", ()), ("deepspeed", ("--deepspeed_config", "ds_configs/z3.json"))],
+                         ids=["single", "zero3"])
+def test_an_auto_run_trains_as_without_checkpointing_within_its_budget(tmp_path, launcher, backend):
+    """train.py --ckpt_policy auto: the plan printed before training and recorded per block; the losses
+    of the same run without checkpointing (dropout 0.1: the recomputed masks are the forward's); a
+    measured peak within the budget. Under ZeRO-3 the plan holds none and full only."""
+    import json
+
+    from conftest import assert_losses_close, train
+
+    common = ("--preset", "small", "--micro_batch", "8", "--steps", "3", "--dropout", "0.1", "--precision", "fp32",
+              "--warmup_steps", "0", "--eval_batches", "1", "--lr_warmup_steps", "0", *backend)
+    world = 1 if launcher == "python" else 2
+    dry = subprocess.run([sys.executable, "train.py", *common, "--dry_run"], cwd=REPO, env=base_env(),
+                         capture_output=True, text=True, timeout=300)
+    assert dry.returncode == 0, dry.stderr
+    budget = _budget_between(json.loads(dry.stdout), world)
+    plain = train(tmp_path, "plain", *common, launcher=launcher).check_ok()
+    auto = train(tmp_path, "auto", *common, "--ckpt_policy", "auto", "--mem_budget_gb", str(budget),
+                 launcher=launcher).check_ok()
+    assert_losses_close(auto.losses, plain.losses, 3, rtol=1e-6)
+    plan = auto.config["run"]["ckpt_plan"].split(",")
+    assert auto.config["backend"]["activation_checkpointing"]["plan"] == plan and len(plan) == 6
+    assert "none" in plan and set(plan) - {"none"}, f"a budget between the extremes needs a mixed plan: {plan}"
+    if launcher == "deepspeed":
+        assert "selective" not in plan
+    assert auto.summary["mem_peak_bytes"] <= budget * GiB < plain.summary["mem_peak_bytes"]
+    # The plan is said before training starts (train.py without --quiet prints it first).
+    shown = subprocess.run([sys.executable, "train.py", *common, "--ckpt_policy", "auto", "--mem_budget_gb",
+                            str(budget), "--steps", "1", "--runs_dir", str(tmp_path / "shown")], cwd=REPO,
+                           env=base_env(), capture_output=True, text=True, timeout=300) if launcher == "python" else None
+    if shown is not None:
+        assert shown.returncode == 0, shown.stderr
+        first = shown.stdout.splitlines()[0]
+        assert first.startswith(f"ckpt_policy auto, mem_budget_gb {budget:g}: ") and "estimated peak" in first, first

@@ -151,7 +151,11 @@ def test_checkpointing_leaves_losses_and_gradients_unchanged(tmp_path, config, i
     # refused under ZeRO-3 (backends/deepspeed_plan.py, test_bad_input.py).
     if config != "z3":
         cases += ["1:torch_nonreentrant:0:selective", "2:torch_nonreentrant:0:selective",
-                  "0:torch_nonreentrant:0:full:0.1", "1:torch_nonreentrant:0:selective:0.1"]
+                  "0:torch_nonreentrant:0:full:0.1", "1:torch_nonreentrant:0:selective:0.1",
+                  "0:torch_nonreentrant:0:selective+full+none+full:0.1"]
+    else:  # a plan of none and full, what --ckpt_policy auto chooses from under ZeRO-3
+        cases += ["0:torch_nonreentrant:0:none+full+full+none", "0:torch_nonreentrant:0:full:0.1",
+                  "0:torch_nonreentrant:0:full+none+none+full:0.1"]
     ranks = _probe(tmp_path, config, cases)
     _assert_unchanged(ranks)
     if config != "z3":

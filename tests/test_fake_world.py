@@ -87,11 +87,16 @@ def test_hybrid_shard_across_two_nodes_splits_its_traffic(tmp_path):
 @pytest.mark.parametrize("args", [["--world", "0", "--", "--preset", "tiny"],
                                   ["--world", "12", "--gpus_per_node", "8", "--", "--preset", "tiny"],
                                   ["--world", "2", "--", "--preset", "tiny", "--save_dir", "x"],
-                                  ["--world", "2", "--", "--preset", "tny"]])
+                                  ["--world", "2", "--", "--preset", "tny"],
+                                  # The planner sits above training: a simulated run takes the plan itself.
+                                  ["--world", "2", "--", "--preset", "tiny", "--backend", "ddp", "--ckpt_policy", "auto",
+                                   "--mem_budget_gb", "1"]])
 def test_bad_input_is_refused_in_one_line(args):
     proc = subprocess.run([sys.executable, "-m", "training.fake_world", *args], cwd=REPO, env=base_env(),
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    if "auto" in args:
+        assert "give the plan itself as --ckpt_plan" in proc.stderr
 
 
 @pytest.mark.parametrize("flags", [["--save_d", "{DIR}", "--save_ev", "1"], ["--save_dir={DIR}", "--save_every=1"],

@@ -17,6 +17,7 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,11 +28,11 @@ from backends.activation_checkpointing import save_ops_for
 from backends.base import Backend, Resolved
 from backends.compile import compile_stats
 from core.blocks import find_blocks
-from core.config import RunConfig
+from core.config import RunConfig, describe_plan
 from core.dist import DistEnv, broadcast_object, destroy_process_group, set_cpu_threads, stop_with_launcher
 from core.environment import device_name, environment
 from core.faults import Fault
-from core.flops import sample_flops
+from core.flops import planned_sample_flops, sample_flops
 from core.records import SWEEP_KEY_ENV, SWEEP_KEY_FILE, RunRecord, atomic_write_text
 from core.summary import RunSummary
 import models
@@ -136,10 +137,12 @@ class Setup:
         }
 
 
-def resolve(cfg: RunConfig, env: DistEnv | None = None, resolved: Resolved | None = None) -> Setup:
+def resolve(cfg: RunConfig, env: DistEnv | None = None, resolved: Resolved | None = None,
+            planner: Callable | None = None) -> Setup:
     """Everything that can be checked before any process group exists. Raises ConfigError/DataError.
 
-    `resolved`: the backend already resolved (tests pass their own backend this way)."""
+    `resolved`: the backend already resolved (tests pass their own backend this way). `planner`: what
+    --ckpt_policy auto plans with (planned_checkpointing)."""
     env = env or DistEnv.from_environment(cfg.device)
     resolved = resolved or backends.resolve(cfg, env)
     cfg = resolved.cfg
@@ -152,6 +155,9 @@ def resolve(cfg: RunConfig, env: DistEnv | None = None, resolved: Resolved | Non
     fault = Fault.from_environment(cfg.backend, env.rank)  # a malformed GPTLITE_FAULT is bad input
     workload = check_model(cfg)
     setup = Setup(resolved, env, workload, fault)
+    if cfg.ckpt_policy == "auto":
+        setup.resolved = resolved = planned_checkpointing(setup, planner)
+        cfg = resolved.cfg
     if cfg.dry_run:
         return setup
     # Before anything is built or recorded (a dry run builds nothing: it may describe a run meant
@@ -194,6 +200,30 @@ def resolve(cfg: RunConfig, env: DistEnv | None = None, resolved: Resolved | Non
     return setup
 
 
+def planned_checkpointing(setup: Setup, planner: Callable | None) -> Resolved:
+    """--ckpt_policy auto: the run with the plan that fits --mem_budget_gb as its --ckpt_plan, printed.
+    The plan comes from the memory estimator, which sits above training: train.py passes its planner
+    in (`planner(config, budget_gb, workload, choices)`: analysis/ckpt_plan.plan_for_record), so no
+    package imports upward. Every rank computes the same plan (counted and traced on fake tensors,
+    nothing measured). Raises ConfigError naming the smallest reachable peak."""
+    cfg = setup.cfg
+    if cfg.ckpt_plan is not None:
+        raise ConfigError("ckpt_plan is what --ckpt_policy auto decides: give one or the other")
+    if planner is None:
+        raise ConfigError("ckpt_policy auto plans with the memory estimator, which only train.py brings; "
+                          "here give the plan itself as --ckpt_plan (python -m analysis.estimate --ckpt_policy auto "
+                          "prints one)")
+    config = {**setup.record(), "environment": {"device": str(setup.env.device)}}
+    choices = ("none", "full") if ((config.get("plan") or {}).get("config") or {}).get(
+        "zero_optimization", {}).get("stage") == 3 else ("none", "selective", "full")
+    chosen = planner(config, cfg.mem_budget_gb, setup.workload, choices)
+    if setup.env.is_main and not cfg.quiet and not cfg.dry_run:
+        print(f"ckpt_policy auto, mem_budget_gb {cfg.mem_budget_gb:g}: {describe_plan(chosen.choices)} (estimated peak "
+              f"{chosen.peak_bytes / 2**30:.3f} GiB, recomputing {chosen.cost[0] / 1e9:.3g} GFLOP per sample)",
+              flush=True)
+    return dataclasses.replace(setup.resolved, cfg=dataclasses.replace(cfg, ckpt_plan=",".join(chosen.choices)))
+
+
 def check_model(cfg: RunConfig) -> Workload:
     """The run's model and data, loaded and checked together (models.Workload.check: a few samples,
     one forward and loss on the meta device) and its blocks found where the backend or a flag needs
@@ -209,7 +239,9 @@ def check_blocks(workload: Workload, cfg: RunConfig) -> None:
     """The model's blocks are found where the run needs them (Backend.blocks_needed_by: FSDP's units,
     checkpointing, --compile); a model without any trains where nothing does (single, ddp, ZeRO)."""
     needed_by = backends.get_backend(cfg.backend or "single").blocks_needed_by(cfg)
-    find_blocks(workload.meta(), cfg.block_class, needed_by)
+    blocks = find_blocks(workload.meta(), cfg.block_class, needed_by)
+    if cfg.ckpt_plan is not None:
+        cfg.ckpt_choices(len(blocks))  # one entry per block
 
 
 @dataclass
@@ -237,9 +269,10 @@ def exit_process(code: int) -> None:
     os._exit(code)
 
 
-def main(cfg: RunConfig) -> int:
+def main(cfg: RunConfig, planner: Callable | None = None) -> int:
+    """Run `cfg`; `planner`: what --ckpt_policy auto plans with (train.py passes the estimator's)."""
     try:
-        setup = resolve(cfg)
+        setup = resolve(cfg, planner=planner)
     except (ConfigError, DataError) as e:
         return report_bad_input(f"train.py: error: {e}")
     if cfg.dry_run:
@@ -352,6 +385,10 @@ class Run:
         """FLOPs per sample (core/flops.py), or None, said once, for a model fake tensors cannot run:
         counting is a measurement beside the run, never a reason for it to fail."""
         try:
+            if self.cfg.ckpt_plan is not None:
+                choices = self.cfg.ckpt_choices(len(find_blocks(self.s.workload.meta(), self.cfg.block_class)))
+                return planned_sample_flops(self.s.workload, self.cfg.block_class, choices,
+                                            save_ops_for("selective", self.cfg.save_ops()))
             kept = save_ops_for(self.cfg.ckpt_policy, self.cfg.save_ops()) if self.cfg.ckpt_interval else None
             return sample_flops(self.s.workload, self.cfg.block_class, self.cfg.ckpt_interval, kept)
         except Exception as e:  # noqa: BLE001
