@@ -150,7 +150,8 @@ class Backend(ABC):
         kept as self.blocks for the wrappers, checkpointing and offload; with --compile, compiled here,
         before any wrapper sees them (backends/compile.py)."""
         self.blocks = find_blocks(model, self.cfg.block_class, self.blocks_needed_by(self.cfg))
-        self.compiled = apply_compile(self.blocks, self.cfg.compile_backend, self.cfg.compile_mode) \
+        self.compiled = apply_compile(self.blocks, self.cfg.compile_backend, self.cfg.compile_mode,
+                                      self.cfg.compile_memory_budget) \
             if self.cfg.compile else None
         return self.blocks
 

@@ -29,17 +29,24 @@ import torch
 import torch.nn as nn
 
 
-def apply_compile(blocks: Sequence[nn.Module], backend: str, mode: str) -> dict:
-    """Compile each block's forward in place; what was done, for the run record."""
+def apply_compile(blocks: Sequence[nn.Module], backend: str, mode: str, memory_budget: float | None = None) -> dict:
+    """Compile each block's forward in place; what was done, for the run record. `memory_budget`
+    (--compile_memory_budget): torch's activation_memory_budget for inductor's partitioner, set for
+    the process (a run is one process; graphs are partitioned lazily, at their first backward, so
+    a context around the compile call would be gone by then)."""
     if backend not in ("inductor", "aot_eager", "eager"):
         raise ValueError(f"compile backend must be inductor, aot_eager or eager (got {backend!r})")
     import torch._dynamo
+    import torch._functorch.config
 
     torch._dynamo.reset()  # this run's compilation metrics only
+    if memory_budget is not None:
+        torch._functorch.config.activation_memory_budget = float(memory_budget)
     options = {"backend": backend, **({"mode": mode} if backend == "inductor" and mode != "default" else {})}
     for block in blocks:
         block.forward = torch.compile(block.forward, **options)
-    return {"target": f"forward of each of the {len(blocks)} blocks, in place", "backend": backend, "mode": mode}
+    return {"target": f"forward of each of the {len(blocks)} blocks, in place", "backend": backend, "mode": mode,
+            "activation_memory_budget": torch._functorch.config.activation_memory_budget}
 
 
 def compile_stats() -> dict:

@@ -66,3 +66,18 @@ def test_compiled_run_matches_eager(name, interval, eager, tmp_path):
 def test_an_eager_run_records_no_compilation(eager):
     run = eager("single")
     assert run.summary["compile"] is None and run.config["backend"]["compile"] is None
+
+
+def test_a_compile_memory_budget_recomputes_inside_the_compiled_blocks(eager, tmp_path):
+    """--compile_memory_budget 0 (inductor): the losses of eager training (dropout 0: PARITY_ARGS), far
+    fewer activation bytes at the peak than the compiled run with torch's default budget, recorded."""
+    flags, launcher = BACKENDS["single"]
+    common = (*ARGS, *flags, "--compile", "--mem_profile_steps", "1")
+    default = train(tmp_path, "budget-default", *common, launcher=launcher, timeout=900).check_ok()
+    zero = train(tmp_path, "budget-0", *common, "--compile_memory_budget", "0", launcher=launcher,
+                 timeout=900).check_ok()
+    assert_losses_close(zero.losses, eager("single").losses, STEPS, RTOL)
+    assert zero.config["backend"]["compile"]["activation_memory_budget"] == 0.0
+    assert default.config["backend"]["compile"]["activation_memory_budget"] == 1.0
+    kept = [run.summary["mem_breakdown"]["activation"] for run in (zero, default)]
+    assert kept[0] < 0.5 * kept[1], kept
