@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -61,7 +62,7 @@ def budgets(common: list[str], backend: list[str]) -> list[float]:
     config["world_size"] = 1 if backend_name(backend) == "single" else 2
     model, args, kwargs = record_arguments(config)
     none, full = (estimate(model, *args[:4], k, *args[5:], **kwargs).total_bytes for k in (0, 1))
-    return [round((full + (none - full) * f) / GiB, 4) for f in FRACTIONS]
+    return [math.ceil((full + (none - full) * f) / GiB * 1e4) / 1e4 for f in FRACTIONS]  # up: full's peak fits
 
 
 def run(name: str, flags: list[str], backend: list[str], runs: Path) -> dict:
@@ -72,7 +73,8 @@ def run(name: str, flags: list[str], backend: list[str], runs: Path) -> dict:
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     summary_path = runs / name / "summary.json"
     if not summary_path.exists():
-        return {"status": "refused", "error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else ""}
+        said = [line for line in proc.stderr.splitlines() if "error:" in line]
+        return {"status": "refused", "error": said[-1].strip() if said else proc.stderr.strip()[-300:]}
     summary = json.loads(summary_path.read_text())
     config = json.loads((runs / name / "config.json").read_text())
     from analysis.estimate import estimate_from_record
