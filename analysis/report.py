@@ -94,6 +94,12 @@ def write_report(runs_dir: str | Path, out: str | Path) -> Path:
     if not communication.empty:
         lines += ["## Communication per step (rank 0, profiled step; core/comm.py)", "",
                   tables.markdown(communication)]
+    budgets = tables.budget_table(runs)
+    if not budgets.empty:
+        lines += ["## Checkpointing by memory budget (--ckpt_policy auto)", "",
+                  "Each budget run beside the fastest run of a hand-set policy (no plan) of the same configuration "
+                  "whose measured peak fits the same budget. Peak / budget above 1 is a run over its budget "
+                  "(recorded oom on CPU).", "", tables.markdown(budgets)]
     largest = tables.max_batch_table(runs_dir)
     if not largest.empty:
         lines += ["## Largest micro-batch", "", tables.markdown(largest)]

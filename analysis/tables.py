@@ -135,3 +135,39 @@ def markdown(table: pd.DataFrame, floatfmt: str = ".3g") -> str:
     if table.empty:
         return "_none_\n"
     return table.to_markdown(index=False, floatfmt=floatfmt) + "\n"
+
+
+def budget_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """One line per --ckpt_policy auto run (ok or not): its budget, the plan it chose, the estimated and
+    measured peaks, and its samples/s beside the fastest successful run of a hand-set policy (no plan)
+    of the same model, configuration, ranks, micro-batch and precision whose measured peak fits the
+    same budget."""
+    if runs.empty or "config.run.ckpt_policy" not in runs:
+        return pd.DataFrame()
+    auto = runs[runs["config.run.ckpt_policy"] == "auto"]
+    if auto.empty:
+        return pd.DataFrame()
+    same = ["model", "label", "world_size", "micro_batch", "precision"]
+    hand = ok_runs(runs)
+    hand = hand[hand["config.run.ckpt_policy"] != "auto"]
+    rows = []
+    for _, run in auto.sort_values([*same, "config.run.mem_budget_gb"]).iterrows():
+        budget = float(run["config.run.mem_budget_gb"]) * 2**30
+        ok = run["status"] == "ok"
+        peers = hand[np.logical_and.reduce([hand[c] == run[c] for c in same])] if not hand.empty else hand
+        fits = peers[peers["mem_peak_bytes"] <= budget] if not peers.empty else peers
+        best = fits.loc[fits["samples_per_s"].idxmax()] if not fits.empty else None
+        rows.append({
+            "model": run["model"], "config": run["label"], "ranks": run["world_size"], "micro": run["micro_batch"],
+            "budget GiB": run["config.run.mem_budget_gb"], "status": run["status"],
+            "plan": run["ckpt"].split(": ", 1)[-1] if ok else None,
+            "estimate MiB": run.get("estimate.total_bytes", np.nan) / MIB if ok else np.nan,
+            "peak MiB": run["mem_peak_bytes"] / MIB if pd.notna(run.get("mem_peak_bytes")) else np.nan,
+            "peak / budget": run["mem_peak_bytes"] / budget if pd.notna(run.get("mem_peak_bytes")) else np.nan,
+            "samples/s": run.get("samples_per_s") if ok else np.nan,
+            "fastest hand-set that fits": best["ckpt"] if best is not None else None,
+            "its samples/s": best["samples_per_s"] if best is not None else np.nan,
+        })
+    table = pd.DataFrame(rows)
+    table["auto / it"] = table["samples/s"] / table["its samples/s"]
+    return table

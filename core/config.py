@@ -165,7 +165,8 @@ class RunConfig:
         "(the memory peak on CPU); left out of the timing. 0 turns it off.", 1, group="measurement")
     mem_budget_gb: float | None = _flag(
         "Memory budget per rank, GiB. CUDA: the allocator is capped there, so going over raises "
-        "out-of-memory. CPU: a measured peak above it ends the run with status oom. Default: none.",
+        "out-of-memory. CPU: a measured peak above it ends the run with status oom. With --ckpt_policy "
+        "auto, also what the checkpointing plan is made for (its estimated peak fits it). Default: none.",
         None, group="measurement")
     eval_every: int = _flag(
         "Validation loss every N steps (0: only at the end).", 0, group="measurement")
