@@ -259,3 +259,49 @@ def test_a_selective_checkpoint_recomputes_only_the_ops_it_does_not_keep():
         recomputed[policy] = (sum(per_block.values()), sum(measured.values()) - sum(none.values()))
     assert recomputed["selective"][0] == recomputed["selective"][1] > 0
     assert recomputed["full"][0] >= recomputed["full"][1] > 2 * recomputed["selective"][1]
+
+
+# The rest of the quick matrix (sweeps/cpu_quick.yaml) and accelerate: a plan per block (what
+# --ckpt_policy auto runs) leaves losses and gradients unchanged, with dropout 0.1 too. Selective
+# blocks except under ZeRO-3, where plans hold none and full (backends/deepspeed_plan.py).
+PLAN_CASES = ["0:torch_nonreentrant:0", "0:torch_nonreentrant:0:full:0.1",
+              "0:torch_nonreentrant:0:selective+full+none+full", "0:torch_nonreentrant:0:full+none+selective+full:0.1"]
+ZERO3_PLAN_CASES = ["0:torch_nonreentrant:0", "0:torch_nonreentrant:0:full:0.1",
+                    "0:torch_nonreentrant:0:none+full+full+none", "0:torch_nonreentrant:0:full+none+full+full:0.1"]
+MORE_BACKENDS = {
+    "fsdp.shard_grad_op": ("torchrun", "fsdp", "fsdp_configs/shard_grad_op.yaml", PLAN_CASES),
+    "fsdp.no_shard": ("torchrun", "fsdp", "fsdp_configs/no_shard.yaml", PLAN_CASES),
+    "fsdp.hybrid_shard": ("torchrun", "fsdp", "fsdp_configs/hybrid_shard.yaml", PLAN_CASES),
+    "fsdp2.no_reshard": ("torchrun", "fsdp2", "fsdp_configs/fsdp2_no_reshard.yaml", PLAN_CASES),
+    "accelerate": ("torchrun", "accelerate", None, PLAN_CASES),
+    "z0": ("torchrun", "deepspeed", "ds_configs/z0.json", PLAN_CASES),
+    "z1": ("torchrun", "deepspeed", "ds_configs/z1.json", PLAN_CASES),
+    "z2_offload": ("torchrun", "deepspeed", "ds_configs/z2_offload.json", PLAN_CASES),
+    "zeropp": ("torchrun", "deepspeed", "ds_configs/zeropp.json", ZERO3_PLAN_CASES),
+    "z3_infinity": ("torchrun", "deepspeed", "ds_configs/z3_infinity.json", ZERO3_PLAN_CASES),
+}
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("name", list(MORE_BACKENDS))
+def test_a_plan_leaves_losses_and_gradients_unchanged_on_the_rest_of_the_quick_matrix(name, tmp_path):
+    launcher, backend, config, cases = MORE_BACKENDS[name]
+    cmd = [*launch_command(launcher, 2)]
+    cmd[-1] = str(PROBE)
+    cmd += [str(tmp_path), backend, *([config] if config else []), *(arg for case in cases for arg in ("--case", case))]
+    proc = subprocess.run(cmd, cwd=REPO, env=base_env(), capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    ranks = [torch.load(path) for path in sorted(tmp_path.glob("rank*.pt"))]
+    assert len(ranks) == 2
+    for results in ranks:
+        for case in cases[2:]:
+            got, base = results[case], results[baseline_of(case)]
+            plan = parse_case(case)[3].split("+")
+            assert got["record"]["plan"] == plan and got["record"]["blocks"] == [i for i, c in enumerate(plan)
+                                                                                  if c != "none"]
+            torch.testing.assert_close(torch.tensor(got["losses"]), torch.tensor(base["losses"]), rtol=TOLERANCE,
+                                       atol=TOLERANCE, msg=f"{name} {case} losses")
+            assert got["grads"].keys() == base["grads"].keys() and got["grads"]
+            for key, grad in got["grads"].items():
+                torch.testing.assert_close(grad, base["grads"][key], rtol=TOLERANCE, atol=TOLERANCE,
+                                           msg=f"{name} {case} gradient of {key}")
