@@ -55,6 +55,9 @@ def main(argv=None) -> int:
         runs, skipped = expand(spec)
         if args.max_batch:
             _check_max_batch_args(args)
+            if any(dict(run.flags).get("ckpt_policy") == "auto" for run in runs):
+                raise ConfigError("--max_batch with matrix.ckpt_policy auto:<GiB>: the search's budget would replace "
+                                  "the plan's; search the hand-set policies, or plan each micro-batch with auto")
         check_runs(runs, spec.directory)
         runner = Runner(_max_batch_dir(spec, args) if args.max_batch else spec.directory, spec.timeout_s,
                         retry_failed=args.retry_failed)

@@ -405,3 +405,29 @@ def test_a_refused_run_is_recorded_with_its_key_and_a_corrected_spec_replaces_it
     assert json.loads((runs / corrected.name / SWEEP_KEY_FILE).read_text()) == corrected.key()
     assert (runs / corrected.name / "config.json").exists() and not (runs / ".keys").exists()
     assert runner.run(corrected).skipped  # and it is now done
+
+
+def test_ckpt_policy_dimension(tmp_path):
+    """full and selective apply to the blocks ckpt_interval picks; auto:<GiB> plans every block, with
+    interval 0 only; selective is left out under ZeRO-3, said; auto is not."""
+    spec = load_spec(_spec(tmp_path, matrix={"backend": ["ddp", "ds_configs/z3.json"], "ckpt_interval": [0, 1],
+                                             "ckpt_policy": ["full", "selective", "auto:0.2"]}))
+    runs, skipped = expand(spec)
+    flags = {r.name: dict(r.flags) for r in runs}
+    assert sorted(n for n in flags if n.startswith("ddp")) == [
+        "ddp-w2-tiny-mb8-fp32-auto0.2", "ddp-w2-tiny-mb8-fp32-ckpt0", "ddp-w2-tiny-mb8-fp32-ckpt1-torch_nonreentrant",
+        "ddp-w2-tiny-mb8-fp32-ckpt1-torch_nonreentrant-selective"]
+    assert flags["ddp-w2-tiny-mb8-fp32-auto0.2"]["ckpt_policy"] == "auto"
+    assert flags["ddp-w2-tiny-mb8-fp32-auto0.2"]["mem_budget_gb"] == 0.2
+    assert flags["ddp-w2-tiny-mb8-fp32-auto0.2"]["ckpt_interval"] == 0
+    assert flags["ddp-w2-tiny-mb8-fp32-ckpt1-torch_nonreentrant-selective"]["ckpt_policy"] == "selective"
+    assert "ckpt_policy" not in flags["ddp-w2-tiny-mb8-fp32-ckpt1-torch_nonreentrant"]
+    assert "deepspeed.z3-w2-tiny-mb8-fp32-auto0.2" in flags
+    assert not any(n.startswith("deepspeed.z3") and n.endswith("selective") for n in flags)
+    assert skipped == ["deepspeed.z3 with ckpt_policy selective: refused under ZeRO-3 (wrong gradients)"]
+    for bad in ("partial", "auto:", "auto:-1", "auto:x"):
+        with pytest.raises(Exception, match="matrix.ckpt_policy values must be full, selective or auto:<GiB>"):
+            load_spec(_spec(tmp_path, matrix={"backend": ["ddp"], "ckpt_policy": [bad]}))
+    with pytest.raises(Exception, match="'mem_budget_gb' is also set by matrix.ckpt_policy"):
+        load_spec(_spec(tmp_path, matrix={"backend": ["ddp"], "ckpt_policy": ["auto:1"]},
+                        train_args={"mem_budget_gb": 2}))

@@ -26,7 +26,8 @@ from training.launch import REPO, launch_command, launcher_for
 SWEEP_OWNED = {"backend", "fsdp_config", "deepspeed_config", "runs_dir", "run_name", "overwrite", "quiet", "model",
                "model_args",
                "dry_run", "local_rank", "preset", "micro_batch", "precision", "ckpt_interval", "ckpt_impl", "steps",
-               "ckpt_offload", "offload_activations", "activation_loading_horizon", "compile", "compile_backend"}
+               "ckpt_offload", "offload_activations", "activation_loading_horizon", "compile", "compile_backend",
+               "ckpt_policy", "ckpt_plan", "ckpt_save_ops"}
 
 
 def _non_empty(name: str, values: list) -> None:
@@ -50,6 +51,10 @@ class Matrix:
     activation_offload: list[str] = field(default_factory=lambda: ["none"])
     # "none" (eager) or a torch.compile backend (--compile --compile_backend): inductor, aot_eager, eager.
     compile: list[str] = field(default_factory=lambda: ["none"])
+    # What a checkpointed block keeps (--ckpt_policy): "full" or "selective" for the blocks ckpt_interval
+    # picks (only with ckpt_interval > 0), or "auto:<GiB>": --ckpt_policy auto --mem_budget_gb <GiB>, a
+    # plan per block for that budget (with ckpt_interval 0 only: it chooses every block itself).
+    ckpt_policy: list[str] = field(default_factory=lambda: ["full"])
     # The model (--model): "gptlite", "hf:<type>", "torchvision:<name>", a model file; or a mapping
     # {model: hf:llama, args: {hidden_size: 64, ...} (or "k=v,..."), label: llama_small} with its
     # --model_args and the name it takes in run names (default: hf_llama). The presets size GPT-lite
@@ -63,6 +68,8 @@ class Matrix:
             _non_empty(f.name, getattr(self, f.name))
         for value in self.activation_offload:
             offload_flags(value)
+        for value in self.ckpt_policy:
+            policy_flags(value)
         labels = [model_entry(entry).label for entry in self.model]
         if len(set(labels)) != len(labels):
             raise ConfigError(f"matrix.model: two entries have the same label ({', '.join(labels)}); give each a label")
@@ -129,6 +136,20 @@ def model_flags(model: ModelEntry) -> dict:
     return {"model": model.name, "model_args": model.args}
 
 
+def policy_flags(value) -> dict:
+    """train.py flags of a matrix.ckpt_policy value: full, selective or auto:<GiB>."""
+    if value in ("full", "selective"):
+        return {"ckpt_policy": value}
+    budget = str(value).removeprefix("auto:")
+    try:
+        if str(value).startswith("auto:") and float(budget) > 0:
+            return {"ckpt_policy": "auto", "mem_budget_gb": float(budget)}
+    except ValueError:
+        pass
+    raise ConfigError(f"matrix.ckpt_policy values must be full, selective or auto:<GiB> such as auto:0.5 "
+                      f"(got {value!r})")
+
+
 def offload_flags(value: str) -> dict:
     """train.py flags of a matrix.activation_offload value."""
     if value == "none":
@@ -166,6 +187,9 @@ class SweepSpec:
             if key in ("save_dir", "resume"):
                 raise ConfigError(f"train_args: '{key}': every run of the sweep would share one checkpoint directory, "
                                   "and a checkpoint directory belongs to one run; a sweep keeps no checkpoints")
+        if "mem_budget_gb" in self.train_args and any(str(p).startswith("auto:") for p in self.matrix.ckpt_policy):
+            raise ConfigError("train_args: 'mem_budget_gb' is also set by matrix.ckpt_policy's auto:<GiB>; set it in "
+                              "one place")
         for model in map(model_entry, self.matrix.model):  # a setting in two places: one would be unused
             both = sorted(set(model_flags(model)) & set(self.train_args))
             if both:
@@ -259,21 +283,40 @@ def expand(spec: SweepSpec) -> tuple[list[PlannedRun], list[str]]:
     m = spec.matrix
     runs: dict[str, PlannedRun] = {}
     skipped: list[str] = []
-    for entry, interval, impl, offload, micro, precision, world, preset, compiled, model in itertools.product(
+    for entry, interval, impl, offload, micro, precision, world, preset, compiled, model, policy in itertools.product(
             m.backend, m.ckpt_interval, m.ckpt_impl, m.activation_offload, m.micro_batch, m.precision, m.world_size,
-            m.preset, m.compile, [model_entry(e) for e in m.model]):
+            m.preset, m.compile, [model_entry(e) for e in m.model], m.ckpt_policy):
         backend, config_file, label = backend_of(entry)
         gptlite = model.name == "gptlite"
         if not gptlite and preset != m.preset[0]:
             continue  # the presets size GPT-lite; another model runs once, with the first
         if backend == "single":
             world = 1  # one process by definition
-        if not interval:
-            impl, offload = "none", "none"  # nothing checkpointed: nothing to offload
+        auto = str(policy).startswith("auto:")
+        if auto and interval:
+            continue  # auto chooses every block itself: with ckpt_interval 0 only
+        if not interval and policy == "selective":
+            continue  # nothing checkpointed: the same run as full's
+        if not interval and not auto:
+            impl, offload, policy = "none", "none", "full"  # nothing checkpointed: nothing to offload
         elif impl.startswith("deepspeed") and backend != "deepspeed":
             skipped.append(f"{label} with ckpt_impl {impl}: needs the deepspeed backend")
             continue
+        if policy != "full" and (impl not in ("none", "torch_nonreentrant") or offload != "none" or compiled != "none"):
+            skipped.append(f"{label} with ckpt_policy {policy}: needs ckpt_impl torch_nonreentrant, without offload "
+                           "or compile")
+            continue
+        if auto:
+            impl = "none"
+        if policy != "full" and backend == "deepspeed" and _zero_stage(config_file) == 3:
+            if policy == "selective":
+                skipped.append(f"{label} with ckpt_policy selective: refused under ZeRO-3 (wrong gradients)")
+                continue
         ckpt = f"ckpt{interval}-{impl}" if interval else "ckpt0"
+        if policy == "selective":
+            ckpt += "-selective"
+        elif auto:
+            ckpt = f"auto{policy.removeprefix('auto:')}"
         if offload != "none":
             ckpt += f"-offload_{offload}"
         if compiled != "none":
@@ -286,6 +329,7 @@ def expand(spec: SweepSpec) -> tuple[list[PlannedRun], list[str]]:
         name = f"{label}-w{world}-{size}-mb{micro}-{precision}-{ckpt}"
         flags = {**model_flags(model), "preset": preset, "micro_batch": micro, "precision": precision,
                  "steps": spec.steps, "ckpt_interval": interval, **({"ckpt_impl": impl} if interval else {}),
+                 **(policy_flags(policy) if policy != "full" else {}),
                  **offload_flags(offload),
                  **({"compile": True, "compile_backend": compiled} if compiled != "none" else {}), **spec.train_args}
         if config_file and backend == "deepspeed":
@@ -298,6 +342,14 @@ def expand(spec: SweepSpec) -> tuple[list[PlannedRun], list[str]]:
         runs.setdefault(name, PlannedRun(name, backend, config_file, world, tuple(flags.items()),
                                          tuple((k, str(v)) for k, v in spec.env.items()), key))
     return list(runs.values()), list(dict.fromkeys(skipped))
+
+
+def _zero_stage(config_file: str | None) -> int | None:
+    """The ZeRO stage a DeepSpeed config file names."""
+    from backends import deepspeed_config
+
+    config = deepspeed_config.read(str(REPO / config_file)) if config_file else {}
+    return (config.get("zero_optimization") or {}).get("stage")
 
 
 def _sha256(path: Path) -> str | None:
