@@ -431,3 +431,11 @@ def test_ckpt_policy_dimension(tmp_path):
     with pytest.raises(Exception, match="'mem_budget_gb' is also set by matrix.ckpt_policy"):
         load_spec(_spec(tmp_path, matrix={"backend": ["ddp"], "ckpt_policy": ["auto:1"]},
                         train_args={"mem_budget_gb": 2}))
+
+
+def test_a_largest_batch_search_of_budget_plans_is_refused(tmp_path):
+    """--max_batch's budget would replace the one an auto:<GiB> plan is made for: refused in one line."""
+    proc = _sweep(_spec(tmp_path, matrix={"backend": ["single"], "ckpt_policy": ["auto:0.2"]}), "--max_batch",
+                  "--mem_budget_gb", "1", timeout=300)
+    assert proc.returncode == 2 and "--max_batch with matrix.ckpt_policy auto:<GiB>" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
