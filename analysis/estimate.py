@@ -469,7 +469,8 @@ def main(argv=None) -> int:
                    help="what a checkpointed block keeps (train.py's --ckpt_policy): full, its input; selective, "
                         "also the outputs of the operators --ckpt_save_ops names (traced on fake tensors); auto, "
                         "with --mem_budget_gb: none, selective or full per block, the plan of least recompute whose "
-                        "estimated peak fits the budget (analysis/ckpt_plan.py; not yet a train.py policy)")
+                        "estimated peak fits the budget (analysis/ckpt_plan.py; train.py's --ckpt_policy auto makes "
+                        "the same plan; none and full only under ZeRO-3)")
     p.add_argument("--mem_budget_gb", type=float, default=None,
                    help="with --ckpt_policy auto: the peak per rank to plan for, in GiB")
     p.add_argument("--ckpt_save_ops", default=None, metavar="OP,...",
@@ -535,8 +536,11 @@ def main(argv=None) -> int:
             from core.flops import block_flops_by_op
 
             workload = models.load(run.model_request()) if args.model != "gptlite" else _gptlite_workload(cfg)
+            from core.config import plan_choices_under
+
+            stage = ((ds or {}).get("zero_optimization") or {}).get("stage") if backend == "deepspeed" else None
             chosen = ckpt_plan.plan(est, args.mem_budget_gb, block_flops_by_op(workload, run.block_class),
-                                    run.save_ops())
+                                    run.save_ops(), plan_choices_under(stage))
             est = estimate(cfg, backend, args.world, args.micro_batch, args.precision, 0, args.device, options, ds,
                            args.ranks_per_node, args.grad_accum, save_ops=run.save_ops(), ckpt_plan=chosen.choices)
     except (ConfigError, DataError) as e:

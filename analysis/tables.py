@@ -61,8 +61,10 @@ def ddp_ratios(runs: pd.DataFrame) -> pd.DataFrame:
     ok = ok_runs(runs)
     if ok.empty or "ddp" not in set(ok["label"]):
         return pd.DataFrame()
-    ddp = ok[ok["label"] == "ddp"].assign(_compiled=lambda d: d.get("compile", "none") != "none")
-    ddp = ddp.sort_values(["_compiled", "ckpt_interval"]).drop_duplicates(GROUP)  # eager, no checkpointing first
+    ddp = ok[ok["label"] == "ddp"].assign(_compiled=lambda d: d.get("compile", "none") != "none",
+                                          _checkpointed=lambda d: d["ckpt"] != "none")
+    # Eager and without checkpointing first (a plan's run records ckpt_interval 0 too: its label says it).
+    ddp = ddp.sort_values(["_compiled", "_checkpointed", "ckpt_interval"]).drop_duplicates(GROUP)
     base = ddp.set_index(GROUP)[["samples_per_s", "mem_peak_bytes"]]
     joined = ok.merge(base, left_on=GROUP, right_index=True, how="left", suffixes=("", "_ddp"))
     joined = joined[joined["samples_per_s_ddp"].notna()]
@@ -138,23 +140,26 @@ def markdown(table: pd.DataFrame, floatfmt: str = ".3g") -> str:
 
 
 def budget_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """One line per --ckpt_policy auto run (ok or not): its budget, the plan it chose, the estimated and
-    measured peaks, and its samples/s beside the fastest successful run of a hand-set policy (no plan)
-    of the same model, configuration, ranks, micro-batch and precision whose measured peak fits the
-    same budget."""
+    """One line per --ckpt_policy auto run that recorded its configuration (ok, oom or failed; one
+    refused before it started has none): its budget, the plan it chose, the estimated and measured
+    peaks, and its samples/s beside the fastest successful run of a hand-set policy (an interval, no
+    plan) of the same model, preset, global batch, precision, ranks, backend configuration,
+    micro-batch and compilation whose measured peak fits the same budget."""
     if runs.empty or "config.run.ckpt_policy" not in runs:
         return pd.DataFrame()
     auto = runs[runs["config.run.ckpt_policy"] == "auto"]
     if auto.empty:
         return pd.DataFrame()
-    same = ["model", "label", "world_size", "micro_batch", "precision"]
+    same = [*GROUP, "label", "micro_batch", *(["compile"] if "compile" in runs else [])]
     hand = ok_runs(runs)
-    hand = hand[hand["config.run.ckpt_policy"] != "auto"]
+    hand = hand[(hand["config.run.ckpt_policy"] != "auto")
+                & (hand["config.run.ckpt_plan"].isna() if "config.run.ckpt_plan" in hand else True)]
     rows = []
     for _, run in auto.sort_values([*same, "config.run.mem_budget_gb"]).iterrows():
         budget = float(run["config.run.mem_budget_gb"]) * 2**30
         ok = run["status"] == "ok"
-        peers = hand[np.logical_and.reduce([hand[c] == run[c] for c in same])] if not hand.empty else hand
+        peers = hand[np.logical_and.reduce([(hand[c] == run[c]) | (hand[c].isna() & pd.isna(run[c]))
+                                            for c in same])] if not hand.empty else hand
         fits = peers[peers["mem_peak_bytes"] <= budget] if not peers.empty else peers
         best = fits.loc[fits["samples_per_s"].idxmax()] if not fits.empty else None
         rows.append({

@@ -40,8 +40,8 @@ def apply_compile(blocks: Sequence[nn.Module], backend: str, mode: str, memory_b
     import torch._functorch.config
 
     torch._dynamo.reset()  # this run's compilation metrics only
-    if memory_budget is not None:
-        torch._functorch.config.activation_memory_budget = float(memory_budget)
+    # torch's default (1.0) unless given: the setting is process-wide, and must not outlive a run.
+    torch._functorch.config.activation_memory_budget = 1.0 if memory_budget is None else float(memory_budget)
     options = {"backend": backend, **({"mode": mode} if backend == "inductor" and mode != "default" else {})}
     for block in blocks:
         block.forward = torch.compile(block.forward, **options)

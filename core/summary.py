@@ -31,6 +31,7 @@ class RunSummary:
     global_batch: int | None = None
     precision: str | None = None
     ckpt_interval: int | None = None
+    ckpt_plan: str | None = None  # what each block did, where a plan (--ckpt_plan, --ckpt_policy auto) decided
     n_params: int | None = None
     steps: int | None = None
     device_name: str | None = None

@@ -117,7 +117,10 @@ def test_the_cli_prints_a_plan_or_names_the_smallest_reachable_peak():
 
     fits = cli("--ckpt_policy", "auto", "--mem_budget_gb", "0.15")
     assert fits.returncode == 0, fits.stderr
-    assert "checkpointing planned for 0.15 GiB: " in fits.stdout
+    assert "checkpointing planned for 0.15 GiB: " in fits.stdout and "selective" in fits.stdout
+    # Under ZeRO-3 the plan holds none and full, as train.py's (selective is refused there).
+    zero3 = cli("--config", "ds_configs/z3.json", "--world", "2", "--ckpt_policy", "auto", "--mem_budget_gb", "0.2")
+    assert zero3.returncode == 0 and "full" in zero3.stdout and "selective" not in zero3.stdout, zero3.stdout
     too_small = cli("--ckpt_policy", "auto", "--mem_budget_gb", "0.01")
     assert too_small.returncode == 2 and too_small.stdout == ""
     line = too_small.stderr.strip()
@@ -176,3 +179,29 @@ def test_an_auto_run_trains_as_without_checkpointing_within_its_budget(tmp_path,
         assert shown.returncode == 0, shown.stderr
         first = shown.stdout.splitlines()[0]
         assert first.startswith(f"ckpt_policy auto, mem_budget_gb {budget:g}: ") and "estimated peak" in first, first
+
+
+@pytest.mark.distributed
+def test_a_resumed_auto_run_keeps_the_plan_it_started_with(tmp_path):
+    """Resumed at another micro-batch (the same global batch), for which auto would plan otherwise, the
+    run continues with its recorded plan rather than being refused as a run with other settings."""
+    from conftest import train
+
+    common = ("--preset", "small", "--dropout", "0", "--precision", "fp32", "--warmup_steps", "0", "--eval_batches",
+              "1", "--ckpt_policy", "auto", "--mem_budget_gb", "0.15", "--save_dir", str(tmp_path / "ckpt"),
+              "--save_every", "1")
+    first = train(tmp_path / "runs", "r", *common, "--steps", "2", "--micro_batch", "8").check_ok()
+    plan = first.config["run"]["ckpt_plan"]
+    dry = subprocess.run([sys.executable, "train.py", "--preset", "small", "--micro_batch", "4", "--ckpt_policy",
+                          "auto", "--mem_budget_gb", "0.15", "--dry_run"], cwd=REPO, env=base_env(),
+                         capture_output=True, text=True, timeout=300)
+    assert dry.returncode == 0 and json_plan(dry.stdout) != plan, "the test needs a micro-batch planned otherwise"
+    resumed = train(tmp_path / "runs", "r", *common, "--steps", "3", "--micro_batch", "4", "--grad_accum", "2",
+                    "--resume").check_ok()
+    assert resumed.config["run"]["ckpt_plan"] == plan and len(resumed.losses) == 3
+
+
+def json_plan(text: str) -> str:
+    import json
+
+    return json.loads(text)["run"]["ckpt_plan"]

@@ -439,3 +439,14 @@ def test_a_largest_batch_search_of_budget_plans_is_refused(tmp_path):
                   "--mem_budget_gb", "1", timeout=300)
     assert proc.returncode == 2 and "--max_batch with matrix.ckpt_policy auto:<GiB>" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+def test_an_auto_policy_runs_once_whatever_the_other_checkpointing_dimensions(tmp_path):
+    """auto:<GiB> takes no interval, implementation or offload: one run per budget however those
+    dimensions are set, nothing said left out for it; two spellings of one budget are one run."""
+    spec = load_spec(_spec(tmp_path, matrix={"backend": ["ddp"], "ckpt_interval": [0, 2],
+                                             "ckpt_impl": ["torch_reentrant"], "activation_offload": ["none", "torch"],
+                                             "ckpt_policy": ["auto:0.2", "auto:0.20"]}))
+    runs, skipped = expand(spec)
+    assert [r.name for r in runs] == ["ddp-w2-tiny-mb8-fp32-auto0.2"] and skipped == []
+    assert "ckpt_impl" not in dict(runs[0].flags) and "ckpt_offload" not in dict(runs[0].flags)

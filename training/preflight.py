@@ -86,7 +86,7 @@ def resume_point(cfg, world_size: int, global_batch: int, workload, record_dir: 
         if recorded is None or Path(recorded).resolve() != Path(cfg.save_dir).resolve():
             raise ConfigError(f"resume: --save_dir {cfg.save_dir} holds no checkpoint, and {record_dir} was written "
                               f"with --save_dir {recorded}; resuming would start it over. Check --save_dir")
-        difference = _setting_difference(_recorded_config(record_dir), cfg, global_batch, workload)
+        difference = _setting_difference(recorded_config(record_dir), cfg, global_batch, workload)
         if difference:
             raise ConfigError(f"resume: {record_dir} was recorded with other settings ({difference}) and --save_dir "
                               f"{cfg.save_dir} holds no checkpoint of it; starting over would replace it with another "
@@ -115,7 +115,7 @@ def resume_point(cfg, world_size: int, global_batch: int, workload, record_dir: 
         raise ConfigError(f"{where} was written by {meta.get('world_size')} ranks; a {checkpoint_format} checkpoint "
                           f"resumes on the same number (this run has {world_size})")
     if summary is not None:  # continued into its record: one record, one run's settings
-        difference = _setting_difference(_recorded_config(record_dir), cfg, global_batch, None,
+        difference = _setting_difference(recorded_config(record_dir), cfg, global_batch, None,
                                           free=RESUME_MAY_CHANGE)
         if difference:
             raise ConfigError(f"{where} continues {record_dir}, recorded with other settings ({difference}); a record "
@@ -260,7 +260,8 @@ def _setting_difference(recorded: dict | None, cfg, global_batch: int, workload,
     return None
 
 
-def _recorded_config(record_dir: Path) -> dict | None:
+def recorded_config(record_dir: Path) -> dict | None:
+    """A record's config.json, or None where there is none (or it does not read)."""
     try:
         config = json.loads((record_dir / "config.json").read_text())
     except (OSError, ValueError):

@@ -28,7 +28,7 @@ from backends.activation_checkpointing import save_ops_for
 from backends.base import Backend, Resolved
 from backends.compile import compile_stats
 from core.blocks import find_blocks
-from core.config import RunConfig, describe_plan
+from core.config import RunConfig, describe_plan, plan_choices_under
 from core.dist import DistEnv, broadcast_object, destroy_process_group, set_cpu_threads, stop_with_launcher
 from core.environment import device_name, environment
 from core.faults import Fault
@@ -209,13 +209,22 @@ def planned_checkpointing(setup: Setup, planner: Callable | None) -> Resolved:
     cfg = setup.cfg
     if cfg.ckpt_plan is not None:
         raise ConfigError("ckpt_plan is what --ckpt_policy auto decides: give one or the other")
+    recorded = (preflight.recorded_config(Path(cfg.runs_dir) / cfg.run_name) or {}).get("run") or {} \
+        if cfg.resume and cfg.run_name else {}
+    if (recorded.get("ckpt_policy"), recorded.get("mem_budget_gb")) == ("auto", cfg.mem_budget_gb) \
+            and recorded.get("ckpt_plan"):
+        # A resumed run keeps the plan it started with (a micro-batch changed on resume, another
+        # world size or another estimator may plan otherwise; the record holds one run's settings).
+        if setup.env.is_main and not cfg.quiet and not cfg.dry_run:
+            print(f"ckpt_policy auto, mem_budget_gb {cfg.mem_budget_gb:g}: the plan the run started with, "
+                  f"{describe_plan(recorded['ckpt_plan'].split(','))}", flush=True)
+        return dataclasses.replace(setup.resolved, cfg=dataclasses.replace(cfg, ckpt_plan=recorded["ckpt_plan"]))
     if planner is None:
         raise ConfigError("ckpt_policy auto plans with the memory estimator, which only train.py brings; "
                           "here give the plan itself as --ckpt_plan (python -m analysis.estimate --ckpt_policy auto "
                           "prints one)")
     config = {**setup.record(), "environment": {"device": str(setup.env.device)}}
-    choices = ("none", "full") if ((config.get("plan") or {}).get("config") or {}).get(
-        "zero_optimization", {}).get("stage") == 3 else ("none", "selective", "full")
+    choices = plan_choices_under(((config.get("plan") or {}).get("config") or {}).get("zero_optimization", {}).get("stage"))
     chosen = planner(config, cfg.mem_budget_gb, setup.workload, choices)
     if setup.env.is_main and not cfg.quiet and not cfg.dry_run:
         print(f"ckpt_policy auto, mem_budget_gb {cfg.mem_budget_gb:g}: {describe_plan(chosen.choices)} (estimated peak "
@@ -404,6 +413,7 @@ class Run:
             attention=cfg.attention if cfg.model == "gptlite" else None,
             world_size=self.env.world_size, micro_batch=cfg.micro_batch, grad_accum=cfg.grad_accum,
             global_batch=layout.global_batch, precision=cfg.precision, ckpt_interval=cfg.ckpt_interval,
+            ckpt_plan=cfg.ckpt_plan,
             n_params=self.s.n_params, steps=cfg.steps, device_name=device_name(self.env.device),
             model_state_estimate=model_state_estimate)
 

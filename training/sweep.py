@@ -293,21 +293,21 @@ def expand(spec: SweepSpec) -> tuple[list[PlannedRun], list[str]]:
         if backend == "single":
             world = 1  # one process by definition
         auto = str(policy).startswith("auto:")
-        if auto and interval:
-            continue  # auto chooses every block itself: with ckpt_interval 0 only
+        if auto and (interval or impl != m.ckpt_impl[0] or offload != m.activation_offload[0]):
+            continue  # auto chooses every block itself (ckpt_interval 0), and takes no impl or offload: once
         if not interval and policy == "selective":
             continue  # nothing checkpointed: the same run as full's
-        if not interval and not auto:
-            impl, offload, policy = "none", "none", "full"  # nothing checkpointed: nothing to offload
+        if not interval:
+            impl, offload = "none", "none"  # nothing checkpointed (or a plan): nothing to offload
+            policy = policy if auto else "full"
         elif impl.startswith("deepspeed") and backend != "deepspeed":
             skipped.append(f"{label} with ckpt_impl {impl}: needs the deepspeed backend")
             continue
-        if policy != "full" and (impl not in ("none", "torch_nonreentrant") or offload != "none" or compiled != "none"):
+        if policy == "selective" and (impl != "torch_nonreentrant" or offload != "none") or \
+                policy != "full" and compiled != "none":
             skipped.append(f"{label} with ckpt_policy {policy}: needs ckpt_impl torch_nonreentrant, without offload "
                            "or compile")
             continue
-        if auto:
-            impl = "none"
         if policy != "full" and backend == "deepspeed" and _zero_stage(config_file) == 3:
             if policy == "selective":
                 skipped.append(f"{label} with ckpt_policy selective: refused under ZeRO-3 (wrong gradients)")
@@ -316,7 +316,7 @@ def expand(spec: SweepSpec) -> tuple[list[PlannedRun], list[str]]:
         if policy == "selective":
             ckpt += "-selective"
         elif auto:
-            ckpt = f"auto{policy.removeprefix('auto:')}"
+            ckpt = f"auto{float(policy.removeprefix('auto:')):g}"
         if offload != "none":
             ckpt += f"-offload_{offload}"
         if compiled != "none":
