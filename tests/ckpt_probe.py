@@ -50,6 +50,19 @@ def baseline_of(case: str) -> str:
     return "0:torch_nonreentrant:0" + (f":full:{dropout:g}" if dropout else "")
 
 
+def assert_unchanged(results: dict, cases, tolerance: float, what: str = "") -> None:
+    """Each of `cases` has the losses and first-step gradients, within `tolerance`, of the case without
+    checkpointing at its dropout (baseline_of) in one rank's `results`."""
+    for case in cases:
+        got, base = results[case], results[baseline_of(case)]
+        torch.testing.assert_close(torch.tensor(got["losses"]), torch.tensor(base["losses"]), rtol=tolerance,
+                                   atol=tolerance, msg=f"{what} {case} losses")
+        assert got["grads"].keys() == base["grads"].keys() and got["grads"]
+        for name, grad in got["grads"].items():
+            torch.testing.assert_close(grad, base["grads"][name], rtol=tolerance, atol=tolerance,
+                                       msg=f"{what} {case} gradient of {name}")
+
+
 def offload_fields(offload: str) -> dict:
     if offload.startswith("p"):
         return {"offload_activations": True, "activation_loading_horizon": int(offload[1:])}

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from backends.deepspeed_support import async_io_available
-from ckpt_probe import baseline_of
+from ckpt_probe import assert_unchanged
 from conftest import PARITY_ARGS, REPO, assert_losses_close, base_env, launch_command, train
 
 STEPS = 10
@@ -127,14 +127,7 @@ def _probe(tmp_path, config: str, cases: list[str], *extra: str) -> list[dict]:
 def _assert_unchanged(ranks: list[dict], tolerance: float = 1e-6) -> None:
     """Every case has the losses and gradients of the case without checkpointing at its dropout."""
     for results in ranks:
-        for case, got in results.items():
-            base = results[baseline_of(case)]
-            torch.testing.assert_close(torch.tensor(got["losses"]), torch.tensor(base["losses"]), rtol=tolerance,
-                                       atol=tolerance, msg=f"{case} losses")
-            assert got["grads"].keys() == base["grads"].keys() and got["grads"]
-            for name, grad in got["grads"].items():
-                torch.testing.assert_close(grad, base["grads"][name], rtol=tolerance, atol=tolerance,
-                                           msg=f"{case} {name}")
+        assert_unchanged(results, list(results), tolerance)
 
 
 N_LAYER = 4
