@@ -25,13 +25,12 @@ the selective checkpoint's per-operator dispatch cost nearly as much time as the
 from __future__ import annotations
 
 import math
-
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from analysis.estimate import CKPT_CHOICES, Estimate
-from core.config import describe_plan as describe  # noqa: F401 - re-exported
+from analysis.estimate import Estimate
 from backends.activation_checkpointing import save_ops_for
+from core.config import CKPT_CHOICES
 from gptlite.errors import ConfigError
 
 GiB = 2**30
@@ -83,7 +82,6 @@ def plan(est: Estimate, budget_gb: float, block_flops: Sequence[dict], save_ops:
     """The plan for an estimate `est` (any plan: its moments do not depend on it), within `budget_gb`.
     `block_flops`: each block's forward FLOPs by operator (core/flops.block_flops_by_op). Raises
     ConfigError naming the smallest reachable peak when no plan fits."""
-
     a = est.activations
     blocks = len(a.full)
     keep = set(save_ops_for("selective", save_ops))

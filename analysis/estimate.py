@@ -75,13 +75,10 @@ from pathlib import Path
 from analysis.memory_model import (DS_MAX_LIVE, DS_PERSISTENCE, DS_PREFETCH_BUCKET, DS_REDUCE_BUCKET, F32, Counts,
                                    activation_per_block, backward_transient, head_activations, layout_for)
 from backends.activation_checkpointing import SELECTIVE_SAVE_OPS
+from core.config import CKPT_CHOICES, interval_choices
 from gptlite.data import DataError
 from gptlite.errors import ConfigError
 from gptlite.model import PRESETS, GPTConfig
-
-
-# What the estimator can do with one block: keep everything, checkpoint it op by op, or whole.
-CKPT_CHOICES = ("none", "selective", "full")
 
 
 @dataclass
@@ -172,7 +169,7 @@ def ckpt_choices(blocks: int, interval: int, policy: str = "full", plan=None) ->
         return plan
     if policy not in ("full", "selective"):
         raise ConfigError(f"ckpt_policy must be full or selective here (got {policy!r})")
-    return [policy if interval and i % interval == 0 else "none" for i in range(blocks)]
+    return interval_choices(blocks, interval, policy)
 
 
 def estimate(cfg, backend: str, world: int = 1, micro_batch: int = 1, precision: str = "fp32",
@@ -559,7 +556,7 @@ def main(argv=None) -> int:
           f"checkpoint interval {args.ckpt_interval}"
           + (f" ({args.ckpt_policy})" if args.ckpt_interval and args.ckpt_policy != "full" else "") + ", per rank:")
     if chosen:
-        from analysis.ckpt_plan import describe
+        from core.config import describe_plan as describe
 
         print(f"  checkpointing planned for {args.mem_budget_gb:g} GiB: {describe(chosen.choices)} "
               f"(recomputes {chosen.cost[0] / 1e9:.3g} GFLOP per sample)")

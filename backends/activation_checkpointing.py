@@ -36,7 +36,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (Checkpo
                                                                          apply_activation_checkpointing,
                                                                          checkpoint_wrapper, offload_wrapper)
 
-from core.config import TORCH_CKPT_IMPLS
+from core.config import TORCH_CKPT_IMPLS, interval_choices
 
 TORCH_IMPLS = dict(zip(TORCH_CKPT_IMPLS, (CheckpointImpl.NO_REENTRANT, CheckpointImpl.REENTRANT)))
 
@@ -200,9 +200,7 @@ def apply_ac(model: nn.Module, blocks: Sequence[nn.Module], interval: int, impl:
     or full. Returns what was done, for the run record.
     """
     if choices is None:
-        choices = ["none"] * len(blocks)
-        for i in checkpointed_indices(len(blocks), interval):
-            choices[i] = policy
+        choices = interval_choices(len(blocks), interval, policy)
     elif len(choices) != len(blocks) or any(c not in ("none", "selective", "full") for c in choices):
         raise ValueError(f"a checkpointing plan has one of none, selective, full per block ({len(blocks)}): {choices}")
     indices = [i for i, c in enumerate(choices) if c != "none"]

@@ -286,7 +286,7 @@ class RunConfig:
                                   f"{', '.join(CKPT_CHOICES)} per block)")
             return choices
         policy = self.ckpt_policy if self.ckpt_policy in ("full", "selective") else "full"
-        return [policy if self.ckpt_interval and i % self.ckpt_interval == 0 else "none" for i in range(blocks)]
+        return interval_choices(blocks, self.ckpt_interval, policy)
 
     @property
     def checkpointing(self) -> bool:
@@ -409,6 +409,12 @@ class RunConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def interval_choices(blocks: int, interval: int, policy: str = "full") -> list[str]:
+    """Each block's choice (CKPT_CHOICES) when --ckpt_interval picks them: `policy` for block i with
+    i % interval == 0, none elsewhere (interval 0: none everywhere)."""
+    return [policy if interval and i % interval == 0 else "none" for i in range(blocks)]
 
 
 def plan_choices_under(zero_stage: int | None) -> tuple[str, ...]:
