@@ -95,10 +95,12 @@ def plan(est: Estimate, budget_gb: float, block_flops: Sequence[dict], save_ops:
                 float(sum(b for op, b in a.ops[i].items() if op not in spared)))
 
     cost = [{c: recomputed(i, c) for c in choices} for i in range(blocks)]
-    budget = int(budget_gb * GiB)
+    # Planned below the budget by what the estimate cannot fix (Estimate.unfixed_bytes: an FSDP
+    # reduce-scatter in flight on gloo), so that the measured peak stays within the budget.
+    budget = int(budget_gb * GiB) - est.unfixed_bytes
     chosen = solve(limits(est, budget, blocks), kept, cost)
     if chosen is None:
-        least = peak_of(est, [min(k.values()) for k in kept])
+        least = peak_of(est, [min(k.values()) for k in kept]) + est.unfixed_bytes
         raise ConfigError(f"ckpt_policy auto: no checkpointing plan fits mem_budget_gb {budget_gb:g}: the smallest "
                           f"reachable peak is {math.ceil(least / GiB * 1000) / 1000:.3f} GiB (every block keeping least: "
                           f"{', '.join(sorted({min(k, key=k.get) for k in kept}))}); raise the budget or lower "
