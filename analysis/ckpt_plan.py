@@ -34,13 +34,22 @@ from core.config import CKPT_CHOICES
 from gptlite.errors import ConfigError
 
 GiB = 2**30
+# Kept free below the budget for the estimator's error where the program's order fixes the peak: its
+# largest under-estimate measured on the CPU frontier (benchmarks/ckpt_frontier.py) was 3.0%
+# (GPT-lite small, every block selective), the others within 0.5%.
+HEADROOM = 0.03
 
 
 @dataclass
 class CkptPlan:
     choices: list[str]  # per block: none, selective or full
     peak_bytes: int  # the estimated peak per rank with this plan
-    cost: tuple[float, float]  # (recomputed FLOPs, recomputed bytes) per sample
+    cost: tuple[float, float]  # (recomputed FLOPs, recomputed bytes) per sample; measured: (seconds per micro-batch, bytes)
+    measured: bool = False
+
+    def describe_cost(self) -> str:
+        return (f"recomputing {self.cost[0] * 1e3:.3g} ms per micro-batch (measured)" if self.measured
+                else f"recomputing {self.cost[0] / 1e9:.3g} GFLOP per sample")
 
 
 def limits(est: Estimate, budget_bytes: int, blocks: int) -> list[float]:
@@ -78,10 +87,12 @@ def peak_of(est: Estimate, kept_bytes: Sequence[int]) -> int:
 
 
 def plan(est: Estimate, budget_gb: float, block_flops: Sequence[dict], save_ops: Sequence[str] | None = None,
-         choices: Sequence[str] = CKPT_CHOICES) -> CkptPlan:
+         choices: Sequence[str] = CKPT_CHOICES, measured: dict | None = None) -> CkptPlan:
     """The plan for an estimate `est` (any plan: its moments do not depend on it), within `budget_gb`.
-    `block_flops`: each block's forward FLOPs by operator (core/flops.block_flops_by_op). Raises
-    ConfigError naming the smallest reachable peak when no plan fits."""
+    `block_flops`: each block's forward FLOPs by operator (core/flops.block_flops_by_op). `measured`
+    (measured_costs): the seconds every block's recompute costs under full and selective, shared
+    among the blocks as their counted work, instead of the counted work. Raises ConfigError naming
+    the smallest budget a plan fits when none does."""
     a = est.activations
     blocks = len(a.full)
     keep = set(save_ops_for("selective", save_ops))
@@ -95,24 +106,36 @@ def plan(est: Estimate, budget_gb: float, block_flops: Sequence[dict], save_ops:
                 float(sum(b for op, b in a.ops[i].items() if op not in spared)))
 
     cost = [{c: recomputed(i, c) for c in choices} for i in range(blocks)]
-    # Planned below the budget by what the estimate cannot fix (Estimate.unfixed_bytes: an FSDP
-    # reduce-scatter in flight on gloo), so that the measured peak stays within the budget.
-    budget = int(budget_gb * GiB) - est.unfixed_bytes
+    if measured:
+        for c in choices:
+            # Each block's share of the measured time: its share of the counted FLOPs (of the bytes where
+            # the choice recomputes no FLOPs: selective under fused attention).
+            key = 0 if sum(cost[i][c][0] for i in range(blocks)) > 0 else 1
+            total = sum(cost[i][c][key] for i in range(blocks)) or 1.0
+            for i in range(blocks):
+                cost[i][c] = (measured.get(c, 0.0) * cost[i][c][key] / total, cost[i][c][1])
+    # Planned below the budget by the estimator's error (HEADROOM) and what the estimate cannot fix
+    # (Estimate.unfixed_bytes: an FSDP reduce-scatter in flight on gloo), so that the measured peak
+    # stays within the budget.
+    budget = int(budget_gb * GiB * (1 - HEADROOM)) - est.unfixed_bytes
     chosen = solve(limits(est, budget, blocks), kept, cost)
     if chosen is None:
-        least = peak_of(est, [min(k.values()) for k in kept]) + est.unfixed_bytes
-        raise ConfigError(f"ckpt_policy auto: no checkpointing plan fits mem_budget_gb {budget_gb:g}: the smallest "
-                          f"reachable peak is {math.ceil(least / GiB * 1000) / 1000:.3f} GiB (every block keeping least: "
-                          f"{', '.join(sorted({min(k, key=k.get) for k in kept}))}); raise the budget or lower "
-                          "the micro-batch")
+        least = (peak_of(est, [min(k.values()) for k in kept]) + est.unfixed_bytes) / (1 - HEADROOM)
+        raise ConfigError(f"ckpt_policy auto: no checkpointing plan fits mem_budget_gb {budget_gb:g}: the smallest budget "
+                          f"a plan fits is {math.ceil(least / GiB * 1000) / 1000:.3f} GiB (every block keeping least: "
+                          f"{', '.join(sorted({min(k, key=k.get) for k in kept}))}; a plan keeps {HEADROOM:.0%} of the "
+                          "budget for the estimator's error); raise the budget or lower the micro-batch")
     return CkptPlan(chosen, peak_of(est, [kept[i][c] for i, c in enumerate(chosen)]),
-                    tuple(sum(cost[i][c][j] for i, c in enumerate(chosen)) for j in range(2)))
+                    tuple(sum(cost[i][c][j] for i, c in enumerate(chosen)) for j in range(2)), bool(measured))
 
 
-def plan_for_record(config: dict, budget_gb: float, workload, choices: Sequence[str] = CKPT_CHOICES) -> CkptPlan:
+def plan_for_record(config: dict, budget_gb: float, workload, choices: Sequence[str] = CKPT_CHOICES,
+                    measure: bool = False) -> CkptPlan:
     """The plan for a run described as its config.json would describe it (train.py --dry_run's
     output; `run.ckpt_policy` auto), within `budget_gb`: what train.py's --ckpt_policy auto runs.
-    `workload`: the run's model (models.load), whose FLOPs are counted per block and operator."""
+    `workload`: the run's model (models.load), whose FLOPs are counted per block and operator. With
+    `measure` and `run.ckpt_cost` measured, the recompute is timed on the run's device
+    (measured_costs) where the model can be built whole there."""
     from analysis.estimate import estimate, record_arguments
     from core.flops import block_flops_by_op
 
@@ -120,5 +143,60 @@ def plan_for_record(config: dict, budget_gb: float, workload, choices: Sequence[
     backend, world, micro_batch, precision, _, *rest = args
     kwargs.update(ckpt_plan=None, ckpt_policy="selective")  # every block selective: the operators' outputs traced
     est = estimate(model, backend, world, micro_batch, precision, 1, *rest, **kwargs)
-    return plan(est, budget_gb, block_flops_by_op(workload, config["run"].get("block_class")), kwargs["save_ops"],
-                choices)
+    run = config["run"]
+    measured = None
+    if measure and run.get("ckpt_cost", "measured") == "measured":
+        device = (config.get("environment") or {}).get("device", "cpu")
+        single = estimate(model, "single", 1, micro_batch, precision, 0, *rest[:1], **{**kwargs, "ckpt_policy": "full"})
+        measured = measured_costs(workload, run.get("block_class"), micro_batch, device, kwargs["save_ops"],
+                                  [c for c in choices if c != "none"], single.total_bytes)
+    return plan(est, budget_gb, block_flops_by_op(workload, run.get("block_class")), kwargs["save_ops"], choices,
+                measured)
+
+
+def measured_costs(workload, block_class: str | None, micro_batch: int, device: str, save_ops, policies: Sequence[str],
+                   needs_bytes: int, reps: int = 3) -> dict[str, float] | None:
+    """Seconds a micro-batch's forward and backward takes more with every block checkpointed under each
+    of `policies` (full, selective) than without, timed on `device` with the model built whole (seed 0)
+    at `micro_batch`: the median of `reps` after a warm-up, the policies alternating. None where the
+    model's step (`needs_bytes`, the estimator's single-process peak) would take more than half the
+    device's free memory: the plan then weighs counted work."""
+    import statistics
+    import time
+
+    import torch
+
+    from backends.activation_checkpointing import apply_ac
+    from core.blocks import find_blocks
+    from core.dist import synchronize
+
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        free = torch.cuda.mem_get_info(dev)[0]
+    else:
+        import psutil
+
+        free = psutil.virtual_memory().available
+    if needs_bytes * (1 + len(policies)) > free / 2:
+        return None
+    x, y = workload.example(micro_batch)
+    x, y = x.to(dev), y.to(dev)
+    models = {"none": workload.build(0).to(dev)}
+    for policy in policies:
+        models[policy] = model = workload.build(0).to(dev)
+        apply_ac(model, find_blocks(model, block_class), 1, "torch_nonreentrant", False, policy=policy,
+                 save_ops=save_ops)
+    times: dict[str, list[float]] = {name: [] for name in models}
+    with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
+        for rep in range(reps + 1):
+            for name, model in models.items():
+                synchronize(dev)
+                started = time.perf_counter()
+                _, loss = model(x, y)
+                loss.backward()
+                synchronize(dev)
+                if rep:
+                    times[name].append(time.perf_counter() - started)
+                model.zero_grad(set_to_none=True)
+    none = statistics.median(times["none"])
+    return {policy: max(0.0, statistics.median(times[policy]) - none) for policy in policies}

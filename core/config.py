@@ -84,9 +84,15 @@ class RunConfig:
         "elementwise ops, dropout (with the same masks) and the naive attention core (QK^T, softmax, AV: the "
         "T x T scores) are recomputed. Applies to the blocks --ckpt_interval picks; needs ckpt_impl "
         "torch_nonreentrant. auto: with --mem_budget_gb and without --ckpt_interval, none, selective or full "
-        "for each block, the plan of least recomputed FLOPs whose estimated peak per rank fits the budget "
-        "(analysis/ckpt_plan.py, on the memory estimator), printed before training and recorded as "
-        "--ckpt_plan.", "full", choices=CKPT_POLICIES, group="activation checkpointing")
+        "for each block, the plan of least recompute cost (--ckpt_cost) whose estimated peak per rank fits "
+        "the budget (analysis/ckpt_plan.py, on the memory estimator), printed before training and recorded "
+        "as --ckpt_plan.", "full", choices=CKPT_POLICIES, group="activation checkpointing")
+    ckpt_cost: str = _flag(
+        "With --ckpt_policy auto, what a block's recompute costs. measured: rank 0 times the real model's "
+        "forward and backward at the run's micro-batch with no, full and selective checkpointing on this "
+        "device (a few seconds) and every rank runs its plan; counted: the recomputed FLOPs (torch's "
+        "FlopCounterMode), then bytes, nothing run (a model too large to build whole on one device is "
+        "counted).", "measured", choices=("measured", "counted"), group="activation checkpointing")
     ckpt_plan: str | None = _flag(
         "What each block does, in order, comma-separated: none, selective or full (one per block, e.g. "
         "full,full,selective,none for 4 blocks); instead of --ckpt_interval. --ckpt_policy auto writes it.",
@@ -236,6 +242,8 @@ class RunConfig:
         "hanging them.", 300.0, group="distributed")
 
     def _check_ckpt_policy(self) -> None:
+        if self.ckpt_cost != "measured" and self.ckpt_policy != "auto":
+            raise ConfigError("ckpt_cost applies to --ckpt_policy auto (it is what the plan weighs)")
         if self.ckpt_save_ops is not None and self.ckpt_policy == "full" and "selective" not in self.plan_choices():
             raise ConfigError("ckpt_save_ops needs --ckpt_policy selective (it names the ops a selective checkpoint keeps)")
         if self.ckpt_plan is not None:

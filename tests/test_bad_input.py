@@ -98,7 +98,7 @@ CASES = [
     ("auto and a plan", "train", ["--ckpt_policy", "auto", "--mem_budget_gb", "1", "--ckpt_plan",
                                   "full,none,full,none,full,none"], None, "ckpt_plan is what --ckpt_policy auto decides"),
     ("auto under a budget no plan fits", "train", ["--ckpt_policy", "auto", "--mem_budget_gb", "0.01"], None,
-     "no checkpointing plan fits mem_budget_gb 0.01: the smallest reachable peak is"),
+     "no checkpointing plan fits mem_budget_gb 0.01: the smallest budget a plan fits is"),
     ("a compile memory budget without compiling", "train", ["--compile_memory_budget", "0.5"], None,
      "compile_memory_budget needs --compile with compile_backend inductor"),
     ("a compile memory budget for aot_eager", "train", ["--compile", "--compile_backend", "aot_eager",

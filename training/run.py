@@ -204,8 +204,8 @@ def planned_checkpointing(setup: Setup, planner: Callable | None) -> Resolved:
     """--ckpt_policy auto: the run with the plan that fits --mem_budget_gb as its --ckpt_plan, printed.
     The plan comes from the memory estimator, which sits above training: train.py passes its planner
     in (`planner(config, budget_gb, workload, choices)`: analysis/ckpt_plan.plan_for_record), so no
-    package imports upward. Every rank computes the same plan (counted and traced on fake tensors,
-    nothing measured). Raises ConfigError naming the smallest reachable peak."""
+    package imports upward. With --ckpt_cost measured rank 0 times the recompute; the plan each rank
+    runs is rank 0's (Run.agree_on_plan). Raises ConfigError naming the smallest budget a plan fits."""
     cfg = setup.cfg
     if cfg.ckpt_plan is not None:
         raise ConfigError("ckpt_plan is what --ckpt_policy auto decides: give one or the other")
@@ -225,11 +225,12 @@ def planned_checkpointing(setup: Setup, planner: Callable | None) -> Resolved:
                           "prints one)")
     config = {**setup.record(), "environment": {"device": str(setup.env.device)}}
     choices = plan_choices_under(((config.get("plan") or {}).get("config") or {}).get("zero_optimization", {}).get("stage"))
-    chosen = planner(config, cfg.mem_budget_gb, setup.workload, choices)
+    # A measured cost is rank 0's alone: the other ranks take its plan once the process group exists
+    # (Run.agree_on_plan), so that every rank checkpoints the same blocks.
+    chosen = planner(config, cfg.mem_budget_gb, setup.workload, choices, measure=setup.env.is_main)
     if setup.env.is_main and not cfg.quiet and not cfg.dry_run:
         print(f"ckpt_policy auto, mem_budget_gb {cfg.mem_budget_gb:g}: {describe_plan(chosen.choices)} (estimated peak "
-              f"{chosen.peak_bytes / 2**30:.3f} GiB, recomputing {chosen.cost[0] / 1e9:.3g} GFLOP per sample)",
-              flush=True)
+              f"{chosen.peak_bytes / 2**30:.3f} GiB, {chosen.describe_cost()})", flush=True)
     return dataclasses.replace(setup.resolved, cfg=dataclasses.replace(cfg, ckpt_plan=",".join(chosen.choices)))
 
 
@@ -307,6 +308,7 @@ class Run:
             threads = set_cpu_threads(self.env)
             if self.s.backend_cls.needs_process_group:
                 self.s.backend_cls.init_distributed(self.env, self.cfg.dist_timeout_s)
+                self.agree_on_plan()
             self.record = self._create_record()
             self._train(threads, started)
             if torch.distributed.is_initialized():
@@ -331,6 +333,16 @@ class Run:
             gc.collect()
             _PROCESS.used_process_group |= torch.distributed.is_initialized()
             destroy_process_group()
+
+    def agree_on_plan(self) -> None:
+        """--ckpt_policy auto: every rank runs rank 0's plan (a measured cost is rank 0's alone)."""
+        if self.cfg.ckpt_policy != "auto" or not torch.distributed.is_initialized():
+            return
+        plan = [self.cfg.ckpt_plan]
+        torch.distributed.broadcast_object_list(plan, src=0)
+        if plan[0] != self.cfg.ckpt_plan:
+            self.s.resolved = dataclasses.replace(self.s.resolved, cfg=dataclasses.replace(self.cfg, ckpt_plan=plan[0]))
+            self.cfg = self.s.cfg
 
     def _create_record(self) -> RunRecord:
         size = self.cfg.preset if self.cfg.model == "gptlite" else models.model_label(self.cfg.model)
