@@ -102,6 +102,82 @@ def pareto(runs: pd.DataFrame):
     return fig
 
 
+def policy_family(ckpt: str) -> str:
+    """The checkpointing policy of a run's `ckpt` label (analysis.runs.ckpt_label), without its interval
+    or budget: none, full, selective, full + offload, plan, auto."""
+    if ckpt.startswith("auto "):
+        return "auto (budget)"
+    if ckpt.startswith("plan "):
+        return "plan"
+    if ckpt == "none":
+        return "none"
+    if "selective" in ckpt:
+        return "selective every k"
+    return "full every k + offload" if "offload" in ckpt else "full every k"
+
+
+def _point_label(ckpt: str) -> str:
+    """A short label beside a point: "k=2" for every 2, the budget for auto, nothing for none."""
+    if ckpt.startswith("auto "):
+        return ckpt.split(":", 1)[0].removeprefix("auto ")
+    if ckpt.startswith("every "):
+        return "k=" + ckpt.split()[1]
+    return ""
+
+
+def policy_panels(runs: pd.DataFrame) -> pd.DataFrame:
+    """One point per model, backend configuration and checkpointing label among successful runs, for
+    the configurations run under more than one checkpointing policy: the median samples/s and the
+    largest measured peak over repeats, its policy family, and whether it is on its panel's Pareto
+    frontier (no other point of the panel has a lower or equal peak and more samples/s)."""
+    ok = ok_runs(runs).dropna(subset=["mem_peak_bytes", "samples_per_s"])
+    if ok.empty:
+        return pd.DataFrame()
+    ok["panel"] = ok["model"].astype(str) + " " + ok["label"].astype(str) + ", " + ok["world_size"].astype(str) \
+        + " rank(s), micro-batch " + ok["micro_batch"].astype(str)
+    points = ok.groupby(["panel", "ckpt"], as_index=False).agg(
+        samples_per_s=("samples_per_s", "median"), mem_peak_bytes=("mem_peak_bytes", "max"), runs=("run_name", "size"))
+    points = points[points.groupby("panel")["ckpt"].transform("nunique") > 1].copy()
+    points["policy"] = points["ckpt"].map(policy_family)
+    points["front"] = False
+    for _, panel in points.groupby("panel"):
+        points.loc[pareto_points(panel.assign(status="ok")).index, "front"] = True
+    return points
+
+
+def ckpt_frontier(runs: pd.DataFrame):
+    """(f) per model and backend configuration, peak memory against samples/s for each checkpointing
+    policy (none, full and selective every k, auto at each budget), with the panel's Pareto frontier."""
+    points = policy_panels(runs)
+    if points.empty:
+        return _empty("Checkpointing policies: memory against throughput")
+    panels = sorted(points["panel"].unique())
+    cols = min(2, len(panels))
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(7.5 * cols, 4.8 * rows), squeeze=False)
+    order = [p for p in ("none", "full every k", "selective every k", "full every k + offload", "plan", "auto (budget)")
+             if p in set(points["policy"])]
+    for ax, panel in zip(axes.flat, panels):
+        data = points[points["panel"] == panel].assign(**{"peak MiB": lambda d: d["mem_peak_bytes"] / MIB})
+        sns.scatterplot(data, x="peak MiB", y="samples_per_s", hue="policy", style="policy", hue_order=order,
+                        style_order=order, s=80, ax=ax, legend=ax is axes.flat[0])
+        front = data[data["front"]].sort_values("peak MiB")
+        ax.step(front["peak MiB"], front["samples_per_s"], where="post", color="black", linestyle="--", linewidth=1,
+                label="Pareto frontier")
+        for _, point in data.iterrows():
+            ax.annotate(_point_label(point["ckpt"]), (point["peak MiB"], point["samples_per_s"]), fontsize="x-small",
+                        xytext=(4, 3), textcoords="offset points")
+        ax.set(title=panel, xlabel="peak MiB per rank (lower is better)", ylabel="samples/s (median)")
+        ax.title.set_fontsize("small")
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_axis_off()
+    if axes.flat[0].get_legend():
+        axes.flat[0].legend(fontsize="x-small", loc="lower right")
+    fig.suptitle("Checkpointing policies: memory against throughput (auto labelled with its budget, every k with k)")
+    fig.tight_layout()
+    return fig
+
+
 def loss_curves(metrics: pd.DataFrame, runs: pd.DataFrame):
     """(e) every run's per-step loss overlaid: equal curves mean equal training."""
     if metrics.empty:

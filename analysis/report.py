@@ -22,6 +22,8 @@ FIGURES = {
     "memory_vs_batch.png": "Peak memory against micro-batch, with and without checkpointing",
     "throughput_vs_batch.png": "Throughput against micro-batch",
     "pareto.png": "Peak memory against throughput, and the Pareto frontier",
+    "ckpt_frontier.png": "Checkpointing policies per model and backend: peak memory against throughput, and each "
+                         "panel's Pareto frontier",
     "loss_curves.png": "Loss per step of every run: equal curves, equal training",
 }
 
@@ -64,6 +66,7 @@ def write_report(runs_dir: str | Path, out: str | Path) -> Path:
         "memory_vs_batch.png": lambda: figures.memory_vs_batch(drawn, memory_limit(runs_dir, runs)),
         "throughput_vs_batch.png": lambda: figures.throughput_vs_batch(drawn),
         "pareto.png": lambda: figures.pareto(drawn),
+        "ckpt_frontier.png": lambda: figures.ckpt_frontier(runs),
         "loss_curves.png": lambda: figures.loss_curves(metrics, drawn),
     }
     for name, make in draw.items():

@@ -91,6 +91,8 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--repeats", type=int, default=1, help="rounds of every run, one round after another "
                    "(the configurations alternate); the summary takes medians")
+    p.add_argument("--first_round", type=int, default=0, help="start at this round (0-based) in a --runs_dir that "
+                   "holds the earlier ones: rounds may be run in separate sittings; the summary takes every round there")
     p.add_argument("--runs_dir", default=None, help="where the records go (default: runs/ckpt_frontier-<time>, new)")
     args = p.parse_args()
     runs = Path(args.runs_dir or REPO / "runs" / f"ckpt_frontier-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -104,7 +106,7 @@ def main() -> None:
             cases.update({f"auto {b:g}": ["--ckpt_policy", "auto", "--mem_budget_gb", str(b)]
                           for b in budgets(common, BACKENDS[backend])})
             grid += [(model, backend, case, [*common, *flags]) for case, flags in cases.items()]
-    for r in range(args.repeats):
+    for r in range(args.first_round, args.repeats):
         for model, backend, case, flags in grid:
             name = f"{model}-{backend}-{case.replace(' ', '-').replace('/', '-')}-r{r}"
             print(f"round {r + 1}/{args.repeats}, {model} {backend} {case}: {run(name, flags, BACKENDS[backend], runs)}",

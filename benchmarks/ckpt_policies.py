@@ -39,7 +39,8 @@ def run(policy: str, args, runs: Path, k: int) -> dict:
            "--preset", args.preset, "--micro_batch", str(args.micro_batch), "--steps", str(args.steps),
            "--warmup_steps", str(args.warmup), "--mem_profile_steps", "1", "--eval_batches", "1",
            "--dropout", str(args.dropout), "--runs_dir", str(runs), "--run_name", name, "--quiet",
-           *(["--model_args", args.model_args] if args.model_args else []), *POLICIES[policy]]
+           *(["--model_args", args.model_args] if args.model_args else []),
+           *(["--attention", args.attention] if args.attention else []), *POLICIES[policy]]
     subprocess.run(cmd, cwd=REPO, check=True)
     summary = json.loads((runs / name / "summary.json").read_text())
     if summary["status"] != "ok":
@@ -57,6 +58,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--dropout", type=float, default=0.1)
+    p.add_argument("--attention", default=None, help="train.py's --attention (naive, sdpa); default the model's")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--save_ops", default=None,
                    help="also measure selective keeping these ops (--ckpt_save_ops), as policy 'selective:OPS'")
@@ -72,8 +74,8 @@ def main() -> None:
     med = {policy: {key: statistics.median(r[key] for r in rows) for key in rows[0]} for policy, rows in got.items()}
     none = med["none"]
     cost = {policy: m["step_s"] / none["step_s"] - 1 for policy, m in med.items()}
-    print(f"{args.model} {args.model_args or args.preset}, micro-batch {args.micro_batch}, every block, "
-          f"median of {args.rounds}")
+    print(f"{args.model} {args.model_args or args.preset}, attention {args.attention or 'default'}, dropout "
+          f"{args.dropout:g}, micro-batch {args.micro_batch}, every block, median of {args.rounds}")
     print("| policy | activation MiB at peak | vs none | peak MiB | step ms | cost over none | share of full's cost |")
     print("|---|---|---|---|---|---|---|")
     for policy, m in med.items():

@@ -71,13 +71,13 @@ def test_report_writes_markdown_and_every_figure(mixed, tmp_path):
         assert section in report
     assert "rank 1: RuntimeError: boom" in report and "estimate MiB" in report
     pngs = sorted(out.glob("*.png"))
-    assert len(pngs) == 5 and all(_is_png(p) for p in pngs)
+    assert len(pngs) == 6 and all(_is_png(p) for p in pngs)
     for png in pngs:
         assert f"]({png.name})" in report
 
 
 @pytest.mark.parametrize("draw", ["throughput_and_memory", "memory_vs_batch", "throughput_vs_batch", "pareto",
-                                  "loss_curves"])
+                                  "ckpt_frontier", "loss_curves"])
 def test_every_figure_renders_to_a_png(mixed, tmp_path, draw):
     runs = load_runs(mixed)
     fig = (figures.loss_curves(load_metrics(mixed), runs) if draw == "loss_curves"

@@ -69,3 +69,46 @@ def test_the_budget_table_sets_each_auto_run_beside_the_fastest_hand_set_run_tha
     assert high["auto / it"] == 1.25 and high["plan"] == "full, selective, none x2"
     assert low["fastest hand-set that fits"] == "every 1 (torch_nonreentrant)" and low["status"] == "oom"
     assert low["peak / budget"] == 1.05 and pd.isna(low["samples/s"])
+
+
+def test_the_policy_frontier_has_a_panel_per_configuration_and_its_own_pareto_points(tmp_path):
+    """Hand-made records of two backends, each under several checkpointing policies, repeated: one
+    point per policy label (median samples/s, largest peak over the repeats), a panel per backend,
+    the policy families named, and a point on a panel's frontier only where no point of the same
+    panel has a peak as low and more samples/s; a configuration run under one policy only has no
+    panel."""
+    from analysis import figures
+
+    mib = 2**20
+
+    def record(name, backend, rate, peak_mib, flags):
+        summary = RunSummary(name, "ok", backend=backend, model="gptlite", preset="tiny", world_size=2, micro_batch=4,
+                             global_batch=8, precision="fp32", ckpt_interval=flags.get("ckpt_interval", 0),
+                             samples_per_s=rate, mem_peak_bytes=peak_mib * mib)
+        atomic_write_json(tmp_path / name / "summary.json", summary.to_dict())
+        atomic_write_json(tmp_path / name / "config.json", {"run": {"model": "gptlite", "backend": backend, **flags}})
+
+    full = {"ckpt_impl": "torch_nonreentrant"}
+    for r, (a, b, c) in enumerate(((30.0, 10.0, 22.0), (32.0, 12.0, 18.0), (28.0, 11.0, 20.0))):
+        record(f"ddp-none-{r}", "ddp", a, 300 + r, {})
+        record(f"ddp-full-1-{r}", "ddp", b, 80, {"ckpt_interval": 1, **full})
+        record(f"ddp-sel-1-{r}", "ddp", c, 150, {"ckpt_interval": 1, "ckpt_policy": "selective", **full})
+    record("ddp-full-2", "ddp", 9.0, 200, {"ckpt_interval": 2, **full})  # dominated by selective every 1
+    record("ddp-auto", "ddp", 25.0, 190, {"ckpt_policy": "auto", "ckpt_plan": "full,selective,none,none",
+                                          "mem_budget_gb": 0.2})
+    record("fsdp-none", "fsdp", 40.0, 200, {})
+    record("fsdp-full-1", "fsdp", 20.0, 50, {"ckpt_interval": 1, **full})
+    record("single-none", "single", 40.0, 200, {})
+    points = figures.policy_panels(load_runs(tmp_path)).set_index(["panel", "ckpt"])
+    panels = sorted({p for p, _ in points.index})
+    assert len(panels) == 2 and panels[0].startswith("gptlite ddp, 2 rank(s)") and "fsdp" in panels[1]
+    ddp = points.loc[panels[0]]
+    assert ddp.loc["none", "samples_per_s"] == 30.0 and ddp.loc["none", "mem_peak_bytes"] == 302 * mib
+    assert ddp.loc["none", "runs"] == 3 and ddp.loc["every 1 (torch_nonreentrant, selective)", "samples_per_s"] == 20.0
+    assert ddp["policy"].to_dict() == {"auto 0.2 GiB: full, selective, none x2": "auto (budget)",
+                                       "every 1 (torch_nonreentrant)": "full every k",
+                                       "every 1 (torch_nonreentrant, selective)": "selective every k",
+                                       "every 2 (torch_nonreentrant)": "full every k", "none": "none"}
+    assert ddp.index[ddp["front"]].tolist() == ["auto 0.2 GiB: full, selective, none x2", "every 1 (torch_nonreentrant)",
+                                                "every 1 (torch_nonreentrant, selective)", "none"]
+    assert points.loc[panels[1], "front"].all()
