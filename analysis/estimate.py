@@ -1,10 +1,9 @@
 """Memory per rank for a configuration, before running it: model states and activations.
 
-    python -m analysis.estimate --preset paper --world 8 --config ds_configs/z3.json
-    python -m analysis.estimate --preset small --world 2 --fsdp_config fsdp_configs/shard_grad_op.yaml \\
-        --ckpt_interval 1 --micro_batch 8 --json
-    python -m analysis.estimate --model hf:llama --model_args num_hidden_layers=4,hidden_size=256 --world 8 \\
-        --config ds_configs/z3.json --micro_batch 4
+    python -m analysis.estimate --world 8 --preset paper --deepspeed_config ds_configs/z3.json --device cuda
+    python -m analysis.estimate --world 2 --fsdp_config fsdp_configs/shard_grad_op.yaml --ckpt_interval 1 --json
+    python -m analysis.estimate --world 8 --model hf:llama --model_args num_hidden_layers=4,hidden_size=256 \\
+        --deepspeed_config ds_configs/z3.json --micro_batch 4 --device cuda
 
 DeepSpeed's estimators cover model states only; the peak of a training step is usually set by
 activations, and otherwise by the buffers a backend reduces gradients through. This estimator adds
@@ -78,7 +77,7 @@ from backends.activation_checkpointing import SELECTIVE_SAVE_OPS
 from core.config import CKPT_CHOICES, interval_choices
 from gptlite.data import DataError
 from gptlite.errors import ConfigError
-from gptlite.model import PRESETS, GPTConfig
+from gptlite.model import GPTConfig
 
 
 @dataclass
@@ -451,122 +450,60 @@ def _gptlite_workload(cfg):
 def main(argv=None) -> int:
     from training.cli import OneLineParser
 
-    p = OneLineParser(prog="python -m analysis.estimate", description=__doc__.splitlines()[0],
-                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog="\n".join(__doc__.splitlines()[2:5]))
-    p.add_argument("--preset", default="paper", choices=tuple(PRESETS))
-    p.add_argument("--model", default="gptlite",
-                   help="gptlite (by formula), or any train.py --model (traced once on fake tensors)")
-    p.add_argument("--model_args", default=None, help="the model's settings, as train.py's --model_args")
-    p.add_argument("--block_size", type=int, default=None, help="context length, of GPT-lite (default: the "
-                   "preset's) and of hf: text models")
-    for name in ("n_layer", "n_embd", "n_head"):
-        p.add_argument(f"--{name}", type=int, default=None, help=f"GPT-lite: the preset's {name}, as train.py's")
-    p.add_argument("--world", type=int, default=1, help="ranks")
+    p = OneLineParser(prog="python -m analysis.estimate", description=__doc__.splitlines()[0], allow_abbrev=False,
+                      formatter_class=argparse.RawDescriptionHelpFormatter,
+                      usage="python -m analysis.estimate [--world W] [--ranks_per_node N] [--json] [train.py flags]",
+                      epilog="\n".join(["Every other flag is train.py's, with train.py's names and defaults (python "
+                                         "train.py --help), resolved as the run resolves them (training/describe.py): "
+                                         "the estimate is of the run those flags launch on --world ranks. --device "
+                                         "cuda estimates a GPU run from a machine without one.", "",
+                                         *__doc__.splitlines()[2:7]]))
+    p.add_argument("--world", type=int, default=1, help="ranks the run is launched on")
     p.add_argument("--ranks_per_node", type=int, default=None,
                    help="ranks (GPUs) per node: HYBRID_SHARD's default shard group (default: --world)")
-    p.add_argument("--backend", default=None, help="single, ddp, fsdp, fsdp2 (inferred from a config file)")
-    p.add_argument("--config", default=None, help="DeepSpeed JSON (ds_configs/*.json)")
-    p.add_argument("--fsdp_config", default=None, help="FSDP YAML (fsdp_configs/*.yaml)")
-    p.add_argument("--ckpt_interval", type=int, default=0,
-                   help="checkpoint every k-th block (train.py's --ckpt_interval; 0: none)")
-    p.add_argument("--ckpt_policy", default="full", choices=("full", "selective", "auto"),
-                   help="what a checkpointed block keeps (train.py's --ckpt_policy): full, its input; selective, "
-                        "also the outputs of the operators --ckpt_save_ops names (traced on fake tensors); auto, "
-                        "with --mem_budget_gb: none, selective or full per block, the plan of least recompute whose "
-                        "estimated peak fits the budget (analysis/ckpt_plan.py; train.py's --ckpt_policy auto makes "
-                        "the same plan; none and full only under ZeRO-3)")
-    p.add_argument("--mem_budget_gb", type=float, default=None,
-                   help="with --ckpt_policy auto: the peak per rank to plan for, in GiB")
-    p.add_argument("--ckpt_save_ops", default=None, metavar="OP,...",
-                   help="with --ckpt_policy selective: the aten operators whose outputs are kept (train.py's)")
-    p.add_argument("--micro_batch", type=int, default=1)
-    p.add_argument("--grad_accum", type=int, default=1, help="micro-batches per step (train.py's --grad_accum)")
-    p.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp16"))
-    p.add_argument("--attention", default="naive", choices=("naive", "sdpa"))
-    p.add_argument("--dropout", type=float, default=None, help="default: the preset's")
-    p.add_argument("--vocab_size", type=int, default=65)
-    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
-                   help="cuda: dropout masks are bool; cpu: they take the activations' dtype")
-    p.add_argument("--json", action="store_true", help="print JSON")
-    args = p.parse_args(argv)
-    from backends import deepspeed_config, fsdp_config
+    p.add_argument("--json", action="store_true", help="print JSON: the estimate's parts, the plan of --ckpt_policy "
+                   "auto, and `config`, the run resolved (train.py --dry_run's record)")
+    args, train_argv = p.parse_known_args(argv)
+    chosen = []
+
+    def planner(*a, **k):  # train.py's (plan_checkpointing), keeping what it chose to print it
+        from analysis.ckpt_plan import plan_for_record
+
+        chosen.append(plan_for_record(*a, **k))
+        return chosen[-1]
 
     try:
-        if args.config and args.fsdp_config:
-            raise ConfigError("--config (DeepSpeed) and --fsdp_config exclude each other: one backend at a time")
-        for name in ("world", "ranks_per_node", "micro_batch"):
-            value = getattr(args, name)
-            if value is not None and value < 1:
-                raise ConfigError(f"--{name} must be an integer >= 1 (got {value})")
-        if args.ckpt_interval < 0:
-            raise ConfigError(f"--ckpt_interval must be an integer >= 0 (got {args.ckpt_interval})")
-        auto = args.ckpt_policy == "auto"
-        if auto and args.mem_budget_gb is None:
-            raise ConfigError("ckpt_policy auto needs --mem_budget_gb (the peak per rank it plans for, in GiB)")
-        if auto and args.ckpt_interval:
-            raise ConfigError("ckpt_policy auto chooses every block's checkpointing itself: drop --ckpt_interval")
-        if args.mem_budget_gb is not None and not args.mem_budget_gb > 0:
-            raise ConfigError(f"--mem_budget_gb must be > 0 (got {args.mem_budget_gb})")
-        # The model flags read as train.py reads them (core/config.py RunConfig), so that each one is
-        # applied or refused, never dropped.
-        import models
-        from core.config import RunConfig
+        from training.describe import describe
 
-        run = RunConfig(model=args.model, model_args=args.model_args, preset=args.preset, block_size=args.block_size,
-                        dropout=args.dropout, attention=args.attention, n_layer=args.n_layer, n_embd=args.n_embd,
-                        n_head=args.n_head, ckpt_interval=1 if auto else args.ckpt_interval,
-                        ckpt_policy="selective" if auto else args.ckpt_policy, ckpt_save_ops=args.ckpt_save_ops)
-        if args.model == "gptlite":
-            if run.model_args:
-                from models.gptlite_workload import GPTLITE_TAKES
-
-                raise ConfigError(GPTLITE_TAKES)
-            cfg = run.model_config(vocab_size=args.vocab_size)
-        else:
-            from analysis.traced_model import TracedModel
-
-            cfg = TracedModel.of(models.load(run.model_request()))
-        policy, interval = ("selective", 1) if auto else (args.ckpt_policy, args.ckpt_interval)
-        options = fsdp_config.load(args.fsdp_config) if args.fsdp_config else None
-        ds = deepspeed_config.read(args.config) if args.config else None
-        backend = "deepspeed" if ds else (options.backend if options else args.backend or "single")
-        if args.backend and args.backend != backend:
-            raise ConfigError(f"--backend {args.backend} does not match the config file's backend {backend}")
-        est = estimate(cfg, backend, args.world, args.micro_batch, args.precision, interval, args.device,
-                       options, ds, args.ranks_per_node, args.grad_accum, ckpt_policy=policy, save_ops=run.save_ops())
-        chosen = None
-        if auto:  # the moments do not depend on the plan: planned on this estimate, then estimated with the plan
-            from analysis import ckpt_plan
-            from core.flops import block_flops_by_op
-
-            workload = models.load(run.model_request()) if args.model != "gptlite" else _gptlite_workload(cfg)
-            from core.config import plan_choices_under
-
-            stage = ((ds or {}).get("zero_optimization") or {}).get("stage") if backend == "deepspeed" else None
-            chosen = ckpt_plan.plan(est, args.mem_budget_gb, block_flops_by_op(workload, run.block_class),
-                                    run.save_ops(), plan_choices_under(stage))
-            est = estimate(cfg, backend, args.world, args.micro_batch, args.precision, 0, args.device, options, ds,
-                           args.ranks_per_node, args.grad_accum, save_ops=run.save_ops(), ckpt_plan=chosen.choices)
+        config = describe(train_argv, args.world, args.ranks_per_node, planner=planner)
+        model, positional, kwargs = record_arguments(config)
+        est = estimate(model, *positional, ranks_per_node=args.ranks_per_node, **kwargs)
     except (ConfigError, DataError) as e:
         print(f"estimate: error: {e}", file=sys.stderr)
         return 2
+    run = config["run"]
+    plan = chosen[-1] if chosen else None
     if args.json:
         shown = {k: v for k, v in asdict(est).items() if k not in ("moment_bases", "batch_bytes", "activations")}
-        plan = {"ckpt_plan": chosen.choices, "recomputed_flops_per_sample": chosen.cost[0],
-                "recomputed_bytes_per_sample": chosen.cost[1]} if chosen else {}
-        print(json.dumps({**shown, "model_states_bytes": est.model_states_bytes, **plan}, indent=2))
+        planned = {"ckpt_plan": plan.choices, "ckpt_cost": plan.describe_cost(),
+                   "recompute_cost": plan.cost[0]} if plan else {}
+        print(json.dumps({**shown, "model_states_bytes": est.model_states_bytes, **planned, "config": config},
+                         indent=2))
         return 0
     # GiB, or MiB for a model whose whole step fits in less than one GiB.
     unit, scale = ("GiB", 2**30) if est.total_bytes >= 2**30 else ("MiB", 2**20)
-    what = f"{args.preset} preset" if args.model == "gptlite" else args.model
-    print(f"{what}, {backend}, {args.world} rank(s), micro-batch {args.micro_batch}, {args.precision}, "
-          f"checkpoint interval {args.ckpt_interval}"
-          + (f" ({args.ckpt_policy})" if args.ckpt_interval and args.ckpt_policy != "full" else "") + ", per rank:")
-    if chosen:
-        from core.config import describe_plan as describe
+    what = f"{run['preset']} preset" if run["model"] == "gptlite" else run["model"]
+    interval = int(run.get("ckpt_interval") or 0)
+    ckpt = (f"checkpoint interval {interval}" + (f" ({run['ckpt_policy']})" if run["ckpt_policy"] != "full" else "")
+            if interval else f"checkpointing plan {run['ckpt_plan']}" if run.get("ckpt_plan") else "no checkpointing")
+    print(f"{what}, {run['backend']}{' ' + Path(run['deepspeed_config'] or run['fsdp_config']).stem if run['deepspeed_config'] or run['fsdp_config'] else ''}"
+          f", {args.world} rank(s), micro-batch {run['micro_batch']}, {run['precision']}, {ckpt}, on "
+          f"{config['environment']['device']}, per rank:")
+    if plan:
+        from core.config import describe_plan as describe_choices
 
-        print(f"  checkpointing planned for {args.mem_budget_gb:g} GiB: {describe(chosen.choices)} "
-              f"(recomputes {chosen.cost[0] / 1e9:.3g} GFLOP per sample)")
+        print(f"  checkpointing planned for {run['mem_budget_gb']:g} GiB: {describe_choices(plan.choices)} "
+              f"({plan.describe_cost()})")
     for name, value in (("parameters", est.params), ("gathered parameters", est.params_gathered),
                         ("gradients", est.grads), ("optimizer state", est.optimizer),
                         ("model states", est.model_states_bytes), ("activations at the peak", est.activation_bytes),

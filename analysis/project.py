@@ -1,9 +1,14 @@
 """Project a model's training to W GPUs of a named kind and network, for every backend.
 
-    python -m analysis.project --preset paper --gpus 8 64 --gpu H100-SXM --network infiniband-ndr
-    python -m analysis.project --preset paper --gpus 8 --micro_batch 1 --out reports/project
-    python -m analysis.project --preset paper --gpus 8 64 --counted --configs ddp ds_configs/z3.json
+    python -m analysis.project --gpus 8 64 --gpu H100-SXM --network infiniband-ndr \\
+        --preset paper --micro_batch 1 --precision bf16 --attention sdpa
+    python -m analysis.project --gpus 8 --out reports/project --preset paper --micro_batch 1 --precision bf16
+    python -m analysis.project --gpus 8 64 --counted --configs ddp ds_configs/z3.json --preset tiny
+    python -m analysis.project --gpus 8 --model hf:llama --model_args num_hidden_layers=8,hidden_size=1024 \\
+        --precision bf16 --attention sdpa
 
+The run is train.py's flags (any model that trains: GPT-lite, hf:, a model file; train.py's names and
+defaults), resolved for each configuration as the run resolves it (training/describe.py).
 For each backend configuration (ddp and every shipped fsdp_configs/ and ds_configs/ file), on W
 ranks (W / gpus_per_node nodes): per-rank memory (analysis.estimate), the bytes of a step's
 collectives by kind (each backend's own theory: Backend.comm_theory, the accounting the measured
@@ -11,7 +16,8 @@ runs are checked against, tests/test_comm.py; or, with --counted, the backend's 
 W, counted by running it as rank 0 of W under torch's fake process group, training/fake_world.py),
 and a step time:
 
-    compute   = FLOPs per sample (GPTConfig.flops_per_token x block_size) x samples per rank / (peak x MFU)
+    compute   = FLOPs per sample (GPT-lite's formula, any other model counted on fake tensors, plus what
+                checkpointing recomputes) x samples per rank / (peak of the precision x MFU)
     comm      = per kind: alpha x ring steps x calls + bus bytes / bandwidth of the slowest link
                 (NVLink when the kind's group fits in a node, else the network's share per GPU)
     offload   = host<->device bytes / PCIe bandwidth + the CPU optimizer's time (ZeRO-Offload, FSDP
@@ -30,9 +36,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 import yaml
 
+from gptlite.data import DataError
 from gptlite.errors import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -56,25 +62,32 @@ def configurations() -> list[str]:
     return ["ddp", *(str(p.relative_to(REPO)) for p in files if "nvme" not in p.name)]
 
 
-def run_flags(entry: str, preset: str, micro_batch: int) -> list[str]:
-    """train.py's flags for one configuration as the projection sees it (bf16, SDPA attention): the
-    projection resolves them, and --counted runs them."""
+_FLOPS: dict[tuple, dict] = {}
+
+# train.py flags that choose the configuration: the projection's is --configs, one at a time.
+CONFIG_FLAGS = ("backend", "fsdp_config", "deepspeed_config", "deepspeed", "accelerate_plugin")
+
+
+def run_flags(entry: str, train_argv: list[str]) -> list[str]:
+    """train.py's flags for one configuration: the user's (`train_argv`, train.py's names and
+    defaults) with the configuration's, on a GPU. The projection resolves them as the run would
+    (training/describe.py), and --counted runs them."""
     flag = {"yaml": "--fsdp_config", "json": "--deepspeed_config"}.get(entry.rsplit(".", 1)[-1])
-    return ["--preset", preset, "--micro_batch", str(micro_batch), "--grad_accum", "1", "--precision", "bf16",
-            "--attention", "sdpa", *([flag, str(REPO / entry)] if flag else ["--backend", entry])]
+    return [*train_argv, *([flag, str(REPO / entry)] if flag else ["--backend", entry]), "--device", "cuda"]
 
 
-def count(entry: str, preset: str, world: int, micro_batch: int, gpus_per_node: int) -> dict:
+def count(entry: str, train_argv: list[str], world: int, gpus_per_node: int) -> dict:
     """The configuration run as rank 0 of `world` under the fake process group (training/fake_world.py):
     its real collectives at that world size, and its memory peak on this machine's device."""
     import json
     import subprocess
     import tempfile
 
+    flags = [*run_flags(entry, train_argv), "--device", "auto"]  # this machine's device: the same collectives
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "counted.json"
         proc = subprocess.run([sys.executable, "-m", "training.fake_world", "--world", str(world), "--gpus_per_node",
-                               str(gpus_per_node), "--out", str(out), "--", *run_flags(entry, preset, micro_batch)],
+                               str(gpus_per_node), "--out", str(out), "--", *flags],
                               cwd=REPO, capture_output=True, text=True)
         if proc.returncode != 0 or not out.exists():
             tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
@@ -82,29 +95,43 @@ def count(entry: str, preset: str, world: int, micro_batch: int, gpus_per_node: 
         return json.loads(out.read_text())
 
 
-def project(entry: str, preset: str, world: int, micro_batch: int, gpu: dict, net: dict, nvlink_latency_us: float,
+def resolve_entry(entry: str, train_argv: list[str], world: int, per_node: int):
+    """training.run.Setup of configuration `entry` of the run `train_argv` on `world` GPUs, `per_node` to a
+    node, resolved as train.py resolves it (training/describe.py), --ckpt_policy auto's plan included."""
+    from analysis.ckpt_plan import plan_for_record
+    from training.describe import resolve_flags
+
+    return resolve_flags(run_flags(entry, train_argv), world, per_node, planner=plan_for_record)
+
+
+def project(entry: str, train_argv: list[str], world: int, gpu: dict, net: dict, nvlink_latency_us: float,
             a: Assumptions, counted: dict | None = None) -> dict:
-    """One configuration on `world` GPUs: memory, bytes, step time and samples/s. With `counted` (a
-    fake-process-group run, count()), the bytes and calls are the backend's real ones at that world
-    size; otherwise its theory's, cut into buckets of a.bucket_mib."""
-    import backends
+    """One configuration of the run train.py's flags `train_argv` describe, on `world` GPUs: memory,
+    bytes, step time and samples/s. With `counted` (a fake-process-group run, count()), the bytes and
+    calls are the backend's real ones at that world size; otherwise its theory's, cut into buckets
+    of a.bucket_mib."""
     from analysis.estimate import estimate_from_record
     from analysis.runs import config_label
-    from core.dist import DistEnv
-    from training.cli import config_from_argv
+    from core.flops import planned_sample_flops, sample_flops
 
     per_node = min(world, gpu["gpus_per_node"])
-    env = DistEnv(0, 0, world, per_node, torch.device("cuda"), "torchrun")
-    resolved = backends.resolve(config_from_argv(run_flags(entry, preset, micro_batch)), env)
-    model = resolved.cfg.model_config(vocab_size=65)
-    n_params = model.n_params
-    theory = resolved.build(env).comm_theory(n_params)
-    memory = estimate_from_record({"run": resolved.cfg.to_dict(), "plan": resolved.plan_record(),
-                                   "model": model.to_dict(), "world_size": world,
-                                   "environment": {"device": "cuda:0"}})
-    samples = micro_batch  # per rank per step
-    compute_s = model.flops_per_token * model.block_size * samples / (
-        gpu["bf16_tflops"] * 1e12 * a.mfu)
+    setup = resolve_entry(entry, train_argv, world, per_node)
+    resolved, cfg = setup.resolved, setup.cfg
+    n_params = setup.n_params
+    theory = resolved.build(setup.env).comm_theory(n_params)
+    memory = estimate_from_record({**setup.record(), "environment": {"device": str(setup.env.device)}})
+    # Hardware FLOPs per sample: the model's (GPT-lite's formula, any other model counted on fake
+    # tensors) and what checkpointing runs again.
+    key = (tuple(train_argv), cfg.ckpt_plan)
+    if key not in _FLOPS:  # counted once per run and plan, whatever the configuration and world
+        _FLOPS[key] = (planned_sample_flops(setup.workload, cfg.block_class, cfg.plan_choices(), cfg.save_ops())
+                       if cfg.ckpt_plan else
+                       sample_flops(setup.workload, cfg.block_class, cfg.ckpt_interval,
+                                    cfg.save_ops() if cfg.ckpt_policy == "selective" else None))
+    flops = _FLOPS[key]
+    samples = setup.layout.global_batch // world  # per rank per step: micro-batch x accumulation
+    peak = gpu["fp32_tflops" if cfg.precision == "fp32" else "bf16_tflops"]
+    compute_s = (flops["model"] + flops["recomputed"]) * samples / (peak * 1e12 * a.mfu)
     groups = {kind: term["group_size"] for kind, term in theory["by_kind"].items()}
     if counted is not None:
         traffic = {kind: (groups.get(kind, world), v["bus_bytes"], v["calls"])
@@ -123,8 +150,9 @@ def project(entry: str, preset: str, world: int, micro_batch: int, gpu: dict, ne
         comm_s += bus_bytes / bandwidth
     offload_s = _offload_seconds(resolved, n_params, world, gpu, a)
     step_s = compute_s + (1 - a.overlap) * comm_s + offload_s
-    label = config_label(resolved.cfg.backend, resolved.cfg.fsdp_config, resolved.cfg.deepspeed_config)
+    label = config_label(cfg.backend, cfg.fsdp_config, cfg.deepspeed_config)
     return {"config": label, "gpus": world, "nodes": math.ceil(world / per_node),
+            "micro x accum": f"{cfg.micro_batch}x{samples // cfg.micro_batch}", "precision": cfg.precision,
             "memory GiB": memory.total_bytes / 2**30, "fits": memory.total_bytes <= gpu["memory_gib"] * 2**30,
             "comm GiB/step": sum(bus for _, bus, _ in traffic.values()) / 2**30,
             "bytes": "counted" if counted is not None else "theory",
@@ -150,7 +178,7 @@ def _offload_seconds(resolved, n_params: int, world: int, gpu: dict, a: Assumpti
     return moved / (gpu["pcie_gb_s"] * 1e9) + shard / (a.cpu_adam_gparams_s * 1e9)
 
 
-def table(preset: str, worlds: list[int], micro_batch: int, gpu_name: str, network: str, a: Assumptions,
+def table(train_argv: list[str], worlds: list[int], gpu_name: str, network: str, a: Assumptions,
           entries: list[str] | None = None, counted: bool = False):
     import pandas as pd
 
@@ -163,8 +191,8 @@ def table(preset: str, worlds: list[int], micro_batch: int, gpu_name: str, netwo
                 continue
             if counted:
                 print(f"counting {entry} at {w} ranks (fake process group) ...", file=sys.stderr, flush=True)
-            run = count(entry, preset, w, micro_batch, gpu["gpus_per_node"]) if counted else None
-            rows.append(project(entry, preset, w, micro_batch, gpu, net, hw["nvlink_latency_us"], a, run))
+            run = count(entry, train_argv, w, gpu["gpus_per_node"]) if counted else None
+            rows.append(project(entry, train_argv, w, gpu, net, hw["nvlink_latency_us"], a, run))
     return pd.DataFrame(rows)
 
 
@@ -178,11 +206,15 @@ def main(argv=None) -> int:
     from training.cli import OneLineParser
 
     hw = yaml.safe_load(HARDWARE.read_text())
-    p = OneLineParser(prog="python -m analysis.project", description=__doc__.splitlines()[0],
-                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", default="paper", choices=("paper", "small", "tiny"))
+    p = OneLineParser(prog="python -m analysis.project", description=__doc__.splitlines()[0], allow_abbrev=False,
+                      formatter_class=argparse.RawDescriptionHelpFormatter,
+                      usage="python -m analysis.project [--gpus W ...] [--gpu GPU] [--network NET] [--configs C ...] "
+                            "[--counted] [--out DIR] [train.py flags]",
+                      epilog="Every other flag is train.py's, with train.py's names and defaults (the model, "
+                             "--micro_batch, --grad_accum, --precision, --attention, checkpointing: python train.py "
+                             "--help), resolved for each configuration as the run resolves it (training/describe.py), "
+                             "on a GPU. The configuration itself is --configs'.\n\n" + "\n".join(__doc__.splitlines()[2:5]))
     p.add_argument("--gpus", type=int, nargs="+", default=[8, 64], help="world sizes to project to")
-    p.add_argument("--micro_batch", type=int, default=1)
     p.add_argument("--gpu", default="H100-SXM", choices=tuple(hw["gpus"]))
     p.add_argument("--network", default="infiniband-ndr", choices=tuple(hw["networks"]))
     p.add_argument("--mfu", type=float, default=Assumptions.mfu)
@@ -195,7 +227,7 @@ def main(argv=None) -> int:
                         "run per configuration and W on this machine (about a minute each for the paper preset "
                         "on 2 CPU cores); the figure stays on theory")
     p.add_argument("--out", default=None, help="directory for projection.md and samples_vs_gpus.png")
-    args = p.parse_args(argv)
+    args, train_argv = p.parse_known_args(argv)
     for c in args.configs or []:
         if c in ("single", "accelerate") or (c not in ("ddp", "fsdp", "fsdp2") and not (
                 c.endswith((".yaml", ".json")) and (REPO / c).is_file())):
@@ -212,38 +244,46 @@ def main(argv=None) -> int:
             writable_dir("--out", args.out)
         except ConfigError as e:
             p.error(str(e))
-    if not 0 < args.mfu <= 1 or not 0 <= args.overlap <= 1 or args.micro_batch < 1:
-        p.error("--mfu must be in (0, 1], --overlap in [0, 1], --micro_batch >= 1")
+    if not 0 < args.mfu <= 1 or not 0 <= args.overlap <= 1:
+        p.error("--mfu must be in (0, 1], --overlap in [0, 1]")
     if any(w < 1 or (w > hw["gpus"][args.gpu]["gpus_per_node"] and w % hw["gpus"][args.gpu]["gpus_per_node"])
            for w in args.gpus):
         p.error(f"--gpus: each must be >= 1 and, beyond one node, whole nodes of {hw['gpus'][args.gpu]['gpus_per_node']}")
     a = Assumptions(mfu=args.mfu, overlap=args.overlap)
-    try:  # every configuration file read before any work: a bad one is refused in one line
+    try:  # the run's flags and every configuration file read before any work: a bad one is refused in one line
         from backends import deepspeed_config, fsdp_config
+        from training.cli import config_from_argv
 
+        given = config_from_argv(train_argv)
+        defaults = config_from_argv([])
+        for name in CONFIG_FLAGS:
+            if getattr(given, name) != getattr(defaults, name):
+                raise ConfigError(f"--{name}: the projection compares configurations; name them with --configs")
+        if given.device not in ("auto", "cuda"):
+            raise ConfigError(f"--device {given.device}: the projection is of GPUs (--gpu)")
         for c in args.configs or configurations():
             if c.endswith(".json"):
                 deepspeed_config.read(str(REPO / c))
             elif c.endswith(".yaml"):
                 fsdp_config.load(str(REPO / c))
-    except ConfigError as e:
+        result = table(train_argv, args.gpus, args.gpu, args.network, a, args.configs, args.counted)
+    except (ConfigError, DataError) as e:
         p.error(str(e))
-    try:
-        result = table(args.preset, args.gpus, args.micro_batch, args.gpu, args.network, a, args.configs,
-                       args.counted)
     except RuntimeError as e:
         print(f"python -m analysis.project: {e}", file=sys.stderr)
         return 1
     bytes_from = ("counted: each backend's real collectives at W under the fake process group; memory peak "
                   "as measured there on this machine's device" if args.counted else
                   f"each backend's theory (comm_theory), cut into {a.bucket_mib} MiB buckets")
-    lines = [f"{args.preset} preset, micro-batch {args.micro_batch}, bf16, {args.gpu} x W over {args.network}",
+    what = f"{given.preset} preset" if given.model == "gptlite" else given.model
+    lines = [f"{what} on {args.gpu} x W over {args.network}; the run: train.py {' '.join(train_argv) or '(defaults)'}",
              f"assumptions: MFU {a.mfu}, overlap {a.overlap}, CPU Adam {a.cpu_adam_gparams_s} G params/s per GPU, "
-             "datasheet bandwidths and peaks (analysis/hardware.yaml)", f"bytes and calls: {bytes_from}", ""]
+             "datasheet bandwidths and the precision's peak (analysis/hardware.yaml)", f"bytes and calls: {bytes_from}", ""]
     for w, group in result.groupby("gpus"):
         ranked = group.sort_values("samples/s", ascending=False)
         lines += [f"W = {w}:", ranked.to_string(index=False, float_format=lambda v: f"{v:,.3g}"), ""]
-    if 8 in args.gpus and set(ARTICLE) <= set(result["config"]):
+    article = given.model == "gptlite" and given.preset == "paper" and set(result["micro x accum"]) == {"1x1"}
+    if article and 8 in args.gpus and set(ARTICLE) <= set(result["config"]):
         eight = result[result["gpus"] == 8].set_index("config")
         lines += ["the article's 8-GPU measurements (micro-batch 1) beside this projection's order:"]
         order = sorted(ARTICLE, key=lambda c: -ARTICLE[c])
@@ -254,11 +294,11 @@ def main(argv=None) -> int:
     text = "\n".join(lines)
     print(text)
     if args.out:
-        _write(Path(args.out), text, args, a)
+        _write(Path(args.out), text, args, a, train_argv, what)
     return 0
 
 
-def _write(out: Path, text: str, args, a: Assumptions) -> None:
+def _write(out: Path, text: str, args, a: Assumptions, train_argv: list[str], what: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -266,11 +306,10 @@ def _write(out: Path, text: str, args, a: Assumptions) -> None:
     import seaborn as sns
 
     out.mkdir(parents=True, exist_ok=True)
-    curve = table(args.preset, [8, 16, 32, 64, 128, 256, 512, 1024], args.micro_batch, args.gpu, args.network, a,
-                  args.configs)  # theory's bytes: counting 1024 ranks is not what this figure is for
+    curve = table(train_argv, [8, 16, 32, 64, 128, 256, 512, 1024], args.gpu, args.network, a, args.configs)  # theory's bytes: counting 1024 ranks is not what this figure is for
     fig, ax = plt.subplots(figsize=(9, 5))
     sns.lineplot(curve, x="gpus", y="samples/s", hue="config", marker="o", ax=ax)
-    ax.set(xscale="log", yscale="log", xlabel="GPUs", title=f"Projected samples/s, {args.preset}, {args.gpu}")
+    ax.set(xscale="log", yscale="log", xlabel="GPUs", title=f"Projected samples/s, {what}, {args.gpu}")
     ax.legend(fontsize="x-small", ncol=2)
     fig.tight_layout()
     fig.savefig(out / "samples_vs_gpus.png", dpi=110)

@@ -143,15 +143,16 @@ def cfg_block_params(cfg):
 
 def test_the_cli_prints_a_plan_or_names_the_smallest_reachable_peak():
     def cli(*args):
+        # Counted: a measured cost (the default) times this machine, and may weigh selective as full.
         return subprocess.run([sys.executable, "-m", "analysis.estimate", "--preset", "small", "--micro_batch", "8",
-                               "--device", "cpu", *args], cwd=REPO, env=base_env(), capture_output=True, text=True,
-                              timeout=300)
+                               "--device", "cpu", "--ckpt_cost", "counted", *args], cwd=REPO, env=base_env(),
+                              capture_output=True, text=True, timeout=300)
 
     fits = cli("--ckpt_policy", "auto", "--mem_budget_gb", "0.15")
     assert fits.returncode == 0, fits.stderr
     assert "checkpointing planned for 0.15 GiB: " in fits.stdout and "selective" in fits.stdout
     # Under ZeRO-3 the plan holds none and full, as train.py's (selective is refused there).
-    zero3 = cli("--config", "ds_configs/z3.json", "--world", "2", "--ckpt_policy", "auto", "--mem_budget_gb", "0.2")
+    zero3 = cli("--deepspeed_config", "ds_configs/z3.json", "--world", "2", "--ckpt_policy", "auto", "--mem_budget_gb", "0.2")
     assert zero3.returncode == 0 and "full" in zero3.stdout and "selective" not in zero3.stdout, zero3.stdout
     too_small = cli("--ckpt_policy", "auto", "--mem_budget_gb", "0.01")
     assert too_small.returncode == 2 and too_small.stdout == ""

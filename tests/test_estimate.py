@@ -44,7 +44,7 @@ def test_counts_are_the_models():
 
 def test_cli_prints_json_with_every_part():
     proc = subprocess.run([sys.executable, "-m", "analysis.estimate", "--preset", "paper", "--world", "8",
-                           "--config", "ds_configs/z3.json", "--micro_batch", "2", "--precision", "bf16", "--json"],
+                           "--deepspeed_config", "ds_configs/z3.json", "--micro_batch", "2", "--precision", "bf16", "--json"],
                           cwd=REPO, env=base_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
@@ -158,8 +158,8 @@ def test_the_cli_applies_every_model_flag_or_refuses_it(capsys):
     fewer = _estimate_cli(capsys, "--preset", "tiny", "--n_layer", "2")[1]
     assert fewer["params"] < base["params"]
     for argv, message in ((("--model_args", "n_layer=2"), "model_args apply to hf:"),
-                          (("--world", "4", "--ranks_per_node", "0"), "--ranks_per_node must be an integer >= 1"),
-                          (("--world", "0"), "--world must be an integer >= 1"),
+                          (("--world", "4", "--ranks_per_node", "0"), "ranks_per_node must be an integer >= 1"),
+                          (("--world", "0"), "world must be an integer >= 1"),
                           (("--model", "hf:gpt2", "--n_layer", "2"), "n_layer applies to --model gptlite")):
         code, err = _estimate_cli(capsys, "--preset", "tiny", *argv)
         assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err

@@ -11,16 +11,18 @@ from conftest import REPO, base_env
 
 HW = yaml.safe_load(HARDWARE.read_text())
 H100 = HW["gpus"]["H100-SXM"]
+# The article's run, as train.py's flags.
+PAPER = ["--preset", "paper", "--micro_batch", "1", "--precision", "bf16", "--attention", "sdpa"]
+TINY = ["--preset", "tiny", "--micro_batch", "1", "--precision", "bf16", "--attention", "sdpa"]
 
 
 def _project(entry, world, net, gpu=H100, nvlink_latency_us=HW["nvlink_latency_us"], **assumptions):
-    return project(entry, "paper", world, 1, gpu, net, nvlink_latency_us, Assumptions(**assumptions))
+    return project(entry, PAPER, world, gpu, net, nvlink_latency_us, Assumptions(**assumptions))
 
 
 def test_the_cli_projects_every_backend_to_8_and_64_gpus(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "analysis.project", "--preset", "paper", "--gpus", "8", "64",
-                           "--out", str(tmp_path)], cwd=REPO, env=base_env(), capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run([sys.executable, "-m", "analysis.project", "--gpus", "8", "64", "--out", str(tmp_path),
+                           *PAPER], cwd=REPO, env=base_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     for label in ("ddp", "deepspeed.z1", "deepspeed.z3", "fsdp.full_shard", "fsdp2.fsdp2", "fsdp.hybrid_shard"):
         assert label in proc.stdout
@@ -49,7 +51,9 @@ def test_a_slower_network_never_speeds_a_backend_up_and_zero3_moves_more_than_dd
 
 
 @pytest.mark.parametrize("flags", [["--mfu", "0"], ["--gpus", "12"], ["--overlap", "2"], ["--configs", "single"],
-                                   ["--configs", "ds_configs/z9.json"]])
+                                   ["--configs", "ds_configs/z9.json"], ["--backend", "ddp"],
+                                   ["--deepspeed_config", "ds_configs/z3.json"], ["--device", "cpu"],
+                                   ["--micro_batch", "0"], ["--model", "hf:nosuchmodel"], ["--preset", "huge"]])
 def test_bad_arguments_are_refused(flags):
     proc = subprocess.run([sys.executable, "-m", "analysis.project", *flags], cwd=REPO, env=base_env(),
                           capture_output=True, text=True, timeout=120)
@@ -84,10 +88,10 @@ def test_counted_bytes_are_the_backends_real_ones_at_w():
     net = HW["networks"]["infiniband-ndr"]
     rows = {}
     for entry in ("ddp", "ds_configs/z3.json"):
-        counted = count(entry, "tiny", 8, 1, H100["gpus_per_node"])
+        counted = count(entry, TINY, 8, H100["gpus_per_node"])
         assert counted["status"] == "ok" and counted["world_size"] == 8
-        rows[entry] = (counted, project(entry, "tiny", 8, 1, H100, net, HW["nvlink_latency_us"], Assumptions(), counted),
-                       project(entry, "tiny", 8, 1, H100, net, HW["nvlink_latency_us"], Assumptions()))
+        rows[entry] = (counted, project(entry, TINY, 8, H100, net, HW["nvlink_latency_us"], Assumptions(), counted),
+                       project(entry, TINY, 8, H100, net, HW["nvlink_latency_us"], Assumptions()))
     ddp, z3 = rows["ddp"][0]["comm"], rows["ds_configs/z3.json"][0]["comm"]
     assert ddp["collectives"]["all_reduce"]["bytes"] == ddp["theory"]["by_kind"]["all_reduce"]["bytes"]
     assert z3["measured_over_theory"] == pytest.approx(2 / 3, rel=0.02)
@@ -95,3 +99,22 @@ def test_counted_bytes_are_the_backends_real_ones_at_w():
         assert with_counts["bytes"] == "counted" and with_theory["bytes"] == "theory"
         assert with_counts["comm GiB/step"] == pytest.approx(counted["comm"]["bus_bytes"] / 2**30)
     assert rows["ds_configs/z3.json"][1]["comm GiB/step"] < rows["ds_configs/z3.json"][2]["comm GiB/step"]
+
+
+def test_any_model_that_trains_is_projected_from_train_py_flags():
+    """An HF Llama (a user's model, not a GPT-lite preset) projects: its parameters set the bytes, its
+    counted FLOPs the compute; more accumulation is more samples per step at the same bytes; the
+    resolved run is train.py's (an FSDP file at --precision bf16 runs bf16)."""
+    llama = ["--model", "hf:llama", "--model_args", "num_hidden_layers=4,hidden_size=256,num_attention_heads=4,"
+             "num_key_value_heads=4,intermediate_size=512", "--block_size", "128", "--precision", "bf16",
+             "--micro_batch", "2"]
+    net = HW["networks"]["infiniband-ndr"]
+    ddp = project("ddp", llama, 8, H100, net, HW["nvlink_latency_us"], Assumptions())
+    tiny = project("ddp", TINY, 8, H100, net, HW["nvlink_latency_us"], Assumptions())
+    assert ddp["comm GiB/step"] > tiny["comm GiB/step"] and ddp["compute ms"] > 0
+    more = project("ddp", [*llama, "--grad_accum", "2"], 8, H100, net, HW["nvlink_latency_us"], Assumptions())
+    assert more["compute ms"] == pytest.approx(2 * ddp["compute ms"]) and more["comm GiB/step"] == ddp["comm GiB/step"]
+    fp32 = project("fsdp_configs/shard_grad_op.yaml", [*llama, "--precision", "fp32"], 8, H100, net,
+                   HW["nvlink_latency_us"], Assumptions())
+    bf16 = project("fsdp_configs/shard_grad_op.yaml", llama, 8, H100, net, HW["nvlink_latency_us"], Assumptions())
+    assert bf16["memory GiB"] < fp32["memory GiB"] and bf16["compute ms"] < fp32["compute ms"]

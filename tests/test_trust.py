@@ -52,13 +52,13 @@ def test_a_damaged_record_is_skipped_and_named(records_with_a_damaged_one, tmp_p
     (["-m", "analysis.claims", str(REFERENCE), "--out", "{FILE}"], "--out: {FILE} exists and is not a directory"),
     (["-m", "analysis.claims", "{FILE}", "--out", "{DIR}"], "runs_dir {FILE} is not a directory"),
     (["-m", "analysis.estimate", "--world", "0"], "world must be an integer >= 1 (got 0)"),
-    (["-m", "analysis.estimate", "--micro_batch", "-4"], "micro_batch must be an integer >= 1 (got -4)"),
-    (["-m", "analysis.estimate", "--ckpt_interval", "-1"], "ckpt_interval must be an integer >= 0 (got -1)"),
-    (["-m", "analysis.estimate", "--config", "ds_configs/z3.json", "--fsdp_config", "fsdp_configs/fsdp2.yaml"],
-     "exclude each other"),
-    (["-m", "analysis.estimate", "--fsdp_config", "fsdp_configs/hybrid_shard.yaml", "--world", "3",
-      "--ranks_per_node", "2"],
-     "hybrid_shard_size 2 must be >= 2 and divide the world size 3"),
+    (["-m", "analysis.estimate", "--micro_batch", "-4"], "micro_batch must be >= 1 (got -4)"),
+    (["-m", "analysis.estimate", "--ckpt_interval", "-1"], "ckpt_interval must be >= 0 (got -1)"),
+    (["-m", "analysis.estimate", "--deepspeed_config", "ds_configs/z3.json", "--fsdp_config",
+      "fsdp_configs/fsdp2.yaml"], "fsdp_config applies to backends fsdp and fsdp2 (got backend 'deepspeed')"),
+    (["-m", "analysis.estimate", "--fsdp_config", "fsdp_configs/hybrid_shard.yaml", "--world", "2",
+      "--ranks_per_node", "1"], "hybrid_shard_size 1 must be >= 2"),
+    (["-m", "analysis.estimate", "--world", "3", "--ranks_per_node", "2"], "ranks_per_node 2 must divide world 3"),
 ])
 def test_tools_refuse_bad_arguments_in_one_line(tmp_path, args, message):
     file, directory = tmp_path / "taken.md", tmp_path / "a_dir"

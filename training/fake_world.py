@@ -157,6 +157,7 @@ def simulate(world: int, gpus_per_node: int, train_argv: list[str]) -> dict:
         return {"exit_code": code}
     return {"exit_code": code, "world_size": world, "gpus_per_node": gpus_per_node, "status": summary["status"],
             "error": summary.get("error"), "run": config["run"] if config else None,
+            "plan": config.get("plan") if config else None,
             "comm": summary.get("comm"), "mem_peak_bytes": summary.get("mem_peak_bytes"),
             "mem_breakdown": summary.get("mem_breakdown"), "model_state_bytes": summary.get("model_state_bytes")}
 

@@ -138,11 +138,12 @@ class Setup:
 
 
 def resolve(cfg: RunConfig, env: DistEnv | None = None, resolved: Resolved | None = None,
-            planner: Callable | None = None) -> Setup:
+            planner: Callable | None = None, workload: Workload | None = None) -> Setup:
     """Everything that can be checked before any process group exists. Raises ConfigError/DataError.
 
     `resolved`: the backend already resolved (tests pass their own backend this way). `planner`: what
-    --ckpt_policy auto plans with (planned_checkpointing)."""
+    --ckpt_policy auto plans with (planned_checkpointing). `workload`: the run's model, already loaded and
+    checked (check_model)."""
     env = env or DistEnv.from_environment(cfg.device)
     resolved = resolved or backends.resolve(cfg, env)
     cfg = resolved.cfg
@@ -153,7 +154,7 @@ def resolve(cfg: RunConfig, env: DistEnv | None = None, resolved: Resolved | Non
         raise ConfigError(f"run_name: {Path(cfg.runs_dir) / cfg.run_name} already exists "
                           "(choose another --run_name, pass --overwrite, or --resume it)")
     fault = Fault.from_environment(cfg.backend, env.rank)  # a malformed GPTLITE_FAULT is bad input
-    workload = check_model(cfg)
+    workload = check_model(cfg, workload)
     setup = Setup(resolved, env, workload, fault)
     if cfg.ckpt_policy == "auto":
         setup.resolved = resolved = planned_checkpointing(setup, planner)
@@ -234,13 +235,16 @@ def planned_checkpointing(setup: Setup, planner: Callable | None) -> Resolved:
     return dataclasses.replace(setup.resolved, cfg=dataclasses.replace(cfg, ckpt_plan=",".join(chosen.choices)))
 
 
-def check_model(cfg: RunConfig) -> Workload:
+def check_model(cfg: RunConfig, workload: Workload | None = None) -> Workload:
     """The run's model and data, loaded and checked together (models.Workload.check: a few samples,
     one forward and loss on the meta device) and its blocks found where the backend or a flag needs
     them, without building anything: part of `resolve`, and what sweep.py checks for each model of a
-    matrix before its first run. `cfg` is resolved (its backend named). Raises ConfigError/DataError."""
-    workload = models.load(cfg.model_request())
-    workload.check()
+    matrix before its first run. `cfg` is resolved (its backend named); `workload`, the same model already
+    loaded and checked (training/describe.py resolves one model under many configurations), is checked
+    only for the blocks this run needs. Raises ConfigError/DataError."""
+    if workload is None:
+        workload = models.load(cfg.model_request())
+        workload.check()
     check_blocks(workload, cfg)
     return workload
 
