@@ -58,7 +58,7 @@ def main(argv=None) -> int:
             if any(dict(run.flags).get("ckpt_policy") == "auto" for run in runs):
                 raise ConfigError("--max_batch with matrix.ckpt_policy auto:<GiB>: the search's budget would replace "
                                   "the plan's; search the hand-set policies, or plan each micro-batch with auto")
-        check_runs(runs, spec.directory)
+        check_runs(runs, spec.directory, planner=_plan_checkpointing)
         runner = Runner(_max_batch_dir(spec, args) if args.max_batch else spec.directory, spec.timeout_s,
                         retry_failed=args.retry_failed)
         if not args.dry_run:
@@ -87,6 +87,14 @@ def main(argv=None) -> int:
         print(f"sweep.py: stopped ({type(e).__name__}); the run in progress was stopped and recorded as failed",
               file=sys.stderr)
         return 130 if isinstance(e, KeyboardInterrupt) else 143
+
+
+def _plan_checkpointing(*args, **kwargs):
+    """--ckpt_policy auto's planner (analysis/ckpt_plan.py), as train.py hands it in: the packages below
+    never import analysis."""
+    from analysis.ckpt_plan import plan_for_record
+
+    return plan_for_record(*args, **kwargs)
 
 
 def _progress(total: int, desc: str):

@@ -144,14 +144,17 @@ def plan_for_record(config: dict, budget_gb: float, workload, choices: Sequence[
     kwargs.update(ckpt_plan=None, ckpt_policy="selective")  # every block selective: the operators' outputs traced
     est = estimate(model, backend, world, micro_batch, precision, 1, *rest, **kwargs)
     run = config["run"]
-    measured = None
-    if measure and run.get("ckpt_cost", "measured") == "measured":
-        device = (config.get("environment") or {}).get("device", "cpu")
-        single = estimate(model, "single", 1, micro_batch, precision, 0, *rest[:1], **{**kwargs, "ckpt_policy": "full"})
-        measured = measured_costs(workload, run.get("block_class"), micro_batch, device, kwargs["save_ops"],
-                                  [c for c in choices if c != "none"], single.total_bytes)
-    return plan(est, budget_gb, block_flops_by_op(workload, run.get("block_class")), kwargs["save_ops"], choices,
-                measured)
+    flops = block_flops_by_op(workload, run.get("block_class"))
+    # Whether a plan fits does not depend on the costs: a budget none fits is refused before anything is
+    # timed (under a launcher, every rank then fails at once, not rank 0 seconds after the others).
+    counted = plan(est, budget_gb, flops, kwargs["save_ops"], choices)
+    if not (measure and run.get("ckpt_cost", "measured") == "measured"):
+        return counted
+    device = (config.get("environment") or {}).get("device", "cpu")
+    single = estimate(model, "single", 1, micro_batch, precision, 0, *rest[:1], **{**kwargs, "ckpt_policy": "full"})
+    measured = measured_costs(workload, run.get("block_class"), micro_batch, device, kwargs["save_ops"],
+                              [c for c in choices if c != "none"], single.total_bytes)
+    return plan(est, budget_gb, flops, kwargs["save_ops"], choices, measured) if measured else counted
 
 
 def measured_costs(workload, block_class: str | None, micro_batch: int, device: str, save_ops, policies: Sequence[str],

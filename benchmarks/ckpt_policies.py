@@ -34,7 +34,7 @@ POLICIES = {"none": [], "full": ["--ckpt_interval", "1"],
 
 
 def run(policy: str, args, runs: Path, k: int) -> dict:
-    name = f"{policy.replace(':', '-').replace(',', '_')}-{k}"
+    name = f"{policy.split(':')[0] + ('-custom' if ':' in policy else '')}-{k}"  # a run name, not the op list
     cmd = [sys.executable, str(REPO / "train.py"), "--backend", "single", "--model", args.model,
            "--preset", args.preset, "--micro_batch", str(args.micro_batch), "--steps", str(args.steps),
            "--warmup_steps", str(args.warmup), "--mem_profile_steps", "1", "--eval_batches", "1",
@@ -58,7 +58,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--dropout", type=float, default=0.1)
-    p.add_argument("--attention", default=None, help="train.py's --attention (naive, sdpa); default the model's")
+    p.add_argument("--attention", default=None, help="GPT-lite's --attention (naive, sdpa); default the model's "
+                   "(HF models take theirs from --model_args)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--save_ops", default=None,
                    help="also measure selective keeping these ops (--ckpt_save_ops), as policy 'selective:OPS'")

@@ -450,3 +450,18 @@ def test_an_auto_policy_runs_once_whatever_the_other_checkpointing_dimensions(tm
     runs, skipped = expand(spec)
     assert [r.name for r in runs] == ["ddp-w2-tiny-mb8-fp32-auto0.2"] and skipped == []
     assert "ckpt_impl" not in dict(runs[0].flags) and "ckpt_offload" not in dict(runs[0].flags)
+
+
+def test_a_budget_no_plan_fits_is_refused_before_the_first_run(tmp_path, capsys):
+    """matrix.ckpt_policy auto:<GiB> below what any plan reaches: the sweep is refused whole, in one
+    line naming the run and the smallest budget a plan fits, --dry_run included (each such run used to
+    be launched and refused when its turn came); a budget a plan fits passes."""
+    import sweep
+
+    spec = _spec(tmp_path, matrix={"backend": ["single"], "ckpt_policy": ["auto:0.001", "auto:1"]})
+    assert sweep.main([str(spec), "--dry_run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "run " in err and "smallest budget a plan fits is" in err, err
+    assert not any((tmp_path / "runs").glob("*/summary.json"))
+    fits = _spec(tmp_path, matrix={"backend": ["single"], "ckpt_policy": ["auto:1"]})
+    assert sweep.main([str(fits), "--dry_run"]) == 0

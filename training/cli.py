@@ -51,7 +51,9 @@ def report_bad_input(line: str) -> int:
         else:
             print(line, file=sys.stderr, flush=True)
     elif error_file:
-        time.sleep(5)  # the launcher stops this rank first
+        # The launcher stops this rank as soon as rank 0 exits; rank 0 may still be a while getting
+        # to the same error on a busy machine, and an exit here first would hide its line.
+        time.sleep(60)
     return EXIT_BAD_INPUT
 
 

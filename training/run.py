@@ -226,6 +226,9 @@ def planned_checkpointing(setup: Setup, planner: Callable | None) -> Resolved:
                           "prints one)")
     config = {**setup.record(), "environment": {"device": str(setup.env.device)}}
     choices = plan_choices_under(((config.get("plan") or {}).get("config") or {}).get("zero_optimization", {}).get("stage"))
+    if cfg.ckpt_save_ops is not None and "selective" not in choices:
+        raise ConfigError("ckpt_save_ops names what selective blocks keep, and under ZeRO stage 3 --ckpt_policy auto "
+                          "plans with none and full only: drop --ckpt_save_ops")
     # A measured cost is rank 0's alone: the other ranks take its plan once the process group exists
     # (Run.agree_on_plan), so that every rank checkpoints the same blocks.
     chosen = planner(config, cfg.mem_budget_gb, setup.workload, choices, measure=setup.env.is_main)

@@ -361,10 +361,15 @@ def _sha256(path: Path) -> str | None:
         return None
 
 
-def check_runs(runs: list[PlannedRun], directory: Path) -> None:
+def check_runs(runs: list[PlannedRun], directory: Path, planner=None) -> None:
     """Every planned run resolved as train.py will resolve it (flags, config files, world size, and
     its model and data: training/run.py check_model, each distinct model once), before the first
-    starts: a bad spec is refused whole (ConfigError naming the run)."""
+    starts: a bad spec is refused whole (ConfigError naming the run). With `planner` (sweep.py hands
+    in train.py's, analysis/ckpt_plan.plan_for_record), each `auto:<GiB>` run is planned too, on
+    counted costs (whether a plan fits does not depend on them): a budget no plan fits is refused
+    here, naming the smallest budget a plan fits, rather than when its turn comes."""
+    import dataclasses
+
     import torch
 
     import backends
@@ -381,13 +386,19 @@ def check_runs(runs: list[PlannedRun], directory: Path) -> None:
             Path(nvme).mkdir(parents=True, exist_ok=True)
         try:
             cfg = config_from_argv(run.argv(directory))
-            cfg = backends.resolve(cfg, DistEnv(0, 0, run.world_size, run.world_size, device,
-                                                launcher_for(run.backend))).cfg
+            env = DistEnv(0, 0, run.world_size, run.world_size, device, launcher_for(run.backend))
+            cfg = backends.resolve(cfg, env).cfg
             model = json.dumps({name: getattr(cfg, name) for name in MODEL_FLAGS})
             if model not in checked:
                 checked[model] = _check_model(cfg)
             # Each run: its backend or flags may need blocks the model does not have (fsdp, not ddp).
             check_blocks(checked[model], cfg)
+            if planner is not None and cfg.ckpt_policy == "auto":
+                from training.run import resolve
+
+                # A description (dry run, no name): a run recorded before may be planned again.
+                resolve(dataclasses.replace(cfg, dry_run=True, run_name=None), env,
+                        planner=lambda *a, **k: planner(*a, **{**k, "measure": False}), workload=checked[model])
         except (ConfigError, DataError) as e:
             raise ConfigError(f"run {run.name}: {e}") from None
 
