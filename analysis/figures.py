@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import textwrap
+
 # No backend is chosen here: the report CLI picks Agg (files only), a notebook keeps its inline one.
 import matplotlib.pyplot as plt
 import pandas as pd
@@ -167,7 +169,7 @@ def ckpt_frontier(runs: pd.DataFrame):
         for _, point in data.iterrows():
             ax.annotate(_point_label(point["ckpt"]), (point["peak MiB"], point["samples_per_s"]), fontsize="x-small",
                         xytext=(4, 3), textcoords="offset points")
-        ax.set(title=panel, xlabel="peak MiB per rank (lower is better)", ylabel="samples/s (median)")
+        ax.set(title=textwrap.fill(panel, 80), xlabel="peak MiB per rank (lower is better)", ylabel="samples/s (median)")
         ax.title.set_fontsize("small")
     for ax in list(axes.flat)[len(panels):]:
         ax.set_axis_off()
