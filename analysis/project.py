@@ -137,17 +137,9 @@ def project(entry: str, train_argv: list[str], world: int, gpu: dict, net: dict,
         traffic = {kind: (groups.get(kind, world), v["bus_bytes"], v["calls"])
                    for kind, v in counted["comm"]["collectives"].items()}
     else:
-        traffic = {kind: (term["group_size"], term["bus_bytes"], max(1, math.ceil(term["bytes"] / (a.bucket_mib * 2**20))))
-                   for kind, term in theory["by_kind"].items()}
-    comm_s = 0.0
-    for kind, (group, bus_bytes, calls) in traffic.items():
-        if group <= 1:
-            continue
-        inside = group <= per_node
-        bandwidth = (gpu["nvlink_gb_s"] if inside else net["gb_s_per_gpu"]) * 1e9
-        latency = (nvlink_latency_us if inside else net["latency_us"]) * 1e-6
-        comm_s += latency * RING_STEPS.get(kind.split("_secondary")[0], 1) * (group - 1) * calls
-        comm_s += bus_bytes / bandwidth
+        traffic = theory_traffic(theory, a.bucket_mib)
+    comm_s = comm_seconds(traffic, per_node, (gpu["nvlink_gb_s"], nvlink_latency_us),
+                          (net["gb_s_per_gpu"], net["latency_us"]))
     offload_s = _offload_seconds(resolved, n_params, world, gpu, a)
     step_s = compute_s + (1 - a.overlap) * comm_s + offload_s
     label = config_label(cfg.backend, cfg.fsdp_config, cfg.deepspeed_config)
@@ -159,6 +151,26 @@ def project(entry: str, train_argv: list[str], world: int, gpu: dict, net: dict,
             **({"counted peak GiB": counted["mem_peak_bytes"] / 2**30} if counted is not None else {}),
             "compute ms": compute_s * 1e3, "comm ms": comm_s * 1e3,
             "offload ms": offload_s * 1e3, "step ms": step_s * 1e3, "samples/s": world * samples / step_s}
+
+
+def theory_traffic(theory: dict, bucket_mib: float) -> dict:
+    """{kind: (group size, bus bytes, calls)} of a backend's comm_theory, its bytes cut into buckets."""
+    return {kind: (term["group_size"], term["bus_bytes"], max(1, math.ceil(term["bytes"] / (bucket_mib * 2**20))))
+            for kind, term in theory["by_kind"].items()}
+
+
+def comm_seconds(traffic: dict, per_node: int, inside: tuple[float, float], between: tuple[float, float]) -> float:
+    """Seconds of a step's collectives, `traffic` {kind: (group size, bus bytes, calls)}, over alpha-beta
+    links: `inside` a node and `between` nodes, each (GB/s, latency in microseconds); a kind whose
+    group fits in a node takes the inside link."""
+    seconds = 0.0
+    for kind, (group, bus_bytes, calls) in traffic.items():
+        if group <= 1:
+            continue
+        gb_s, latency_us = inside if group <= per_node else between
+        seconds += latency_us * 1e-6 * RING_STEPS.get(kind.split("_secondary")[0], 1) * (group - 1) * calls
+        seconds += bus_bytes / (gb_s * 1e9)
+    return seconds
 
 
 def _offload_seconds(resolved, n_params: int, world: int, gpu: dict, a: Assumptions) -> float:

@@ -1,0 +1,462 @@
+"""Plan a run: which configuration to train a model with on W ranks under a memory budget per rank.
+
+    python -m analysis.plan --world 2 --gpu here --mem_budget_gb 0.3 --global_batch 16 --preset small
+    python -m analysis.plan --world 8 --gpu H100-SXM --mem_budget_gb 40 --global_batch 64 \\
+        --preset paper --precision bf16 --attention sdpa
+
+The model is train.py's flags (any model that trains: GPT-lite, hf:, a model file; train.py's names
+and defaults). The planner chooses the rest: the backend configuration (ddp and every shipped
+fsdp_configs/ and ds_configs/ file, or --configs), micro-batch x accumulation with micro x accumulation
+x W = --global_batch, and checkpointing (none, full every k, selective every k: --ckpt). Each candidate
+is resolved as train.py resolves it (training/describe.py: a refused one is listed with train.py's
+reason), its peak per rank estimated (analysis.estimate; over the budget less the estimator's error
+band, analysis/ckpt_plan.HEADROOM: dropped, naming the part that breaks it), and its step timed by a
+model whose parts are printed:
+
+    compute   --gpu NAME: FLOPs per sample (counted, plus what checkpointing recomputes) x samples per
+              rank / (the precision's peak x MFU), as analysis.project;
+              --gpu here: calibrated on this machine's device: the model's forward and backward timed
+              at two micro-batches (a fixed time per micro-step plus a time per sample), the optimizer
+              step timed, and the recompute of full and selective checkpointing timed as a share of a
+              micro-step's time
+    comm      each backend's collectives by theory (Backend.comm_theory) over alpha-beta links
+              (hardware.yaml for a named GPU; --gpu here: all_reduce timed between W local processes)
+    offload   host<->device bytes / PCIe and the CPU optimizer's time (a named GPU only)
+    step      compute + (1 - overlap) x comm + offload;  samples/s = global batch / step
+
+The answer is ranked by predicted samples/s, with each candidate's exact launch command.
+Not yet: --verify (running the top candidates), the speed model's refit, --out's figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import shlex
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from gptlite.data import DataError
+from gptlite.errors import ConfigError
+
+REPO = Path(__file__).resolve().parent.parent
+GiB = 2**30
+CKPT = ("none", "full/1", "full/2", "full/4", "selective/1", "selective/2")
+# train.py flags the planner chooses: a user gives the question (model, budget, batch), not the answer.
+CHOSEN_FLAGS = ("backend", "fsdp_config", "deepspeed_config", "deepspeed", "accelerate_plugin", "micro_batch",
+                "grad_accum", "ckpt_interval", "ckpt_policy", "ckpt_plan", "mem_budget_gb")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One configuration of the run: a backend configuration, micro-batch x accumulation, checkpointing."""
+
+    config: str  # single, ddp, fsdp, fsdp2, or an fsdp_configs/ or ds_configs/ file (relative to the repository)
+    micro_batch: int
+    grad_accum: int
+    ckpt: str  # none, full/k, selective/k
+
+    def __post_init__(self):
+        policy, _, k = self.ckpt.partition("/")
+        if self.ckpt != "none" and (policy not in ("full", "selective") or not k.isdigit() or int(k) < 1):
+            raise ConfigError(f"ckpt {self.ckpt!r}: must be none, full/K or selective/K (K >= 1)")
+
+    def flags(self) -> list[str]:
+        """train.py's flags for this candidate (besides the model's)."""
+        kind = {"yaml": "--fsdp_config", "json": "--deepspeed_config"}.get(self.config.rsplit(".", 1)[-1])
+        flags = [kind, self.config] if kind else ["--backend", self.config]
+        flags += ["--micro_batch", str(self.micro_batch), "--grad_accum", str(self.grad_accum)]
+        if self.ckpt != "none":
+            policy, k = self.ckpt.split("/")
+            flags += ["--ckpt_interval", k] + (["--ckpt_policy", "selective"] if policy == "selective" else [])
+        return flags
+
+
+def configurations(world: int, per_node: int) -> list[str]:
+    """The backend configurations the suite ships, for `world` ranks `per_node` to a node."""
+    from analysis.project import configurations as shipped
+
+    if world == 1:
+        return ["single"]
+    return [c for c in shipped() if not ("hybrid" in c and world <= per_node)]
+
+
+def candidates(configs: list[str], world: int, global_batch: int, ckpt: tuple[str, ...] = CKPT,
+               micro_batches: list[int] | None = None) -> list[Candidate]:
+    """Every configuration x micro-batch x accumulation (micro x accumulation x world = global batch)
+    x checkpointing."""
+    if global_batch % world:
+        raise ConfigError(f"global_batch {global_batch} must be a multiple of world {world} "
+                          "(micro-batch x accumulation x world)")
+    per_rank = global_batch // world
+    micros = [m for m in range(1, per_rank + 1) if per_rank % m == 0 and (micro_batches is None or m in micro_batches)]
+    if not micros:
+        raise ConfigError(f"micro_batches {micro_batches}: none divides the {per_rank} samples per rank "
+                          f"(global_batch {global_batch} / world {world})")
+    return [Candidate(c, m, per_rank // m, k) for c in configs for m in micros for k in ckpt]
+
+
+@dataclass
+class Link:
+    """An alpha-beta link: bus GB/s and latency (microseconds) per ring step; where it came from."""
+
+    gb_s: float
+    latency_us: float
+    source: str
+
+
+@dataclass
+class Device:
+    """What the step-time model knows of the device: a named GPU's datasheet, or this machine measured."""
+
+    name: str
+    inside: Link  # between the ranks of a node
+    between: Link  # between nodes
+    flops_per_s: float | None = None  # peak x MFU (a named GPU)
+    micro_step_s: float = 0.0  # calibrated: fixed seconds per micro-step
+    sample_s: float = 0.0  # calibrated: seconds per sample of forward and backward
+    optimizer_s: float = 0.0  # calibrated: the optimizer step
+    recompute: dict = dataclasses.field(default_factory=dict)  # calibrated: {full, selective}: extra share
+    pcie_gb_s: float | None = None
+    cpu_adam_gparams_s: float = 1.0
+    overlap: float = 0.5
+    memory_gib: float | None = None
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+
+def named_device(name: str, network: str, mfu: float, overlap: float, precision: str) -> Device:
+    """A GPU of analysis/hardware.yaml: its datasheet peak for `precision` x MFU and its links."""
+    from analysis.project import HARDWARE
+
+    hw = yaml.safe_load(HARDWARE.read_text())
+    gpu, net = hw["gpus"][name], hw["networks"][network]
+    peak = gpu["fp32_tflops" if precision == "fp32" else "bf16_tflops"] * 1e12
+    return Device(name, Link(gpu["nvlink_gb_s"], hw["nvlink_latency_us"], "datasheet (hardware.yaml)"),
+                  Link(net["gb_s_per_gpu"], net["latency_us"], f"{network} (hardware.yaml)"), flops_per_s=peak * mfu,
+                  pcie_gb_s=gpu["pcie_gb_s"], overlap=overlap, memory_gib=gpu["memory_gib"],
+                  notes=[f"compute: {precision} peak {peak / 1e12:g} TFLOP/s x MFU {mfu}", f"overlap {overlap}"])
+
+
+def calibrate(workload, block_class: str | None, micro_batches: tuple[int, int], device: str, save_ops,
+              reps: int = 3) -> dict:
+    """This machine's device, measured on the real model (seed 0): a micro-step's forward and backward
+    at two micro-batches (median of `reps` after a warm-up) fitted as fixed + per-sample seconds; the
+    optimizer's step (AdamW); and what full and selective checkpointing of every block add, as a share
+    of the larger micro-batch's time (ckpt_plan.measured_costs)."""
+    import torch
+
+    from analysis.ckpt_plan import measured_costs
+    from core.dist import synchronize
+
+    dev = torch.device(device)
+    model = workload.build(0).to(dev)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    seconds = {}
+    for m in micro_batches:
+        x, y = (t.to(dev) for t in workload.example(m))
+        times = []
+        with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
+            for rep in range(reps + 1):
+                synchronize(dev)
+                started = time.perf_counter()
+                _, loss = model(x, y)
+                loss.backward()
+                synchronize(dev)
+                if rep:
+                    times.append(time.perf_counter() - started)
+        seconds[m] = statistics.median(times)
+    step = []
+    for rep in range(reps + 1):
+        synchronize(dev)
+        started = time.perf_counter()
+        optimizer.step()
+        synchronize(dev)
+        if rep:
+            step.append(time.perf_counter() - started)
+    small, large = micro_batches
+    per_sample = max(0.0, (seconds[large] - seconds[small]) / (large - small))
+    fixed = max(0.0, seconds[small] - small * per_sample)
+    extra = measured_costs(workload, block_class, large, device, save_ops, ["full", "selective"], 0) or {}
+    return {"micro_step_s": fixed, "sample_s": per_sample, "optimizer_s": statistics.median(step),
+            "recompute": {k: v / seconds[large] for k, v in extra.items()}, "timed": seconds}
+
+
+def probe_link(world: int, sizes: tuple[int, int] = (1024, 8 * 2**20), reps: int = 5) -> Link:
+    """all_reduce timed between `world` local processes (gloo, this machine): a small message gives
+    the latency per ring step, a large one the bus bandwidth."""
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        ctx = mp.get_context("spawn")
+        queue = ctx.SimpleQueue()
+        procs = [ctx.Process(target=_probe_rank, args=(r, world, f"{tmp}/store", sizes, reps, queue))
+                 for r in range(world)]
+        for proc in procs:
+            proc.start()
+        for proc in procs:
+            proc.join(120)
+        if any(proc.exitcode != 0 for proc in procs):
+            raise RuntimeError("the all_reduce probe between local processes failed")
+        small_s, large_s = queue.get()
+    steps = 2 * (world - 1)
+    bus = 2 * (world - 1) / world * sizes[1]
+    return Link(bus / max(large_s - small_s, 1e-9) / 1e9, small_s / steps * 1e6,
+                f"all_reduce timed between {world} local processes (gloo)")
+
+
+def _probe_rank(rank: int, world: int, store: str, sizes, reps: int, queue) -> None:
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world)
+    times = []
+    for size in sizes:
+        t = torch.zeros(size // 4)
+        dist.all_reduce(t)  # warm-up
+        dist.barrier()
+        started = time.perf_counter()
+        for _ in range(reps):
+            dist.all_reduce(t)
+        times.append((time.perf_counter() - started) / reps)
+    if rank == 0:
+        queue.put(times)
+    dist.destroy_process_group()
+
+
+def here_device(train_argv: list[str], world: int, per_node: int, overlap: float,
+                micro_batches: tuple[int, int]) -> Device:
+    """This machine: compute calibrated on its device with the CPU threads one of `per_node` ranks gets
+    (core/dist.set_cpu_threads), its ranks' link probed."""
+    import torch
+
+    from core.dist import set_cpu_threads
+    from training.describe import resolve_flags, simulated_env
+
+    setup = resolve_flags([*train_argv, "--backend", "single"], 1)
+    cfg = setup.cfg
+    threads = torch.get_num_threads()
+    set_cpu_threads(simulated_env(min(world, per_node), None, cfg.device))
+    try:
+        c = calibrate(setup.workload, cfg.block_class, micro_batches, str(setup.env.device), cfg.save_ops())
+    finally:
+        torch.set_num_threads(threads)
+    inside = probe_link(world) if world > 1 else Link(math.inf, 0.0, "one rank: nothing to communicate")
+    timed = ", ".join(f"micro-batch {m}: {s * 1e3:.1f} ms" for m, s in c["timed"].items())
+    return Device(f"here ({setup.env.device})", inside, inside, micro_step_s=c["micro_step_s"],
+                  sample_s=c["sample_s"], optimizer_s=c["optimizer_s"], recompute=c["recompute"], overlap=overlap,
+                  notes=[f"compute calibrated on {setup.env.device}: forward and backward {timed}; "
+                         f"{c['micro_step_s'] * 1e3:.1f} ms per micro-step + {c['sample_s'] * 1e3:.2f} ms per sample, "
+                         f"optimizer step {c['optimizer_s'] * 1e3:.1f} ms; recompute of every block: "
+                         + ", ".join(f"{k} +{v:.0%}" for k, v in c["recompute"].items()),
+                         f"link: {inside.source}: {inside.gb_s:.2f} GB/s, {inside.latency_us:.0f} us per ring step",
+                         f"overlap {overlap}"])
+
+
+_FLOPS: dict[tuple, dict] = {}
+
+
+def evaluate(cand: Candidate, train_argv: list[str], world: int, per_node: int, budget_gb: float,
+             device: Device, bucket_mib: float = 25.0) -> dict:
+    """One candidate: resolved as train.py would (refused: `refused` says why), its peak estimated
+    against the budget, its step time predicted part by part."""
+    from analysis.ckpt_plan import HEADROOM
+    from analysis.estimate import estimate_from_record
+    from analysis.project import _offload_seconds, comm_seconds, theory_traffic
+    from core.config import interval_choices
+    from core.flops import sample_flops
+    from training.describe import MODEL_FIELDS, resolve_flags
+
+    row = {"config": cand.config, "micro x accum": f"{cand.micro_batch}x{cand.grad_accum}", "ckpt": cand.ckpt,
+           "candidate": cand}
+    gpu = device.flops_per_s is not None
+    flags = [*train_argv, *cand.flags(), *(["--device", "cuda"] if gpu else [])]
+    try:
+        setup = resolve_flags(flags, world, per_node)
+    except (ConfigError, DataError) as e:
+        return {**row, "refused": str(e)}
+    cfg, resolved = setup.cfg, setup.resolved
+    est = estimate_from_record({**setup.record(), "environment": {"device": str(setup.env.device)}})
+    limit = budget_gb * GiB * (1 - HEADROOM)
+    parts = {"model states": est.model_states_bytes, "activations": est.activation_bytes}
+    parts["other"] = max(0, est.total_bytes - sum(parts.values()))
+    breaks = max(parts, key=parts.get)
+    row.update(est_peak_gb=est.total_bytes / GiB, margin_gb=budget_gb - est.total_bytes / GiB,
+               fits=est.total_bytes <= limit,
+               **({} if est.total_bytes <= limit else {"breaks": f"{breaks} {parts[breaks] / GiB:.3g} GiB of "
+                                                              f"{est.total_bytes / GiB:.3g} GiB"}))
+    samples = setup.layout.global_batch // world
+    if gpu:
+        key = (tuple(getattr(cfg, f) for f in MODEL_FIELDS), cfg.ckpt_interval, cfg.ckpt_policy)
+        if key not in _FLOPS:
+            _FLOPS[key] = sample_flops(setup.workload, cfg.block_class, cfg.ckpt_interval,
+                                       cfg.save_ops() if cfg.ckpt_policy == "selective" else None)
+        flops = _FLOPS[key]
+        compute = (flops["model"] + flops["recomputed"]) * samples / device.flops_per_s
+    else:
+        share = 0.0
+        if cfg.ckpt_interval:  # the measured recompute of every block, for the share of blocks checkpointed
+            n = len(est.activations.full) if est.activations is not None else 0
+            checkpointed = sum(c != "none" for c in interval_choices(n, cfg.ckpt_interval))
+            share = device.recompute.get(cfg.ckpt_policy, 0.0) * (checkpointed / n if n else 1.0)
+        compute = (cand.grad_accum * device.micro_step_s + samples * device.sample_s) * (1 + share) \
+            + device.optimizer_s
+    theory = resolved.build(setup.env).comm_theory(setup.n_params)
+    comm = comm_seconds(theory_traffic(theory, bucket_mib), per_node, (device.inside.gb_s, device.inside.latency_us),
+                        (device.between.gb_s, device.between.latency_us))
+    offload = 0.0
+    if device.pcie_gb_s is not None:
+        from analysis.project import Assumptions
+
+        offload = _offload_seconds(resolved, setup.n_params, world, {"pcie_gb_s": device.pcie_gb_s},
+                                   Assumptions(cpu_adam_gparams_s=device.cpu_adam_gparams_s))
+    step = compute + (1 - device.overlap) * comm + offload
+    row.update(compute_ms=compute * 1e3, comm_ms=comm * 1e3, offload_ms=offload * 1e3, step_ms=step * 1e3,
+               pred_samples_per_s=setup.layout.global_batch / step, command=command(flags, cfg.backend, world, per_node))
+    return row
+
+
+def command(flags: list[str], backend: str, world: int, per_node: int) -> str:
+    """How a user launches the candidate (per node where it spans nodes)."""
+    nproc = min(world, per_node)
+    nodes = "" if world <= per_node else f" (on each of {world // per_node} nodes, with --nnodes and a rendezvous)"
+    if backend == "single" or world == 1:
+        head = ["python", "train.py"]
+    elif backend == "deepspeed":
+        head = ["deepspeed", "--num_gpus", str(nproc), "train.py"]
+    else:
+        head = ["torchrun", "--nproc_per_node", str(nproc), "train.py"]
+    return shlex.join([*head, *(f for f in flags)]) + nodes
+
+
+def plan(train_argv: list[str], world: int, per_node: int, budget_gb: float, global_batch: int, device: Device,
+         configs: list[str] | None = None, ckpt: tuple[str, ...] = CKPT, micro_batches: list[int] | None = None,
+         progress: bool = False) -> list[dict]:
+    """Every candidate evaluated; the ones that fit ranked by predicted samples/s first, then those
+    over the budget, then those train.py refuses."""
+    cands = candidates(configs or configurations(world, per_node), world, global_batch, ckpt, micro_batches)
+    rows = []
+    iterator = cands
+    if progress:
+        from tqdm import tqdm
+
+        iterator = tqdm(cands, desc="candidates", unit="", file=sys.stderr, leave=False)
+    for cand in iterator:
+        rows.append(evaluate(cand, train_argv, world, per_node, budget_gb, device))
+    return rank(rows)
+
+
+def rank(rows: list[dict]) -> list[dict]:
+    """Fitting candidates by predicted samples/s (then the lower peak), then those over the budget, then the refused."""
+    return sorted(rows, key=lambda r: (0 if r.get("fits") else 1 if "refused" not in r else 2,
+                                       -r.get("pred_samples_per_s", 0.0), r.get("est_peak_gb", 0.0)))
+
+
+def main(argv=None) -> int:
+    from analysis.project import HARDWARE
+    from training.cli import OneLineParser
+
+    hw = yaml.safe_load(HARDWARE.read_text())
+    p = OneLineParser(prog="python -m analysis.plan", description=__doc__.splitlines()[0], allow_abbrev=False,
+                      formatter_class=argparse.RawDescriptionHelpFormatter,
+                      usage="python -m analysis.plan --world W --mem_budget_gb M --global_batch B [--gpu GPU|here] "
+                            "[--configs C ...] [--ckpt P ...] [--top N] [--json] [train.py's model flags]",
+                      epilog="Every other flag is train.py's, with train.py's names and defaults (the model: --model, "
+                             "--preset, --model_args, --block_size, --precision, --attention, ...: python train.py "
+                             "--help). What the planner chooses (the backend and its file, --micro_batch, "
+                             "--grad_accum, checkpointing) is refused among them.\n\n" + __doc__.split("\n\n", 2)[2])
+    p.add_argument("--world", type=int, required=True, help="ranks (GPUs) the run is launched on")
+    p.add_argument("--gpus_per_node", type=int, default=None, help="ranks per node (default: the GPU's node, "
+                   "hardware.yaml; --gpu here: --world)")
+    p.add_argument("--gpu", default="here", choices=("here", *hw["gpus"]),
+                   help="a GPU of analysis/hardware.yaml, or here: this machine, its compute calibrated and its link probed")
+    p.add_argument("--network", default="infiniband-ndr", choices=tuple(hw["networks"]), help="between nodes")
+    p.add_argument("--mem_budget_gb", type=float, required=True, help="memory per rank, GiB (train.py's flag)")
+    p.add_argument("--global_batch", type=int, required=True,
+                   help="samples per optimizer step, fixed as a recipe fixes it: micro x accumulation x world")
+    p.add_argument("--configs", nargs="+", default=None, metavar="CONFIG",
+                   help="single, ddp, fsdp, fsdp2, or fsdp_configs/ and ds_configs/ files (default: all shipped)")
+    p.add_argument("--ckpt", nargs="+", default=list(CKPT), metavar="P",
+                   help="checkpointing candidates: none, full/K, selective/K (every K-th block)")
+    p.add_argument("--micro_batches", type=int, nargs="+", default=None, help="only these micro-batches")
+    p.add_argument("--mfu", type=float, default=0.4, help="a named GPU's model FLOPs utilisation")
+    p.add_argument("--overlap", type=float, default=0.5, help="share of communication hidden behind compute")
+    p.add_argument("--top", type=int, default=10, help="rows of the ranked table shown")
+    p.add_argument("--json", action="store_true", help="print one JSON object: candidates (ranked) and pick")
+    args, train_argv = p.parse_known_args(argv)
+    if args.world < 1 or args.global_batch < 1 or args.mem_budget_gb <= 0:
+        p.error("--world and --global_batch must be >= 1, --mem_budget_gb > 0")
+    if not 0 < args.mfu <= 1 or not 0 <= args.overlap <= 1:
+        p.error("--mfu must be in (0, 1], --overlap in [0, 1]")
+    for c in args.configs or []:
+        if c not in ("single", "ddp", "fsdp", "fsdp2") and not (c.endswith((".yaml", ".json")) and (REPO / c).is_file()):
+            p.error(f"--configs {c}: must be single, ddp, fsdp, fsdp2, or an existing fsdp_configs/*.yaml or "
+                    "ds_configs/*.json file (relative to the repository)")
+    if args.gpu == "here" and args.gpus_per_node is not None and args.gpus_per_node < args.world:
+        p.error("--gpus_per_node: --gpu here plans on this machine, one node of all --world ranks")
+    per_node = args.gpus_per_node or (args.world if args.gpu == "here" else hw["gpus"][args.gpu]["gpus_per_node"])
+    try:
+        from training.cli import config_from_argv
+
+        given, defaults = config_from_argv(train_argv), config_from_argv([])
+        for name in CHOSEN_FLAGS:
+            if getattr(given, name) != getattr(defaults, name):
+                raise ConfigError(f"--{name}: the planner chooses it (--configs, --micro_batches, --ckpt narrow the choice)")
+        ckpt = tuple(Candidate("ddp", 1, 1, k).ckpt for k in args.ckpt)
+        configs = args.configs or configurations(args.world, per_node)
+        candidates(configs, args.world, args.global_batch, ckpt, args.micro_batches)  # the question checked first
+        if args.gpu == "here":
+            if not args.json:
+                print("calibrating this machine (the model's step timed; the link between its ranks probed) ...",
+                      file=sys.stderr, flush=True)
+            per_rank = args.global_batch // args.world
+            micros = sorted({m for m in range(1, per_rank + 1) if per_rank % m == 0})
+            device = here_device(train_argv, args.world, per_node, args.overlap,
+                                 (micros[0], micros[-1]) if len(micros) > 1 else (micros[0], 2 * micros[0]))
+        else:
+            device = named_device(args.gpu, args.network, args.mfu, args.overlap, given.precision)
+        rows = plan(train_argv, args.world, per_node, args.mem_budget_gb, args.global_batch, device, configs, ckpt,
+                    args.micro_batches, progress=not args.json)
+    except (ConfigError, DataError) as e:
+        p.error(str(e))
+    except RuntimeError as e:
+        print(f"python -m analysis.plan: {e}", file=sys.stderr)
+        return 1
+    fitting = [r for r in rows if r.get("fits")]
+    if args.json:
+        shown = [{**{k: v for k, v in r.items() if k != "candidate"}, "config_flags": r["candidate"].flags()}
+                 for r in rows]
+        print(json.dumps({"device": device.name, "assumptions": device.notes, "candidates": shown,
+                          "pick": fitting[0]["command"] if fitting else None}, indent=2))
+        return 0 if fitting else 1
+    print(f"{len(rows)} candidates on {device.name}, world {args.world}, budget {args.mem_budget_gb:g} GiB per rank, "
+          f"global batch {args.global_batch}: {len(fitting)} fit, "
+          f"{sum('breaks' in r for r in rows)} over the budget, {sum('refused' in r for r in rows)} refused by train.py")
+    for note in device.notes:
+        print(f"  {note}")
+    if fitting:
+        import pandas as pd
+
+        columns = ["config", "micro x accum", "ckpt", "est_peak_gb", "margin_gb", "compute_ms", "comm_ms", "offload_ms",
+                   "step_ms", "pred_samples_per_s"]
+        table = pd.DataFrame(fitting[:args.top])[columns]
+        print(table.to_string(index=False, float_format=lambda v: f"{v:,.4g}"))
+        print("\npick:", fitting[0]["command"])
+    else:
+        least = min((r for r in rows if "est_peak_gb" in r), key=lambda r: r["est_peak_gb"], default=None)
+        print("no candidate fits" + (f": the smallest estimated peak is {least['est_peak_gb']:.3g} GiB "
+                                     f"({least['command']}; {least['breaks']})" if least else ""))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

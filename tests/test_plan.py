@@ -1,0 +1,145 @@
+"""The planner (analysis/plan.py): the candidates it searches, the budget that prunes them, the ranking,
+and the commands it prints, which train.py resolves as the planner did. In process but the last
+(train.py --dry_run under a launcher's environment) and the CLI's bad input."""
+
+import json
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from analysis import plan
+from conftest import REPO, base_env
+from gptlite.errors import ConfigError
+from test_describe import dry_run
+
+TINY = ["--preset", "tiny"]
+
+
+def h100():
+    return plan.named_device("H100-SXM", "infiniband-ndr", 0.4, 0.5, "fp32")
+
+
+def test_candidates_cover_every_micro_batch_times_accumulation_that_makes_the_global_batch():
+    cands = plan.candidates(["ddp", "ds_configs/z3.json"], 2, 16, ("none", "full/1"))
+    assert {(c.micro_batch, c.grad_accum) for c in cands} == {(1, 8), (2, 4), (4, 2), (8, 1)}
+    assert all(c.micro_batch * c.grad_accum * 2 == 16 for c in cands)
+    assert len(cands) == 2 * 4 * 2 and len(set(cands)) == len(cands)
+    assert {(c.micro_batch, c.grad_accum) for c in plan.candidates(["ddp"], 2, 16, ("none",), [2, 3])} == {(2, 4)}
+    with pytest.raises(ConfigError, match="global_batch 15 must be a multiple of world 2"):
+        plan.candidates(["ddp"], 2, 15)
+    with pytest.raises(ConfigError, match="none divides"):
+        plan.candidates(["ddp"], 2, 16, ("none",), [3])
+    with pytest.raises(ConfigError, match="ckpt 'full/0'"):
+        plan.Candidate("ddp", 1, 1, "full/0")
+
+
+def test_a_candidate_over_the_budget_is_dropped_naming_what_breaks_it():
+    """The same candidate fits a budget above its estimated peak (less the estimator's band) and not one
+    below it, which names the part of the peak that breaks it; checkpointing lowers the peak."""
+    cand = plan.Candidate("ddp", 8, 1, "none")
+    roomy = plan.evaluate(cand, TINY, 2, 8, 10.0, h100())
+    assert roomy["fits"] and "breaks" not in roomy and 0 < roomy["est_peak_gb"] < 10
+    tight = plan.evaluate(cand, TINY, 2, 8, roomy["est_peak_gb"] * 1.01, h100())  # inside the 3% band
+    assert not tight["fits"] and tight["breaks"].split()[0] in ("model", "activations", "other"), tight
+    assert f"of {roomy['est_peak_gb']:.3g} GiB" in tight["breaks"]
+    ckpt = plan.evaluate(plan.Candidate("ddp", 8, 1, "full/1"), TINY, 2, 8, 10.0, h100())
+    assert ckpt["est_peak_gb"] < roomy["est_peak_gb"]
+
+
+def test_what_train_py_refuses_is_listed_with_its_reason():
+    row = plan.evaluate(plan.Candidate("ds_configs/z3.json", 8, 1, "selective/1"), TINY, 2, 8, 10.0, h100())
+    assert "refused" in row and "selective" in row["refused"], row
+
+
+def test_recompute_and_communication_cost_time_on_a_named_gpu():
+    """Full checkpointing of every block predicts a slower step than none (its recompute), and ZeRO-3
+    more communication than DDP (gathers as well as reductions), the same compute."""
+    none = plan.evaluate(plan.Candidate("ddp", 8, 1, "none"), TINY, 8, 8, 10.0, h100())
+    full = plan.evaluate(plan.Candidate("ddp", 8, 1, "full/1"), TINY, 8, 8, 10.0, h100())
+    z3 = plan.evaluate(plan.Candidate("ds_configs/z3.json", 8, 1, "none"), TINY, 8, 8, 10.0, h100())
+    assert full["compute_ms"] > none["compute_ms"] and full["pred_samples_per_s"] < none["pred_samples_per_s"]
+    assert z3["comm_ms"] > none["comm_ms"] and z3["compute_ms"] == pytest.approx(none["compute_ms"])
+
+
+def test_the_ranking_puts_the_fastest_fitting_candidate_first():
+    rows = plan.plan(TINY, 8, 8, 10.0, 64, h100(), ["ddp", "ds_configs/z3.json"], ("none", "full/1"), [8])
+    fitting = [r for r in rows if r.get("fits")]
+    assert fitting and rows[:len(fitting)] == fitting
+    speeds = [r["pred_samples_per_s"] for r in fitting]
+    assert speeds == sorted(speeds, reverse=True)
+    peaks = sorted(r["est_peak_gb"] for r in fitting)
+    budget = (peaks[0] + peaks[-1]) / 2
+    tighter = plan.plan(TINY, 8, 8, budget, 64, h100(), ["ddp", "ds_configs/z3.json"], ("none", "full/1"), [8])
+    fit = {r["command"] for r in tighter if r.get("fits")}
+    assert fit == {r["command"] for r in fitting if r["est_peak_gb"] <= budget * (1 - plan_band())}
+    assert 0 < len(fit) < len(fitting) and [r for r in tighter if r.get("fits")] == tighter[:len(fit)]
+
+
+def plan_band():
+    from analysis.ckpt_plan import HEADROOM
+
+    return HEADROOM
+
+
+def test_the_pick_is_the_run_train_py_resolves_from_the_printed_command():
+    """The command the planner prints, launched as train.py --dry_run as rank 0 of its world, resolves to
+    the configuration the planner estimated (the same record, device aside)."""
+    here = plan.Device("this machine", plan.Link(1.0, 100.0, "given"), plan.Link(1.0, 100.0, "given"),
+                       micro_step_s=0.01, sample_s=0.001)  # as calibrated: the run on this machine's device
+    row = plan.evaluate(plan.Candidate("fsdp_configs/shard_grad_op.yaml", 2, 2, "full/2"),
+                        [*TINY, "--precision", "bf16"], 2, 2, 10.0, here)
+    argv = shlex.split(row["command"])
+    assert argv[:3] == ["torchrun", "--nproc_per_node", "2"] and argv[3] == "train.py"
+    from training.describe import describe
+
+    described, printed = describe(argv[4:], 2), dry_run(argv[4:], 2)
+    described.pop("environment", None)
+    printed.pop("environment", None)
+    assert printed == described
+    run = printed["run"]
+    assert (run["micro_batch"], run["grad_accum"], run["ckpt_interval"], run["precision"]) == (2, 2, 2, "bf16")
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "analysis.plan", *args], cwd=REPO, env=base_env(),
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_the_cli_answers_in_json_for_a_named_gpu():
+    proc = _cli("--world", "8", "--gpu", "H100-SXM", "--mem_budget_gb", "10", "--global_batch", "64",
+                "--configs", "ddp", "ds_configs/z3.json", "--ckpt", "none", "full/1", "--micro_batches", "8", "--json",
+                *TINY)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert len(out["candidates"]) == 4 and out["pick"] == out["candidates"][0]["command"]
+    assert all({"command", "est_peak_gb", "pred_samples_per_s", "fits"} <= set(c) for c in out["candidates"])
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--micro_batch", "4"], "--micro_batch: the planner chooses it"),
+    (["--deepspeed_config", "ds_configs/z3.json"], "--deepspeed_config: the planner chooses it"),
+    (["--configs", "ds_configs/nope.json"], "--configs ds_configs/nope.json: must be"),
+    (["--ckpt", "every/2"], "ckpt 'every/2'"),
+    (["--global_batch", "15"], "global_batch 15 must be a multiple of world 2"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, message):
+    base = {"--world": "2", "--gpu": "H100-SXM", "--mem_budget_gb": "1", "--global_batch": "16"}
+    for flag in [a for a in args if a in base]:
+        base.pop(flag)
+    proc = _cli(*[x for kv in base.items() for x in kv], *args, *TINY)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+def test_this_machine_is_calibrated_on_the_real_model_and_link():
+    """--gpu here: the model's forward and backward timed at two micro-batches (time grows with the
+    micro-batch), the recompute of full and selective checkpointing timed, and all_reduce timed between
+    two local processes; a candidate's step is predicted from them."""
+    here = plan.here_device(TINY, 2, 2, 0.5, (1, 8))
+    assert here.sample_s > 0 and here.optimizer_s > 0 and set(here.recompute) == {"full", "selective"}
+    assert 0 < here.inside.gb_s < float("inf") and here.inside.latency_us > 0
+    row = plan.evaluate(plan.Candidate("ddp", 4, 2, "none"), TINY, 2, 2, 10.0, here)
+    assert row["compute_ms"] == pytest.approx((2 * here.micro_step_s + 8 * here.sample_s + here.optimizer_s) * 1e3)
+    assert row["comm_ms"] > 0 and row["pred_samples_per_s"] == pytest.approx(16 / (row["step_ms"] / 1e3))
