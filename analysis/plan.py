@@ -319,7 +319,7 @@ def evaluate(cand: Candidate, train_argv: list[str], world: int, per_node: int, 
         offload = _offload_seconds(resolved, setup.n_params, world, {"pcie_gb_s": device.pcie_gb_s},
                                    Assumptions(cpu_adam_gparams_s=device.cpu_adam_gparams_s))
     step = compute + (1 - device.overlap) * comm + offload
-    row.update(compute_ms=compute * 1e3, comm_ms=comm * 1e3, offload_ms=offload * 1e3, step_ms=step * 1e3,
+    row.update(backend=cfg.backend, compute_ms=compute * 1e3, comm_ms=comm * 1e3, offload_ms=offload * 1e3, step_ms=step * 1e3,
                pred_samples_per_s=setup.layout.global_batch / step, command=command(flags, cfg.backend, world, per_node))
     return row
 
@@ -360,6 +360,95 @@ def rank(rows: list[dict]) -> list[dict]:
                                        -r.get("pred_samples_per_s", 0.0), r.get("est_peak_gb", 0.0)))
 
 
+def to_verify(rows: list[dict], k: int) -> list[dict]:
+    """The top `k` fitting candidates, and two from further down the fitting ones (a third and two
+    thirds of the way), to test the ranking."""
+    fitting = [r for r in rows if r.get("fits")]
+    rest = fitting[k:]
+    lower = sorted({len(rest) // 3, (2 * len(rest)) // 3}) if len(rest) > 1 else list(range(len(rest)))
+    return fitting[:k] + [rest[i] for i in lower]
+
+
+def flag_pairs(argv: list[str]) -> tuple[tuple[str, object], ...]:
+    """train.py's flags as (name, value) pairs, a switch's value True (training/sweep.PlannedRun.flags)."""
+    pairs, i = [], 0
+    while i < len(argv):
+        name = argv[i]
+        if not name.startswith("--"):
+            raise ConfigError(f"{name}: expected a --flag")
+        if i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            pairs.append((name[2:], argv[i + 1]))
+            i += 2
+        else:
+            pairs.append((name[2:], True))
+            i += 1
+    return tuple(pairs)
+
+
+def verify(rows: list[dict], k: int, train_argv: list[str], world: int, runs_dir: Path, steps: int,
+           timeout_s: float) -> list[dict]:
+    """Run the top `k` candidates and two from further down (to_verify) through the sweep runner
+    (training/runner.py: ordinary records under `runs_dir`, a progress line each; a record of the same
+    run there is reused), each `steps` steps; predicted against measured."""
+    from training.runner import Runner
+    from training.sweep import PlannedRun
+
+    runner = Runner(runs_dir, timeout_s)
+    runner.hold_directory()
+    verified = []
+    try:
+        chosen = to_verify(rows, k)
+        for i, row in enumerate(chosen):
+            cand = row["candidate"]
+            pairs = flag_pairs([*train_argv, *cand.flags()[2:], "--steps", str(steps), "--warmup_steps", "2",
+                                "--mem_profile_steps", "1", "--eval_batches", "1"])
+            file = cand.config if cand.config.endswith((".yaml", ".json")) else None
+            backend = row["backend"]
+            name = f"plan-{Path(cand.config).stem}-mb{cand.micro_batch}x{cand.grad_accum}-{cand.ckpt.replace('/', '')}"
+            print(f"[{i + 1}/{len(chosen)}] {name} (predicted rank {rows.index(row) + 1}) ...", file=sys.stderr,
+                  flush=True)
+            outcome = runner.run(PlannedRun(name, backend, file, world, pairs))
+            print(f"[{i + 1}/{len(chosen)}] {outcome.line()}", file=sys.stderr, flush=True)
+            s = outcome.summary
+            verified.append({"command": row["command"], "record": str(runs_dir / name), "status": outcome.status,
+                             "measured_samples_per_s": s.samples_per_s, "pred_samples_per_s": row["pred_samples_per_s"],
+                             "measured_peak_gb": s.mem_peak_bytes / GiB if s.mem_peak_bytes else None,
+                             "est_peak_gb": row["est_peak_gb"], "rank": rows.index(row) + 1})
+    finally:
+        if runner.directory_lock is not None:
+            runner.directory_lock.release()
+    return verified
+
+
+def refit(rows: list[dict], verified: list[dict], global_batch: int) -> dict | None:
+    """The step-time model's free parameters refitted on the verified runs (least squares on the step
+    time): a factor on compute (the calibration ran alone; ranks share the machine) and the share of
+    communication not hidden (1 - overlap, within [0, 1]). Each candidate's `refit_samples_per_s` is
+    then the refitted prediction, and the fitting candidates are re-ranked by it. None with fewer
+    than 2 measured runs."""
+    import numpy as np
+
+    by_command = {r["command"]: r for r in rows if "command" in r}
+    points = [(by_command[v["command"]], global_batch / v["measured_samples_per_s"]) for v in verified
+              if v["status"] == "ok" and v.get("measured_samples_per_s")]
+    if len(points) < 2:
+        return None
+    a = np.array([[r["compute_ms"] / 1e3, r["comm_ms"] / 1e3] for r, _ in points])
+    b = np.array([step - r["offload_ms"] / 1e3 for r, step in points])
+    (factor, exposed), *_ = np.linalg.lstsq(a, b, rcond=None)
+    if not 0 <= exposed <= 1:  # the exposed share at its bound, the compute factor fitted alone
+        exposed = min(max(exposed, 0.0), 1.0)
+        factor = float(np.dot(a[:, 0], b - exposed * a[:, 1]) / np.dot(a[:, 0], a[:, 0]))
+    factor = max(float(factor), 1e-6)
+    for r in rows:
+        if "compute_ms" in r:
+            step = factor * r["compute_ms"] / 1e3 + exposed * r["comm_ms"] / 1e3 + r["offload_ms"] / 1e3
+            r["refit_samples_per_s"] = global_batch / step
+    for v in verified:
+        v["refit_samples_per_s"] = by_command[v["command"]].get("refit_samples_per_s")
+    return {"compute_factor": factor, "overlap": 1 - float(exposed), "runs": len(points)}
+
+
 def main(argv=None) -> int:
     from analysis.project import HARDWARE
     from training.cli import OneLineParser
@@ -390,7 +479,15 @@ def main(argv=None) -> int:
     p.add_argument("--mfu", type=float, default=0.4, help="a named GPU's model FLOPs utilisation")
     p.add_argument("--overlap", type=float, default=0.5, help="share of communication hidden behind compute")
     p.add_argument("--top", type=int, default=10, help="rows of the ranked table shown")
-    p.add_argument("--json", action="store_true", help="print one JSON object: candidates (ranked) and pick")
+    p.add_argument("--json", action="store_true", help="print one JSON object: candidates (ranked) and pick, "
+                   "and with --verify, verified")
+    p.add_argument("--verify", type=int, default=0, metavar="K",
+                   help="run the top K candidates and two from further down on this machine (--gpu here), as "
+                        "ordinary records under --runs_dir, and pick the fastest measured one within the budget")
+    p.add_argument("--verify_steps", type=int, default=8, help="steps of each verifying run (2 warm-up steps and the "
+                   "last, profiled for memory, are not timed)")
+    p.add_argument("--runs_dir", default="runs/plan", help="where verifying runs are recorded")
+    p.add_argument("--timeout_s", type=float, default=900, help="each verifying run's limit")
     args, train_argv = p.parse_known_args(argv)
     if args.world < 1 or args.global_batch < 1 or args.mem_budget_gb <= 0:
         p.error("--world and --global_batch must be >= 1, --mem_budget_gb > 0")
@@ -400,6 +497,11 @@ def main(argv=None) -> int:
         if c not in ("single", "ddp", "fsdp", "fsdp2") and not (c.endswith((".yaml", ".json")) and (REPO / c).is_file()):
             p.error(f"--configs {c}: must be single, ddp, fsdp, fsdp2, or an existing fsdp_configs/*.yaml or "
                     "ds_configs/*.json file (relative to the repository)")
+    if args.verify and args.gpu != "here":
+        p.error("--verify runs the candidates on this machine: it needs --gpu here")
+    if args.verify < 0 or args.verify_steps < 4:
+        p.error("--verify must be >= 0 and --verify_steps >= 4 (2 warm-up steps and the profiled last one are "
+                "not timed)")
     if args.gpu == "here" and args.gpus_per_node is not None and args.gpus_per_node < args.world:
         p.error("--gpus_per_node: --gpu here plans on this machine, one node of all --world ranks")
     per_node = args.gpus_per_node or (args.world if args.gpu == "here" else hw["gpus"][args.gpu]["gpus_per_node"])
@@ -425,18 +527,48 @@ def main(argv=None) -> int:
             device = named_device(args.gpu, args.network, args.mfu, args.overlap, given.precision)
         rows = plan(train_argv, args.world, per_node, args.mem_budget_gb, args.global_batch, device, configs, ckpt,
                     args.micro_batches, progress=not args.json)
+        fitting = [r for r in rows if r.get("fits")]
+        verified, fitted = [], None
+        if args.verify and fitting:
+            if not args.json:
+                _print_table(rows, fitting, device, args)
+                print(f"\nverifying: the top {args.verify} and two further down, {args.verify_steps} steps each, "
+                      f"into {args.runs_dir}", flush=True)
+            verified = verify(rows, args.verify, train_argv, args.world, Path(args.runs_dir).resolve(), args.verify_steps,
+                              args.timeout_s)
+            fitted = refit(rows, verified, args.global_batch)
     except (ConfigError, DataError) as e:
         p.error(str(e))
     except RuntimeError as e:
         print(f"python -m analysis.plan: {e}", file=sys.stderr)
         return 1
-    fitting = [r for r in rows if r.get("fits")]
+    within = [v for v in verified if v["status"] == "ok" and v["measured_peak_gb"] is not None
+              and v["measured_peak_gb"] <= args.mem_budget_gb]
+    best = max(within, key=lambda v: v["measured_samples_per_s"] or 0.0, default=None)
+    pick = best["command"] if best else (fitting[0]["command"] if fitting and not args.verify else None)
     if args.json:
         shown = [{**{k: v for k, v in r.items() if k != "candidate"}, "config_flags": r["candidate"].flags()}
                  for r in rows]
-        print(json.dumps({"device": device.name, "assumptions": device.notes, "candidates": shown,
-                          "pick": fitting[0]["command"] if fitting else None}, indent=2))
-        return 0 if fitting else 1
+        print(json.dumps({"device": device.name, "assumptions": device.notes, "candidates": shown, "pick": pick,
+                          **({"verified": verified, "refit": fitted} if args.verify else {})}, indent=2))
+        return 0 if pick else 1
+    if args.verify and fitting:
+        import pandas as pd
+
+        print("\npredicted against measured (peaks in GiB):")
+        print(pd.DataFrame(verified).drop(columns=["record"]).to_string(index=False, float_format=lambda v: f"{v:,.4g}"))
+        if fitted:
+            print(f"\nrefitted on {fitted['runs']} runs: compute x {fitted['compute_factor']:.3g}, overlap "
+                  f"{fitted['overlap']:.2f}; re-ranked, the top {min(5, len(fitting))}:")
+            again = sorted(fitting, key=lambda r: -r["refit_samples_per_s"])[:5]
+            print(pd.DataFrame(again)[["config", "micro x accum", "ckpt", "est_peak_gb", "pred_samples_per_s",
+                                       "refit_samples_per_s"]].to_string(index=False, float_format=lambda v: f"{v:,.4g}"))
+        print("\npick (fastest measured within the budget):", pick or "none of the verified runs")
+        return 0 if pick else 1
+    return _print_table(rows, fitting, device, args)
+
+
+def _print_table(rows: list[dict], fitting: list[dict], device: Device, args) -> int:
     print(f"{len(rows)} candidates on {device.name}, world {args.world}, budget {args.mem_budget_gb:g} GiB per rank, "
           f"global batch {args.global_batch}: {len(fitting)} fit, "
           f"{sum('breaks' in r for r in rows)} over the budget, {sum('refused' in r for r in rows)} refused by train.py")
@@ -449,7 +581,7 @@ def main(argv=None) -> int:
                    "step_ms", "pred_samples_per_s"]
         table = pd.DataFrame(fitting[:args.top])[columns]
         print(table.to_string(index=False, float_format=lambda v: f"{v:,.4g}"))
-        print("\npick:", fitting[0]["command"])
+        print("\npredicted pick:" if args.verify else "\npick:", fitting[0]["command"])
     else:
         least = min((r for r in rows if "est_peak_gb" in r), key=lambda r: r["est_peak_gb"], default=None)
         print("no candidate fits" + (f": the smallest estimated peak is {least['est_peak_gb']:.3g} GiB "

@@ -1,11 +1,12 @@
 """The planner (analysis/plan.py): the candidates it searches, the budget that prunes them, the ranking,
-and the commands it prints, which train.py resolves as the planner did. In process but the last
-(train.py --dry_run under a launcher's environment) and the CLI's bad input."""
+the commands it prints (which train.py resolves as the planner did), this machine's calibration, the
+CLI's bad input, and --verify's real runs through the sweep runner."""
 
 import json
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -143,3 +144,47 @@ def test_this_machine_is_calibrated_on_the_real_model_and_link():
     row = plan.evaluate(plan.Candidate("ddp", 4, 2, "none"), TINY, 2, 2, 10.0, here)
     assert row["compute_ms"] == pytest.approx((2 * here.micro_step_s + 8 * here.sample_s + here.optimizer_s) * 1e3)
     assert row["comm_ms"] > 0 and row["pred_samples_per_s"] == pytest.approx(16 / (row["step_ms"] / 1e3))
+
+
+def test_to_verify_takes_the_top_and_two_from_further_down():
+    rows = [{"fits": True, "i": i} for i in range(10)] + [{"fits": False, "i": 10}]
+    assert [r["i"] for r in plan.to_verify(rows, 3)] == [0, 1, 2, 3 + 7 // 3, 3 + 14 // 3]
+    assert [r["i"] for r in plan.to_verify(rows[:2], 1)] == [0, 1]
+    assert plan.flag_pairs(["--preset", "tiny", "--compile", "--steps", "3"]) == (
+        ("preset", "tiny"), ("compile", True), ("steps", "3"))
+
+
+@pytest.mark.distributed
+def test_verify_runs_the_top_candidate_and_two_more_and_picks_the_fastest_measured(tmp_path):
+    """--verify 1 on the tiny preset: three real runs through the sweep runner (torchrun, 2 ranks),
+    ordinary records, predicted beside measured, and the pick the fastest measured within the budget."""
+    runs = tmp_path / "runs"
+    proc = _cli("--world", "2", "--mem_budget_gb", "1", "--global_batch", "16", "--configs", "ddp", "--ckpt", "none",
+                "full/1", "--micro_batches", "4", "8", "--verify", "1", "--verify_steps", "4", "--runs_dir", str(runs),
+                "--json", *TINY)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    verified = out["verified"]
+    assert len(verified) == 3 and verified[0]["rank"] == 1 and len({v["command"] for v in verified}) == 3
+    for v in verified:
+        assert v["status"] == "ok" and 0 < v["measured_peak_gb"] <= 1 and v["measured_samples_per_s"] > 0
+        assert json.loads((Path(v["record"]) / "summary.json").read_text())["status"] == "ok"
+    assert out["pick"] == max(verified, key=lambda v: v["measured_samples_per_s"])["command"]
+    assert proc.stderr.count("[1/3]") == 2 and "[3/3]" in proc.stderr  # a line as each starts and ends
+
+
+def test_the_refit_recovers_the_compute_factor_and_overlap_of_the_measured_runs():
+    """Runs measured as 2 x compute + 0.3 x comm: the refit finds factor 2 and overlap 0.7, and ranks
+    every candidate by the refitted model; an overlap past its bounds is held at the bound."""
+    rows = [{"command": f"c{i}", "compute_ms": c, "comm_ms": m, "offload_ms": 0.0, "fits": True}
+            for i, (c, m) in enumerate([(100, 50), (200, 10), (150, 300), (120, 80)])]
+    verified = [{"command": r["command"], "status": "ok",
+                 "measured_samples_per_s": 8 / ((2 * r["compute_ms"] + 0.3 * r["comm_ms"]) / 1e3)} for r in rows[:3]]
+    fitted = plan.refit(rows, verified, 8)
+    assert fitted["compute_factor"] == pytest.approx(2) and fitted["overlap"] == pytest.approx(0.7)
+    assert rows[3]["refit_samples_per_s"] == pytest.approx(8 / ((2 * 120 + 0.3 * 80) / 1e3))
+    assert verified[0]["refit_samples_per_s"] == pytest.approx(verified[0]["measured_samples_per_s"])
+    slower = [{**v, "measured_samples_per_s": 8 / ((r["compute_ms"] + 2 * r["comm_ms"]) / 1e3)}
+              for v, r in zip(verified, rows)]  # more than all of the communication exposed: held at overlap 0
+    assert plan.refit(rows, slower, 8)["overlap"] == 0
+    assert plan.refit(rows, verified[:1], 8) is None
