@@ -165,13 +165,11 @@ def measured_costs(workload, block_class: str | None, micro_batch: int, device: 
     model's step (`needs_bytes`, the estimator's single-process peak) would take more than half the
     device's free memory: the plan then weighs counted work."""
     import statistics
-    import time
 
     import torch
 
     from backends.activation_checkpointing import apply_ac
     from core.blocks import find_blocks
-    from core.dist import synchronize
 
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
@@ -195,13 +193,22 @@ def measured_costs(workload, block_class: str | None, micro_batch: int, device: 
     with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
         for rep in range(reps + 1):
             for name, model in models.items():
-                synchronize(dev)
-                started = time.perf_counter()
-                _, loss = model(x, y)
-                loss.backward()
-                synchronize(dev)
+                seconds = seconds_of(dev, lambda: model(x, y)[1].backward())
                 if rep:
-                    times[name].append(time.perf_counter() - started)
+                    times[name].append(seconds)
                 model.zero_grad(set_to_none=True)
     none = statistics.median(times["none"])
     return {policy: max(0.0, statistics.median(times[policy]) - none) for policy in policies}
+
+
+def seconds_of(dev, fn) -> float:
+    """Wall seconds of `fn()` on device `dev`, the work it queued there included."""
+    import time
+
+    from core.dist import synchronize
+
+    synchronize(dev)
+    started = time.perf_counter()
+    fn()
+    synchronize(dev)
+    return time.perf_counter() - started

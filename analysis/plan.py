@@ -152,8 +152,7 @@ def calibrate(workload, block_class: str | None, micro_batches: tuple[int, int],
     of the larger micro-batch's time (ckpt_plan.measured_costs)."""
     import torch
 
-    from analysis.ckpt_plan import measured_costs
-    from core.dist import synchronize
+    from analysis.ckpt_plan import measured_costs, seconds_of
 
     dev = torch.device(device)
     model = workload.build(0).to(dev)
@@ -161,30 +160,15 @@ def calibrate(workload, block_class: str | None, micro_batches: tuple[int, int],
     seconds = {}
     for m in micro_batches:
         x, y = (t.to(dev) for t in workload.example(m))
-        times = []
         with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
-            for rep in range(reps + 1):
-                synchronize(dev)
-                started = time.perf_counter()
-                _, loss = model(x, y)
-                loss.backward()
-                synchronize(dev)
-                if rep:
-                    times.append(time.perf_counter() - started)
+            times = [seconds_of(dev, lambda: model(x, y)[1].backward()) for _ in range(reps + 1)][1:]  # after a warm-up
         seconds[m] = statistics.median(times)
-    step = []
-    for rep in range(reps + 1):
-        synchronize(dev)
-        started = time.perf_counter()
-        optimizer.step()
-        synchronize(dev)
-        if rep:
-            step.append(time.perf_counter() - started)
+    step = statistics.median([seconds_of(dev, optimizer.step) for _ in range(reps + 1)][1:])
     small, large = micro_batches
     per_sample = max(0.0, (seconds[large] - seconds[small]) / (large - small))
     fixed = max(0.0, seconds[small] - small * per_sample)
     extra = measured_costs(workload, block_class, large, device, save_ops, ["full", "selective"], 0) or {}
-    return {"micro_step_s": fixed, "sample_s": per_sample, "optimizer_s": statistics.median(step),
+    return {"micro_step_s": fixed, "sample_s": per_sample, "optimizer_s": step,
             "recompute": {k: v / seconds[large] for k, v in extra.items()}, "timed": seconds}
 
 

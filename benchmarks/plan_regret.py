@@ -1,0 +1,115 @@
+#!/usr/bin/env python
+"""The planner's regret on this machine: every candidate that fits the budget measured (the grid), then
+`analysis.plan --verify K` run on its own, and its pick's measured samples/s against the best of the grid.
+
+    python benchmarks/plan_regret.py --runs_dir /tmp/regret --mem_budget_gb 0.2 --global_batch 16 \\
+        --configs ddp fsdp_configs/fsdp2.yaml ds_configs/z2.json ds_configs/z3.json \\
+        --ckpt none full/1 full/2 selective/1 -- --preset small
+
+The grid is the planner's own candidates (analysis.plan.plan with the same question and --configs,
+--ckpt, --micro_batches), each that fits run --rounds times through the sweep runner into
+RUNS_DIR/grid (rounds in turn; samples/s is the median over rounds). The verification is a separate
+`python -m analysis.plan ... --verify K --json` into RUNS_DIR/verify, so its runs are measured on
+their own. Prints the table (candidate, predicted, refitted, measured), the best measured candidate,
+the pick, regret = 1 - pick's grid samples/s / best's, how many runs the planner made against the grid,
+and whether any picked or verified run went over the budget. A benchmark, not a test: run it on an
+otherwise idle machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="\n".join(__doc__.splitlines()[2:]))
+    p.add_argument("--runs_dir", required=True)
+    p.add_argument("--world", type=int, default=2)
+    p.add_argument("--mem_budget_gb", type=float, required=True)
+    p.add_argument("--global_batch", type=int, required=True)
+    p.add_argument("--configs", nargs="+", required=True)
+    p.add_argument("--ckpt", nargs="+", default=["none", "full/1", "full/2", "selective/1"])
+    p.add_argument("--micro_batches", type=int, nargs="+", default=None)
+    p.add_argument("--verify", type=int, default=3)
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("train_argv", nargs="*", help="train.py's model flags, after --")
+    args = p.parse_args()
+
+    from analysis import plan
+    from training.runner import Runner
+    from training.sweep import PlannedRun
+
+    runs = Path(args.runs_dir).resolve()
+    question = ["--world", str(args.world), "--mem_budget_gb", str(args.mem_budget_gb), "--global_batch",
+                str(args.global_batch), "--configs", *args.configs, "--ckpt", *args.ckpt,
+                *(["--micro_batches", *map(str, args.micro_batches)] if args.micro_batches else [])]
+    # The grid: the planner's candidates that fit, ranked by nothing (the device model is not needed to
+    # list them; the named GPU's is cheap).
+    device = plan.named_device("H100-SXM", "infiniband-ndr", 0.4, 0.5, "fp32")
+    rows = plan.plan(args.train_argv, args.world, args.world, args.mem_budget_gb, args.global_batch, device,
+                     args.configs, tuple(args.ckpt), args.micro_batches)
+    grid = [r for r in rows if r.get("fits")]
+    print(f"grid: {len(grid)} candidates fit of {len(rows)} ({sum('breaks' in r for r in rows)} over the budget, "
+          f"{sum('refused' in r for r in rows)} refused)", flush=True)
+    runner = Runner(runs / "grid", 1800)
+    measured: dict[str, list[float]] = {}
+    peaks: dict[str, float] = {}
+    names = {}
+    for rnd in range(args.rounds):
+        for i, row in enumerate(grid):
+            cand = row["candidate"]
+            name = f"{Path(cand.config).stem}-mb{cand.micro_batch}x{cand.grad_accum}-{cand.ckpt.replace('/', '')}-r{rnd}"
+            pairs = plan.flag_pairs([*args.train_argv, *cand.flags()[2:], "--steps", str(args.steps),
+                                     "--warmup_steps", "2", "--mem_profile_steps", "1", "--eval_batches", "1"])
+            file = cand.config if cand.config.endswith((".yaml", ".json")) else None
+            outcome = runner.run(PlannedRun(name, row["backend"], file, args.world, pairs))
+            print(f"round {rnd + 1}/{args.rounds} [{i + 1}/{len(grid)}] {outcome.line()}", flush=True)
+            key = " ".join(cand.flags())
+            names[key] = row
+            if outcome.status == "ok" and outcome.summary.samples_per_s:
+                measured.setdefault(key, []).append(outcome.summary.samples_per_s)
+                peaks[key] = max(peaks.get(key, 0.0), (outcome.summary.mem_peak_bytes or 0) / 2**30)
+    proc = subprocess.run([sys.executable, "-m", "analysis.plan", *question, "--verify", str(args.verify),
+                           "--verify_steps", str(args.steps), "--runs_dir", str(runs / "verify"), "--json",
+                           *args.train_argv], cwd=REPO, capture_output=True, text=True)
+    sys.stderr.write(proc.stderr)
+    if proc.returncode not in (0, 1):
+        sys.exit(f"analysis.plan failed ({proc.returncode})")
+    out = json.loads(proc.stdout)
+    (runs / "plan.json").write_text(json.dumps(out, indent=2))
+    median = {k: statistics.median(v) for k, v in measured.items()}
+    best = max(median, key=median.get)
+    flags_of = {c["command"]: " ".join(c["config_flags"]) for c in out["candidates"] if "command" in c}
+    print(f"\n{'candidate':<70} {'predicted':>9} {'refit':>7} {'grid':>7} {'verify':>7} {'peak GiB':>8}")
+    verified = {flags_of[v["command"]]: v for v in out.get("verified", [])}
+    for c in out["candidates"]:
+        key = " ".join(c["config_flags"])
+        if key not in median:
+            continue
+        v = verified.get(key, {})
+        print(f"{key:<70} {c['pred_samples_per_s']:9.2f} {c.get('refit_samples_per_s', float('nan')):7.2f} "
+              f"{median[key]:7.2f} {v.get('measured_samples_per_s') or float('nan'):7.2f} {peaks[key]:8.3f}"
+              f"{'  <- verified' if v else ''}")
+    pick = flags_of.get(out["pick"]) if out["pick"] else None
+    print(f"\nbest measured in the grid: {best} ({median[best]:.2f} samples/s, median of {len(measured[best])})")
+    if pick:
+        print(f"the planner's pick: {pick} (grid {median.get(pick, float('nan')):.2f} samples/s); "
+              f"regret {1 - median.get(pick, 0.0) / median[best]:.1%}")
+    print(f"runs made by the planner: {len(out.get('verified', []))} against a grid of {len(grid)}")
+    over = [v for v in out.get("verified", []) if (v.get("measured_peak_gb") or 0) > args.mem_budget_gb]
+    print(f"verified runs over the budget: {len(over)}; grid runs over the budget: "
+          f"{sum(peak > args.mem_budget_gb for peak in peaks.values())}")
+
+
+if __name__ == "__main__":
+    main()
