@@ -303,8 +303,9 @@ def evaluate(cand: Candidate, train_argv: list[str], world: int, per_node: int, 
         offload = _offload_seconds(resolved, setup.n_params, world, {"pcie_gb_s": device.pcie_gb_s},
                                    Assumptions(cpu_adam_gparams_s=device.cpu_adam_gparams_s))
     step = compute + (1 - device.overlap) * comm + offload
-    row.update(backend=cfg.backend, compute_ms=compute * 1e3, comm_ms=comm * 1e3, offload_ms=offload * 1e3, step_ms=step * 1e3,
-               pred_samples_per_s=setup.layout.global_batch / step, command=command(flags, cfg.backend, world, per_node))
+    row.update(backend=cfg.backend, compute_ms=compute * 1e3, comm_ms=comm * 1e3, offload_ms=offload * 1e3,
+               step_ms=step * 1e3, pred_samples_per_s=setup.layout.global_batch / step,
+               command=command(flags, cfg.backend, world, per_node))
     return row
 
 
@@ -318,7 +319,7 @@ def command(flags: list[str], backend: str, world: int, per_node: int) -> str:
         head = ["deepspeed", "--num_gpus", str(nproc), "train.py"]
     else:
         head = ["torchrun", "--nproc_per_node", str(nproc), "train.py"]
-    return shlex.join([*head, *(f for f in flags)]) + nodes
+    return shlex.join([*head, *flags]) + nodes
 
 
 def plan(train_argv: list[str], world: int, per_node: int, budget_gb: float, global_batch: int, device: Device,

@@ -53,9 +53,10 @@ def main() -> None:
     question = ["--world", str(args.world), "--mem_budget_gb", str(args.mem_budget_gb), "--global_batch",
                 str(args.global_batch), "--configs", *args.configs, "--ckpt", *args.ckpt,
                 *(["--micro_batches", *map(str, args.micro_batches)] if args.micro_batches else [])]
-    # The grid: the planner's candidates that fit, ranked by nothing (the device model is not needed to
-    # list them; the named GPU's is cheap).
-    device = plan.named_device("H100-SXM", "infiniband-ndr", 0.4, 0.5, "fp32")
+    # The grid: the planner's candidates that fit on this machine's device (estimated there); their
+    # predicted speed is not needed to list them, so this device's model is a placeholder, not calibrated.
+    link = plan.Link(1.0, 0.0, "placeholder")
+    device = plan.Device("this machine, uncalibrated", link, link, sample_s=1e-3)
     rows = plan.plan(args.train_argv, args.world, args.world, args.mem_budget_gb, args.global_batch, device,
                      args.configs, tuple(args.ckpt), args.micro_batches)
     grid = [r for r in rows if r.get("fits")]
