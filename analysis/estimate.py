@@ -308,11 +308,17 @@ def estimate(cfg, backend: str, world: int = 1, micro_batch: int = 1, precision:
     # new gradient of the 512x512x3x3 weight (with oneDNN's convolutions, also its copy in oneDNN's
     # layout: not counted, it depends on the CPU's kernel).
     accumulated = grad_accum > 1 and growing_grads and lay.kind == "replicated"
+    # Sharded (FSDP) the same holds for the shards: from the second micro-batch on, every unit's
+    # gradient shard exists through the whole backward, the new ones reduce-scattered into them
+    # (measured: FSDP2, GPT-lite small, 2 ranks, micro-batch 4 x 2, 5% over the estimate without it).
+    accumulated_shards = grad_accum > 1 and growing_grads and lay.kind in ("full_shard", "shard_grad_op")
 
     def grads_so_far(i: int, part: int) -> int:
         """The gradients made when backward is in block i: the head's, the blocks above, `part` of i's."""
         if accumulated:
             return F32 * (P + largest)
+        if accumulated_shards:
+            return F32 * P // W
         return F32 * (n.head + sum(units[i + 1:]) + part) // W if growing_grads else 0
 
     for i in reversed(range(blocks)):
