@@ -12,7 +12,7 @@ CONSTRAINTS ?= $(if $(shell command -v nvidia-smi 2>/dev/null),,constraints-cpu.
 PYTEST_ARGS ?=
 DEEPSPEED_VERSION ?= 0.19.8
 
-.PHONY: setup setup-nvme demo test test-fast clean help system-deps
+.PHONY: setup setup-nvme demo test test-fast clean help system-deps slurm
 
 help:
 	@echo "make setup   create $(VENV) and install the suite (CPU torch pinned on CPU machines)"
@@ -20,6 +20,7 @@ help:
 	@echo "make test-fast  the fast tier: every test that starts no multi-process launch (-m 'not distributed')"
 	@echo "make test    setup (with DeepSpeed's NVMe op where libaio installs), then the test suite (CI runs this)"
 	@echo "make setup-nvme  add DeepSpeed's async_io op (NVMe offload) to $(VENV)"
+	@echo "make slurm   install munge and Slurm from Debian's packages (root), for tools/slurm_local.sh start"
 	@echo "make clean   remove $(VENV) and run records (runs/ keeps README.md and reference/)"
 
 setup: $(VENV)/.installed
@@ -57,6 +58,11 @@ system-deps:
 		{ apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq libaio-dev >/dev/null 2>&1; } || \
 		echo "note: could not install libaio-dev; DeepSpeed NVMe offload will be unavailable"; \
 	else echo "note: libaio-dev is not installed (sudo apt-get install libaio-dev); DeepSpeed NVMe offload will be unavailable"; fi
+
+# A one-node Slurm on this machine (sweep.py --executor slurm): Debian's munge, slurmctld, slurmd
+# and slurm-client; then `tools/slurm_local.sh start`.
+slurm:
+	tools/slurm_local.sh install
 
 # The main job: every backend configuration, checkpointing off and on, on 2 CPU ranks
 # (sweeps/cpu_quick.yaml), then the comparison report. Runs already recorded are skipped.

@@ -5,6 +5,9 @@
     python sweep.py sweeps/cpu_quick.yaml --dry_run    # list the runs and their commands
     python sweep.py sweeps/cpu_quick.yaml --max_batch --mem_budget_gb 2   # largest micro-batch per config
     python -m analysis.report runs/sweeps/cpu_quick --out reports/cpu_quick
+    python sweep.py sweeps/cpu_slurm.yaml --executor slurm    # one Slurm job per run (submitit)
+    python sweep.py sweeps/cpu_slurm.yaml --status            # queued, running, ok, failed, ...
+    python sweep.py sweeps/cpu_slurm.yaml --cancel
 """
 
 from __future__ import annotations
@@ -24,7 +27,15 @@ EPILOG = textwrap.dedent("""\
     spec's runs_dir); each run's launcher output to <that>/.logs/<run>.log. A failed, out-of-memory
     or timed-out run is recorded with that status and the sweep goes on; running the spec again
     skips runs already done (--retry_failed reruns failed and timed-out ones). One sweep at a time
-    per directory; a run another process is writing is left alone.""")
+    per directory; a run another process is writing is left alone.
+
+    --executor slurm submits each run as a Slurm job (one job array per resource shape) running the
+    same launcher command on its node, with the spec's executor: section (partition, account,
+    time_min, nodes, gpus_per_node, cpus_per_task, array_parallelism, signal_delay_s, max_requeues,
+    sbatch, setup; the flags below override it), then follows the jobs to their end. The runs
+    directory must be shared with the nodes. A job stopped at its time limit is recorded timeout;
+    with save_every in train_args it is requeued and continues from its checkpoint. Ctrl-C leaves
+    the jobs running: --status and --cancel find them again (training/slurm.py).""")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,6 +53,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="memory budget per rank for --max_batch, GiB (required on CPU; on CUDA default: the device)")
     p.add_argument("--max_micro_batch", type=int, default=4096, help="upper bound of the --max_batch search")
     p.add_argument("--probe_steps", type=int, default=3, help="steps of each --max_batch probe run")
+    g = p.add_argument_group("cluster (--executor slurm)")
+    g.add_argument("--executor", choices=("local", "slurm"), default="local",
+                   help="local: one run at a time here (default); slurm: one Slurm job per run")
+    g.add_argument("--status", action="store_true",
+                   help="list every run as queued, running, ok, failed, oom, timeout, cancelled or not submitted")
+    g.add_argument("--cancel", action="store_true",
+                   help="cancel the sweep's queued and running jobs and record those runs as cancelled")
+    g.add_argument("--no_wait", action="store_true", help="submit and return; follow with --status")
+    for name, kind, text in (("partition", str, "Slurm partition"), ("account", str, "Slurm account"),
+                             ("time_min", int, "each job's time limit, minutes"),
+                             ("nodes", int, "nodes per run (torchrun on each, c10d rendezvous)"),
+                             ("gpus_per_node", int, "GPUs per node (0: CPU ranks)"),
+                             ("cpus_per_task", int, "CPUs per node's launcher task (default: one per rank)"),
+                             ("array_parallelism", int, "jobs of one array running at once")):
+        g.add_argument(f"--{name}", type=kind, default=None, help=f"{text} (overrides the spec's executor.{name})")
     return p
 
 
@@ -58,6 +84,10 @@ def main(argv=None) -> int:
             if any(dict(run.flags).get("ckpt_policy") == "auto" for run in runs):
                 raise ConfigError("--max_batch with matrix.ckpt_policy auto:<GiB>: the search's budget would replace "
                                   "the plan's; search the hand-set policies, or plan each micro-batch with auto")
+        if args.executor == "slurm" or args.status or args.cancel:
+            if args.max_batch:
+                raise ConfigError("--max_batch runs its probes one after another, here: use --executor local")
+            return _on_slurm(args, spec, runs, skipped)
         check_runs(runs, spec.directory, planner=_plan_checkpointing)
         runner = Runner(_max_batch_dir(spec, args) if args.max_batch else spec.directory, spec.timeout_s,
                         retry_failed=args.retry_failed)
@@ -87,6 +117,76 @@ def main(argv=None) -> int:
         print(f"sweep.py: stopped ({type(e).__name__}); the run in progress was stopped and recorded as failed",
               file=sys.stderr)
         return 130 if isinstance(e, KeyboardInterrupt) else 143
+
+
+def _on_slurm(args, spec, runs, skipped) -> int:
+    """--executor slurm, --status, --cancel (training/slurm.py). ConfigError: bad input, nothing submitted."""
+    import dataclasses
+
+    from training.runner import Runner
+    from training.slurm import SlurmSweep
+    from training.sweep import check_runs
+
+    overrides = {name: getattr(args, name) for name in ("partition", "account", "time_min", "nodes", "gpus_per_node",
+                                                         "cpus_per_task", "array_parallelism")
+                 if getattr(args, name) is not None}
+    try:
+        settings = dataclasses.replace(spec.executor, **overrides)
+    except ConfigError as e:
+        raise ConfigError(f"{e} (from the flags over the spec's executor section)") from None
+    sweep = SlurmSweep(spec, runs, settings, retry_failed=args.retry_failed)
+    if args.status:
+        sweep.check_tools()
+        rows = sweep.status()
+        width = max((len(r[0]) for r in rows), default=10)
+        for name, state, job_id, detail in rows:
+            print(f"{name:<{width}}  {state:<13} {('job ' + job_id) if job_id else '':<12} {detail[:120]}")
+        counts = collections.Counter(state for _, state, _, _ in rows)
+        print(f"{spec.name}: " + ", ".join(f"{n} {state}" for state, n in sorted(counts.items())))
+        return 0
+    if args.cancel:
+        sweep.check_tools()
+        sweep.cancel(print)
+        return 0
+    check_runs(runs, spec.directory, planner=_plan_checkpointing)
+    runner = Runner(spec.directory, spec.timeout_s, retry_failed=args.retry_failed)
+    runner.check_records(runs)
+    sweep.check()
+    if args.dry_run:
+        for reason in skipped:
+            print(f"left out: {reason}")
+        for run in runs:
+            print(f"{run.name}  [{sweep.shapes()[run.name]}]\n    {shlex.join(run.command(spec.directory))}")
+        print(f"{len(runs)} runs, one Slurm job each, into {spec.directory}")
+        return 0
+    runner.hold_directory()  # one submitting sweep per directory
+    for reason in skipped:
+        print(f"left out: {reason}")
+    todo = sweep.to_submit(print)
+    if not todo:
+        print(f"{spec.name}: nothing to submit")
+        return 0
+    try:
+        submitted = sweep.submit(todo)
+    except Exception as e:  # noqa: BLE001 - sbatch refusing what --test-only took: its message, one line
+        from gptlite.errors import one_line
+
+        raise ConfigError(f"--executor slurm: submission failed: {one_line(e)}") from None
+    print(f"{spec.name}: submitted {len(submitted)} jobs ({', '.join(sorted(set(submitted.values())))}); "
+          f"records in {spec.directory}", flush=True)
+    if args.no_wait:
+        print(f"follow them with: python sweep.py {args.spec} --status")
+        return 0
+    try:
+        outcomes = sweep.wait(submitted, lambda line: print(line, flush=True))
+    except KeyboardInterrupt:
+        print(f"sweep.py: stopped following; the jobs go on: python sweep.py {args.spec} --status (or --cancel)",
+              file=sys.stderr)
+        return 130
+    counts = collections.Counter(o.status for o in outcomes)
+    print(f"{spec.name}: " + ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+          + f"; records in {spec.directory}")
+    return 0 if set(counts) <= {"ok"} else 1
 
 
 def _plan_checkpointing(*args, **kwargs):

@@ -11,8 +11,8 @@ import dataclasses
 from dataclasses import dataclass, fields
 
 SCHEMA_VERSION = 1
-STATUSES = ("running", "ok", "failed", "oom", "timeout")
-FINISHED = ("ok", "oom", "failed", "timeout")
+STATUSES = ("running", "ok", "failed", "oom", "timeout", "cancelled")
+FINISHED = ("ok", "oom", "failed", "timeout", "cancelled")
 
 
 @dataclass

@@ -33,6 +33,11 @@ from training.preflight import FileLock, LockHeld, RecordLock
 from training.sweep import PlannedRun
 
 RETRYABLE = ("failed", "timeout")
+# Run again whenever the spec is: a cancelled run was stopped by its user, not by its result.
+RERUN = ("cancelled",)
+# What a rank stopped by a signal records (training/run.py Terminated): when the runner or the
+# scheduler stopped it on purpose, the record says why instead.
+TERMINATED = "terminated by signal"
 # How long the runner waits, after a launcher exits, for its ranks to let go of the record's lock.
 SETTLE_WAIT_S = 60.0
 
@@ -74,6 +79,7 @@ class Runner:
         self.timeout_s = timeout_s
         self.retry_failed = retry_failed
         self.directory_lock: FileLock | None = None
+        self._current: tuple | None = None  # (planned, launcher process, log, start) of the run in progress
 
     def hold_directory(self) -> None:
         """This directory for this sweep alone, until it exits (ConfigError naming the holder)."""
@@ -105,7 +111,9 @@ class Runner:
                 raise ConfigError(f"{record} was recorded with other settings ({changed}); "
                                   "give the sweep another name (or runs_dir), or move the old records away")
 
-    def run(self, planned: PlannedRun) -> Outcome:
+    def run(self, planned: PlannedRun, command: list[str] | None = None) -> Outcome:
+        """Launch `planned` (its own command, or `command`: the same run started otherwise, as a
+        Slurm job's node does) and settle its record."""
         record = self.directory / planned.name
         try:
             lock = RecordLock(str(self.directory), planned.name)
@@ -115,9 +123,11 @@ class Runner:
             self.check_records([planned])
             existing = read_summary(record / "summary.json")
             if (existing is not None and existing.status in FINISHED and self._stored_key(planned) == planned.key()
-                    and not (self.retry_failed and existing.status in RETRYABLE)):
+                    and existing.status not in RERUN and not (self.retry_failed and existing.status in RETRYABLE)):
                 return Outcome(planned, existing, 0.0, True)
-            if record.exists():  # this run's unfinished or failed attempt, or a run that never got going
+            # This run's unfinished or failed attempt, or a run that never got going, starts over;
+            # a run with checkpoints (save_every) continues from its last one into its record.
+            if record.exists() and not (planned.resumable and (record / "config.json").exists()):
                 shutil.rmtree(record)
         finally:
             lock.release()
@@ -127,8 +137,9 @@ class Runner:
         started = time.monotonic()
         env = {**launch_env(dict(planned.env)), SWEEP_KEY_ENV: json.dumps(planned.key())}
         with open(log, "w") as out:
-            proc = subprocess.Popen(planned.command(self.directory), cwd=REPO, env=env, stdout=out,
+            proc = subprocess.Popen(command or planned.command(self.directory), cwd=REPO, env=env, stdout=out,
                                     stderr=subprocess.STDOUT, start_new_session=True)
+            self._current = (planned, proc, log, started)
             timed_out = False
             try:
                 proc.wait(timeout=self.timeout_s)
@@ -140,11 +151,23 @@ class Runner:
                 self._settle(planned, proc.returncode, False, log, time.monotonic() - started,
                              interrupted=f"the sweep was stopped ({type(stop).__name__})")
                 raise
+            finally:
+                self._current = None
         seconds = time.monotonic() - started
         return self._settle(planned, proc.returncode, timed_out, log, seconds)
 
+    def stop_current(self, status: str, why: str) -> Outcome | None:
+        """Stop the run in progress (its launcher and every rank) and record it as `status` with
+        `why`, unless it finished first: a Slurm job about to be stopped at its time limit or
+        preempted (training/slurm.py) settles its run this way before the scheduler kills it."""
+        if self._current is None:
+            return None
+        planned, proc, log, started = self._current
+        _kill_group(proc)
+        return self._settle(planned, proc.returncode, False, log, time.monotonic() - started, ended=(status, why))
+
     def _settle(self, planned: PlannedRun, returncode: int | None, timed_out: bool, log: Path, seconds: float,
-                interrupted: str | None = None) -> Outcome:
+                interrupted: str | None = None, ended: tuple[str, str] | None = None) -> Outcome:
         """The run's outcome, its final summary written here when the run could not write one
         itself: only into the run's own record (its key), or a new one, holding the record's lock."""
         record = self.directory / planned.name
@@ -157,7 +180,10 @@ class Runner:
             path = record / "summary.json"
             summary = read_summary(path) or RunSummary(run_name=planned.name, backend=planned.backend,
                                                        world_size=planned.world_size, wall_time_s=seconds)
-            if interrupted and summary.status in ("running", "ok") and returncode != 0:
+            if ended and (summary.status == "running"
+                          or summary.status == "failed" and TERMINATED in (summary.error or "")):
+                summary = summary.ended(*ended, summary.wall_time_s or seconds)
+            elif interrupted and summary.status in ("running", "ok") and returncode != 0:
                 summary = summary.ended("failed", interrupted, summary.wall_time_s or seconds)
             elif timed_out:
                 summary = summary.ended("timeout", f"timed out after {self.timeout_s:g} s (sweep timeout_s)",
@@ -193,7 +219,7 @@ def _never_got_going(record: Path) -> bool:
     """A record of a run refused or failed before it wrote its config: it holds nothing but why,
     so a corrected spec may replace it, whatever settings it had."""
     summary = read_summary(record / "summary.json")
-    return summary is not None and summary.status in RETRYABLE and not (record / "config.json").exists()
+    return summary is not None and summary.status in RETRYABLE + RERUN and not (record / "config.json").exists()
 
 
 def _wait_for(take, timeout_s: float):

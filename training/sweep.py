@@ -21,6 +21,7 @@ from core.configfile import load_yaml
 from gptlite.errors import ConfigError
 from gptlite.model import PRESETS
 from training.launch import REPO, launch_command, launcher_for
+from training.slurm import SlurmSettings
 
 # Flags the sweep sets itself for every run; a spec cannot set them in train_args.
 SWEEP_OWNED = {"backend", "fsdp_config", "deepspeed_config", "runs_dir", "run_name", "overwrite", "quiet", "model",
@@ -172,6 +173,8 @@ class SweepSpec:
     runs_dir: str | None = None  # default: runs/sweeps/<name>
     train_args: dict = field(default_factory=dict)  # train.py flags for every run, e.g. {dropout: 0.0}
     env: dict = field(default_factory=dict)  # environment variables for every run
+    # How runs are submitted with sweep.py --executor slurm (training/slurm.py); unused locally.
+    executor: SlurmSettings = field(default_factory=SlurmSettings)
 
     def __post_init__(self):
         if not self.name or "/" in self.name:
@@ -185,8 +188,8 @@ class SweepSpec:
             if key in SWEEP_OWNED:
                 raise ConfigError(f"train_args: '{key}' is set by the sweep (the matrix or the spec's own keys)")
             if key in ("save_dir", "resume"):
-                raise ConfigError(f"train_args: '{key}': every run of the sweep would share one checkpoint directory, "
-                                  "and a checkpoint directory belongs to one run; a sweep keeps no checkpoints")
+                raise ConfigError(f"train_args: '{key}' is set by the sweep: with save_every each run checkpoints into "
+                                  "<runs dir>/.ckpt/<run> and continues from there when run again (or requeued)")
         if "mem_budget_gb" in self.train_args and any(str(p).startswith("auto:") for p in self.matrix.ckpt_policy):
             raise ConfigError("train_args: 'mem_budget_gb' is also set by matrix.ckpt_policy's auto:<GiB>; set it in "
                               "one place")
@@ -238,6 +241,11 @@ class PlannedRun:
     # The run's coordinates in the matrix (label, ckpt, world, preset, precision), micro-batch left
     # out: the runs of one configuration share it (the largest-batch search groups by it).
     config_key: str = ""
+
+    @property
+    def resumable(self) -> bool:
+        """It checkpoints (save_every) and continues from its last checkpoint when started again."""
+        return bool(dict(self.flags).get("resume"))
 
     def argv(self, runs_dir: Path) -> list[str]:
         # Never --overwrite: the runner replaces a record itself, under its lock (training/runner.py).
@@ -339,6 +347,8 @@ def expand(spec: SweepSpec) -> tuple[list[PlannedRun], list[str]]:
             if "nvme" in (deepspeed_plan.offload_device(config, "offload_optimizer"),
                           deepspeed_plan.offload_device(config, "offload_param")):
                 flags.setdefault("nvme_path", str(spec.directory / ".nvme" / name))
+        if spec.train_args.get("save_every"):  # its own checkpoints, continued when the run starts again
+            flags.update(save_dir=str(spec.directory / ".ckpt" / name), resume=True)
         runs.setdefault(name, PlannedRun(name, backend, config_file, world, tuple(flags.items()),
                                          tuple((k, str(v)) for k, v in spec.env.items()), key))
     return list(runs.values()), list(dict.fromkeys(skipped))

@@ -1,0 +1,246 @@
+"""sweep.py --executor slurm against a real one-node Slurm started here (tools/slurm_local.sh):
+submission, records equal to a local sweep's, a time limit with requeue and resume, --cancel,
+--status, and bad input refused before anything is submitted."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from conftest import REPO, base_env, train
+from training.slurm import SlurmSettings, node_command, shape_of
+from training.sweep import expand, load_spec
+
+SWEEP = REPO / "sweep.py"
+SCRIPT = REPO / "tools" / "slurm_local.sh"
+
+
+@pytest.fixture(scope="session")
+def local_slurm():
+    """The environment that reaches a one-node Slurm on this machine, started for the session
+    (and stopped after, unless it ran before)."""
+    if os.geteuid() != 0:
+        pytest.skip("the local Slurm runs its daemons as root (tools/slurm_local.sh); these tests run as another user")
+    installed = subprocess.run([str(SCRIPT), "install"], capture_output=True, text=True, timeout=600)
+    if installed.returncode != 0:
+        pytest.skip(f"Slurm cannot be installed here: {installed.stderr.strip().splitlines()[-1:]}")
+    was_running = subprocess.run([str(SCRIPT), "status"], capture_output=True, timeout=60).returncode == 0
+    started = subprocess.run([str(SCRIPT), "start"], capture_output=True, text=True, timeout=120)
+    assert started.returncode == 0, started.stdout + started.stderr
+    conf = subprocess.run([str(SCRIPT), "conf"], capture_output=True, text=True).stdout.strip()
+    yield {"SLURM_CONF": conf}
+    if not was_running:
+        subprocess.run([str(SCRIPT), "stop"], capture_output=True, timeout=60)
+
+
+def _sweep(*args, env=None, timeout=600):
+    return subprocess.run([sys.executable, str(SWEEP), *map(str, args)], cwd=REPO, env={**base_env(), **(env or {})},
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _write(tmp_path, spec: dict, name="spec.yaml"):
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def _losses(record) -> list[float]:
+    return [json.loads(line)["loss"] for line in (record / "metrics.jsonl").read_text().splitlines()]
+
+
+def _jobs(runs):
+    path = runs / ".slurm" / "jobs.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _live(env) -> list[str]:
+    out = subprocess.run(["squeue", "-h", "-o", "%i"], env={**os.environ, **env}, capture_output=True, text=True)
+    return out.stdout.split()
+
+
+@pytest.mark.distributed
+def test_a_sweep_on_slurm_records_what_the_same_sweep_records_here(local_slurm, quick_sweep, tmp_path):
+    # sweeps/cpu_slurm.yaml: single, DDP, FSDP2 and ZeRO-2 with the quick matrix's settings, so the
+    # local records to hold them to are the quick sweep's (the same runs, launched here).
+    spec = yaml.safe_load((REPO / "sweeps" / "cpu_slurm.yaml").read_text())
+    runs = tmp_path / "runs"
+    path = _write(tmp_path, {**spec, "runs_dir": str(runs)})
+    proc = _sweep(path, "--executor", "slurm", env=local_slurm)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "submitted 4 jobs" in proc.stdout and "4 ok" in proc.stdout, proc.stdout
+    jobs = _jobs(runs)
+    assert len(jobs) == 4 and len({j["job_id"] for j in jobs.values()}) == 4
+    for name in jobs:
+        summary = json.loads((runs / name / "summary.json").read_text())
+        assert summary["status"] == "ok", summary
+        local = quick_sweep / name
+        # Bit for bit: the same launcher command on CPU in fp32, here through a Slurm job.
+        assert _losses(runs / name) == _losses(local), name
+        assert json.loads((runs / name / "sweep_key.json").read_text()) == \
+            json.loads((local / "sweep_key.json").read_text())
+    report = subprocess.run([sys.executable, "-m", "analysis.report", str(runs), "--out", str(tmp_path / "report")],
+                            cwd=REPO, env=base_env(), capture_output=True, text=True, timeout=300)
+    assert report.returncode == 0, report.stdout + report.stderr
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert all(summary_name.split("-w")[0] in text for summary_name in jobs)
+    # Again: everything is recorded, nothing is submitted.
+    again = _sweep(path, "--executor", "slurm", env=local_slurm)
+    assert again.returncode == 0 and "nothing to submit" in again.stdout, again.stdout + again.stderr
+    assert again.stdout.count("(already done)") == 4 and _jobs(runs) == jobs
+    status = _sweep(path, "--status", env=local_slurm)
+    assert status.returncode == 0 and "4 ok" in status.stdout, status.stdout + status.stderr
+
+
+@pytest.mark.distributed
+def test_a_job_past_its_time_limit_is_requeued_and_continues_from_its_checkpoint(local_slurm, tmp_path):
+    steps, every = 900, 50
+    train_args = {"warmup_steps": 1, "eval_batches": 1, "eval_every": 100, "save_every": every}
+    spec = {"name": "requeue", "runs_dir": str(tmp_path / "runs"), "steps": steps, "timeout_s": 600,
+            "matrix": {"backend": ["single"], "preset": ["tiny"]}, "train_args": train_args,
+            # A minute, the signal 20 s before it: the run (about a minute of steps) cannot end in one job.
+            "executor": {"time_min": 1, "signal_delay_s": 20, "cpus_per_task": 1, "max_requeues": 5}}
+    path = _write(tmp_path, spec)
+    (run,) = expand(load_spec(str(path)))[0]
+    # The same run uninterrupted, here, on the other core while the job runs.
+    flags = [f for f in run.argv(tmp_path / "ref")[4:] if f != "--resume"]
+    i = flags.index("--save_dir")
+    del flags[i:i + 2]
+    del flags[flags.index("--save_every"):flags.index("--save_every") + 2]
+    reference = subprocess.Popen([sys.executable, str(REPO / "train.py"), "--runs_dir", str(tmp_path / "ref"),
+                                  "--run_name", "ref", "--quiet", *flags], cwd=REPO, env=base_env(),
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = _sweep(path, "--executor", "slurm", env=local_slurm)
+    _, err = reference.communicate(timeout=600)
+    assert reference.returncode == 0, err
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    record = tmp_path / "runs" / run.name
+    summary = json.loads((record / "summary.json").read_text())
+    assert summary["status"] == "ok", summary
+    log = "".join(p.read_text() for p in (tmp_path / "runs" / ".slurm").glob("*_0_log.out"))
+    assert "Requeued job" in log, log[-2000:]
+    config = json.loads((record / "config.json").read_text())
+    assert config["start_step"] > 0 and config["resumed_from"], config
+    assert _losses(record) == _losses(tmp_path / "ref" / "ref")
+    assert len(_losses(record)) == steps
+
+
+@pytest.mark.distributed
+def test_cancel_records_queued_and_running_runs_cancelled(local_slurm, tmp_path):
+    runs = tmp_path / "runs"
+    spec = {"name": "cancel", "runs_dir": str(runs), "steps": 100000, "timeout_s": 900,
+            "matrix": {"backend": ["ddp", "fsdp_configs/fsdp2.yaml"], "world_size": [2], "preset": ["tiny"]},
+            "train_args": {"warmup_steps": 1, "eval_batches": 1},
+            "executor": {"time_min": 10, "cpus_per_task": 2}}  # two CPUs each: one runs, one waits
+    path = _write(tmp_path, spec)
+    proc = _sweep(path, "--executor", "slurm", "--no_wait", env=local_slurm)
+    assert proc.returncode == 0 and "submitted 2 jobs" in proc.stdout, proc.stdout + proc.stderr
+    names = sorted(_jobs(runs))
+    deadline = time.monotonic() + 180
+    while not any((runs / n / "metrics.jsonl").exists() for n in names):  # one is training
+        assert time.monotonic() < deadline, _sweep(path, "--status", env=local_slurm).stdout
+        time.sleep(1)
+    status = _sweep(path, "--status", env=local_slurm)
+    assert {"running", "queued"} <= set(status.stdout.split()), status.stdout
+    cancel = _sweep(path, "--cancel", env=local_slurm)
+    assert cancel.returncode == 0, cancel.stdout + cancel.stderr
+    for name in names:
+        summary = json.loads((runs / name / "summary.json").read_text())
+        assert summary["status"] == "cancelled", summary
+    assert not set(_live(local_slurm)) & {j["job_id"] for j in _jobs(runs).values()}
+    after = _sweep(path, "--status", env=local_slurm)
+    assert after.stdout.count("cancelled") >= 2 and "2 cancelled" in after.stdout, after.stdout
+
+
+def _bad(tmp_path, executor=None, **spec):
+    return _write(tmp_path, {"name": "bad", "runs_dir": str(tmp_path / "runs"), "steps": 2,
+                             "matrix": {"backend": ["single"]}, **({"executor": executor} if executor else {}),
+                             **spec})
+
+
+@pytest.mark.parametrize("case, executor, flags, env, expected", [
+    ("unknown executor field", {"partitoin": "debug"}, [], {}, "unknown key 'executor.partitoin'"),
+    ("a time limit that cannot hold a run", {"time_min": 1, "signal_delay_s": 90}, [], {},
+     "executor.time_min 1 cannot hold a run"),
+    ("a flag out of range", None, ["--time_min", "0"], {}, "executor.time_min must be an integer >= 1"),
+    ("no sbatch on PATH", None, [], {"PATH": str(REPO / "no-such-dir")}, "sbatch is not on PATH"),
+])
+def test_bad_executor_input_is_one_line_and_submits_nothing(tmp_path, case, executor, flags, env, expected):
+    path = _bad(tmp_path, executor)
+    proc = _sweep(path, "--executor", "slurm", *flags, env=env, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0] and "Traceback" not in proc.stderr, proc.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("case, flags, expected", [
+    ("a partition Slurm does not have", ["--partition", "nosuchpart"],
+     "executor.partition: 'nosuchpart' is not a partition of this cluster"),
+    ("more CPUs than a node has", ["--cpus_per_task", "4096"], "Slurm would not take a job"),
+])
+def test_a_job_slurm_would_refuse_is_refused_before_anything_is_submitted(local_slurm, tmp_path, case, flags,
+                                                                          expected):
+    path = _bad(tmp_path)
+    before = set(_live(local_slurm))
+    proc = _sweep(path, "--executor", "slurm", *flags, env=local_slurm, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0], proc.stderr
+    assert set(_live(local_slurm)) == before and not (tmp_path / "runs" / ".slurm").exists()
+
+
+def test_shapes_and_node_commands(tmp_path):
+    spec = load_spec(str(_write(tmp_path, {"name": "s", "runs_dir": str(tmp_path / "r"), "matrix": {
+        "backend": ["single", "ddp", "ds_configs/z2.json"], "world_size": [4]}})))
+    runs = {r.backend: r for r in expand(spec)[0]}
+    settings = SlurmSettings(nodes=2, gpus_per_node=2)
+    assert shape_of(runs["single"], settings).nodes == 1  # one process: one node
+    ddp = shape_of(runs["ddp"], settings)
+    assert (ddp.nodes, ddp.ranks_per_node, ddp.gpus_per_node, ddp.cpus_per_task) == (2, 2, 2, 2)
+    with pytest.raises(Exception, match="start torchrun on each node"):
+        shape_of(runs["deepspeed"], settings)
+    with pytest.raises(Exception, match="gpus_per_node 1"):
+        shape_of(runs["ddp"], SlurmSettings(nodes=1, gpus_per_node=1))
+    # Several nodes: torchrun on each, the rendezvous on the first host, the same port everywhere.
+    cmd = node_command(runs["ddp"], tmp_path, 2, ["n1", "n2"], "1234_5")
+    assert cmd[cmd.index("--nnodes") + 1] == "2" and cmd[cmd.index("--nproc_per_node") + 1] == "2"
+    assert cmd[cmd.index("--rdzv-endpoint") + 1] == node_command(runs["ddp"], tmp_path, 2, ["n1", "n2"],
+                                                                 "1234_5")[cmd.index("--rdzv-endpoint") + 1]
+    assert cmd[cmd.index("--rdzv-endpoint") + 1].startswith("n1:")
+    assert cmd[-len(runs["ddp"].argv(tmp_path)):] == runs["ddp"].argv(tmp_path)
+    # One node: exactly the local runner's command.
+    assert node_command(runs["ddp"], tmp_path, 1, ["n1"], "7")[:3] == runs["ddp"].command(tmp_path)[:3]
+
+
+def test_a_spec_with_save_every_checkpoints_each_run_in_its_own_directory(tmp_path):
+    spec = load_spec(str(_write(tmp_path, {"name": "s", "runs_dir": str(tmp_path / "r"), "train_args": {"save_every": 5},
+                                          "matrix": {"backend": ["single", "ddp"]}})))
+    runs = expand(spec)[0]
+    dirs = [dict(r.flags)["save_dir"] for r in runs]
+    assert len(set(dirs)) == 2 and all(r.resumable for r in runs)
+    assert all(d.startswith(str(tmp_path / "r" / ".ckpt")) for d in dirs)
+
+
+def test_a_local_rerun_continues_a_checkpointed_run(tmp_path):
+    """The same resume path locally: a run stopped after its first checkpoint continues there
+    when the spec runs again, into the same record."""
+    from core.records import SWEEP_KEY_ENV
+    from training.runner import Runner
+
+    spec = load_spec(str(_write(tmp_path, {"name": "s", "runs_dir": str(tmp_path / "r"), "steps": 6,
+                                          "train_args": {"save_every": 3, "warmup_steps": 1, "eval_batches": 1},
+                                          "matrix": {"backend": ["single"]}})))
+    (run,) = expand(spec)[0]
+    # Its first attempt dies at step 5, after the checkpoint of step 2 (steps 0-2, then 3-5).
+    first = train(tmp_path / "r", run.name, *run.argv(tmp_path / "r")[5:],
+                  env={"GPTLITE_FAULT": "kind=exit,step=5", SWEEP_KEY_ENV: json.dumps(run.key())})
+    assert first.summary["status"] != "ok"
+    outcome = Runner(spec.directory, 300, retry_failed=True).run(run)
+    assert outcome.status == "ok", outcome.line()
+    config = json.loads((spec.directory / run.name / "config.json").read_text())
+    assert config["start_step"] == 3 and config["resumed_from"]

@@ -1,0 +1,428 @@
+"""Sweeps on a Slurm cluster: `sweep.py SPEC --executor slurm`, through submitit.
+
+Each run of the matrix becomes one Slurm job (one job array per resource shape). The job runs, on
+its node, the command the local runner runs (python, torchrun or deepspeed with the run's ranks)
+through the same Runner (training/runner.py): the same record, key and lock rules, so a recorded
+configuration is not submitted again and a changed spec never overwrites a record. Records go to
+the sweep's runs directory, which must be on a filesystem the nodes share; submitit's files and
+the sweep's job list go to <runs dir>/.slurm/.
+
+Submitit sends a job SIGUSR2 `signal_delay_s` before its time limit (or when it is preempted).
+The job then stops its run and records it `timeout`; a run with checkpoints (train_args
+save_every) is requeued (submitit's checkpoint and requeue, up to max_requeues times) and
+continues from its last checkpoint into the same record. `--cancel` cancels what is queued or
+running and records those runs `cancelled`. States come from squeue and the records: nothing here
+needs Slurm's accounting database (sacct).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from core.records import atomic_write_json, read_json, read_summary
+from gptlite.errors import ConfigError
+from training.launch import REPO, launch_env, launcher_for
+
+SLURM_DIR = ".slurm"
+JOBS_FILE = "jobs.json"
+# squeue's job states, as the sweep reports them; any other state (COMPLETED, FAILED, TIMEOUT,
+# CANCELLED, NODE_FAIL, ...) or a job squeue no longer lists has ended: its record says how.
+QUEUED = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SUSPENDED"}
+RUNNING = {"RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING"}
+
+
+@dataclass
+class SlurmSettings:
+    """The spec's `executor:` section (sweep.py's flags of the same names override it)."""
+
+    partition: str | None = None  # default: the cluster's default partition
+    account: str | None = None
+    time_min: int = 60  # each job's time limit, minutes
+    nodes: int = 1  # nodes per run: torchrun on each, its c10d rendezvous on the job's first host
+    gpus_per_node: int = 0  # 0: CPU ranks; else one rank per GPU, at most this many on a node
+    cpus_per_task: int | None = None  # CPUs for a node's ranks; default: one per rank
+    array_parallelism: int = 64  # jobs of one array running at once
+    signal_delay_s: int = 120  # SIGUSR2 this long before the time limit: the run stops, or checkpoints and requeues
+    max_requeues: int = 3  # how many times a run with checkpoints is requeued after its time limit
+    sbatch: dict = field(default_factory=dict)  # more sbatch options, e.g. {qos: high, constraint: a100}
+    setup: list[str] = field(default_factory=list)  # shell lines before each run, e.g. ["module load cuda"]
+
+    def __post_init__(self):
+        for name in ("time_min", "nodes", "array_parallelism", "signal_delay_s"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"executor.{name} must be an integer >= 1 (got {value!r})")
+        for name in ("gpus_per_node", "max_requeues"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ConfigError(f"executor.{name} must be an integer >= 0 (got {value!r})")
+        if self.cpus_per_task is not None and (not isinstance(self.cpus_per_task, int) or self.cpus_per_task < 1):
+            raise ConfigError(f"executor.cpus_per_task must be an integer >= 1 (got {self.cpus_per_task!r})")
+        if self.time_min * 60 <= self.signal_delay_s + 30:
+            raise ConfigError(f"executor.time_min {self.time_min} cannot hold a run: the job is signalled to stop "
+                              f"executor.signal_delay_s ({self.signal_delay_s} s) before its limit, and a run needs "
+                              f"30 s to start; give time_min > {(self.signal_delay_s + 30) // 60} or a shorter "
+                              "signal_delay_s")
+        for name in ("sbatch", "setup"):
+            kind = dict if name == "sbatch" else list
+            if not isinstance(getattr(self, name), kind):
+                raise ConfigError(f"executor.{name} must be a {'mapping' if kind is dict else 'list'}")
+        reserved = {"time", "nodes", "partition", "account", "cpus-per-task", "cpus_per_task", "array", "signal",
+                    "output", "error", "ntasks-per-node", "gpus-per-node"} & set(self.sbatch)
+        if reserved:
+            raise ConfigError(f"executor.sbatch: '{sorted(reserved)[0]}' is set by the sweep (executor's own keys); "
+                              "set it there")
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What one run asks of Slurm; runs of one shape go as one job array."""
+
+    nodes: int
+    ranks_per_node: int
+    cpus_per_task: int
+    gpus_per_node: int
+
+
+def shape_of(run, settings: SlurmSettings) -> Shape:
+    nodes = 1 if run.world_size == 1 else settings.nodes
+    if run.world_size % nodes:
+        raise ConfigError(f"run {run.name}: world size {run.world_size} is not a multiple of executor.nodes {nodes}")
+    ranks = run.world_size // nodes
+    if nodes > 1 and launcher_for(run.backend) != "torchrun":
+        raise ConfigError(f"run {run.name}: executor.nodes {nodes}: runs over several nodes start torchrun on each "
+                          f"node, and {run.backend} runs start with {launcher_for(run.backend)}; use nodes: 1")
+    if settings.gpus_per_node and ranks > settings.gpus_per_node:
+        raise ConfigError(f"run {run.name}: {ranks} ranks per node, executor.gpus_per_node {settings.gpus_per_node}")
+    return Shape(nodes, ranks, settings.cpus_per_task or ranks, ranks if settings.gpus_per_node else 0)
+
+
+def node_command(run, directory: Path, nodes: int, hostnames: list[str], job_id: str) -> list[str]:
+    """The launch command on a job's node: the local runner's for one node; for several,
+    torchrun on each node, its c10d rendezvous on the job's first host (a port from the job id,
+    the same on every node)."""
+    if nodes == 1:
+        return run.command(directory)
+    port = 29500 + int("".join(c for c in job_id if c.isdigit()) or 0) % 20000
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nodes),
+            "--nproc_per_node", str(run.world_size // nodes), "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", f"{hostnames[0]}:{port}", "--rdzv-id", str(job_id), str(REPO / "train.py"),
+            *run.argv(directory)]
+
+
+class SlurmRun:
+    """One run as a Slurm job (what submitit pickles and calls on the node)."""
+
+    def __init__(self, directory: Path, run, timeout_s: float, nodes: int, time_min: int):
+        self.directory, self.run, self.timeout_s, self.nodes, self.time_min = Path(directory), run, timeout_s, nodes, time_min
+        self.attempt = 0
+        self._runner = None
+
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if k != "_runner"}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state, _runner=None)
+
+    def __call__(self) -> str:
+        import submitit
+
+        from training.runner import Runner
+
+        job = submitit.JobEnvironment()
+        command = node_command(self.run, self.directory, self.nodes, job.hostnames, str(job.job_id))
+        if job.global_rank != 0:  # another node of the run: its ranks only; node 0's runner records
+            return str(subprocess.run(command, cwd=REPO, env=launch_env(dict(self.run.env))).returncode)
+        # A requeued attempt continues its run (recorded `timeout` when it was stopped).
+        self._runner = Runner(self.directory, self.timeout_s, retry_failed=self.attempt > 0)
+        outcome = self._runner.run(self.run, command)
+        print(outcome.line(), flush=True)
+        return outcome.status
+
+    def checkpoint(self):
+        """Submitit calls this on SIGUSR2 (the time limit ahead, or preemption): the run is stopped
+        and recorded `timeout`; a run with checkpoints is requeued to continue from its last one."""
+        import submitit
+
+        if self._runner is None:
+            return None
+        requeue = self.run.resumable
+        why = (f"stopped by Slurm (time limit {self.time_min} min, or preempted) in attempt {self.attempt + 1}; "
+               + ("requeued to continue from its last checkpoint" if requeue else
+                  "give executor.time_min more, or set save_every in train_args to continue from checkpoints"))
+        self._runner.stop_current("timeout", why)
+        if not requeue:
+            return None
+        self.attempt += 1
+        return submitit.helpers.DelayedSubmission(self)
+
+
+# --- the submitting side -----------------------------------------------------------------------
+
+def check_tools() -> None:
+    """Slurm's commands on PATH and submitit importable, or ConfigError."""
+    for tool in ("sbatch", "squeue", "scancel", "srun"):
+        if shutil.which(tool) is None:
+            raise ConfigError(f"--executor slurm: {tool} is not on PATH: run on a Slurm cluster's login node (or start "
+                              "one here: tools/slurm_local.sh start)")
+    try:
+        import submitit  # noqa: F401
+    except ImportError:
+        raise ConfigError("--executor slurm needs submitit: pip install submitit") from None
+
+
+def check_slurm(settings: SlurmSettings, shapes: list[Shape]) -> None:
+    """Refuse (ConfigError) before anything is submitted: no Slurm, a partition it does not
+    have, or a job it would not take (`sbatch --test-only` for each shape: time limit, account,
+    CPUs and GPUs)."""
+    check_tools()
+    if settings.partition is not None:
+        proc = _slurm(["scontrol", "show", "partition", settings.partition, "-o"])
+        if proc.returncode != 0:
+            raise ConfigError(f"executor.partition: {settings.partition!r} is not a partition of this cluster "
+                              f"({', '.join(partitions()) or 'none found'})")
+    for shape in shapes:
+        proc = _slurm(["sbatch", "--test-only", *_sbatch_options(settings, shape), "--wrap", "true"])
+        if proc.returncode != 0:
+            message = " ".join((proc.stderr or proc.stdout).split()).removeprefix("sbatch: error: ")
+            raise ConfigError(f"--executor slurm: Slurm would not take a job of {shape.nodes} node(s), "
+                              f"{shape.cpus_per_task} CPUs, {shape.gpus_per_node} GPUs, {settings.time_min} min: "
+                              f"{message}")
+
+
+def partitions() -> list[str]:
+    proc = _slurm(["sinfo", "-h", "-o", "%P"])
+    return [p.strip().rstrip("*") for p in proc.stdout.split()] if proc.returncode == 0 else []
+
+
+def _sbatch_options(settings: SlurmSettings, shape: Shape) -> list[str]:
+    options = [f"--time={settings.time_min}", f"--nodes={shape.nodes}", "--ntasks-per-node=1",
+               f"--cpus-per-task={shape.cpus_per_task}"]
+    if shape.gpus_per_node:
+        options.append(f"--gpus-per-node={shape.gpus_per_node}")
+    if settings.partition:
+        options.append(f"--partition={settings.partition}")
+    if settings.account:
+        options.append(f"--account={settings.account}")
+    options += [f"--{k}={v}" for k, v in settings.sbatch.items()]
+    return options
+
+
+def _slurm(argv: list[str]) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return subprocess.CompletedProcess(argv, 1, "", str(e))
+
+
+def read_jobs(directory: Path) -> dict:
+    """{run name: {"job_id", "cancelled"}} of this sweep's submissions."""
+    try:
+        return read_json(Path(directory) / SLURM_DIR / JOBS_FILE)
+    except (OSError, ValueError):
+        return {}
+
+
+def queue_states(job_ids) -> dict[str, str]:
+    """{job id: squeue state} of the jobs squeue still lists (finished ones for MinJobAge)."""
+    ids = sorted({str(j) for j in job_ids})
+    if not ids:
+        return {}
+    proc = _slurm(["squeue", "-h", "-r", "-t", "all", "-j", ",".join(ids), "-o", "%i|%T"])
+    if proc.returncode != 0 and "Invalid job id" not in proc.stderr:
+        raise ConfigError(f"squeue failed: {' '.join(proc.stderr.split())}")
+    states = {}
+    for line in proc.stdout.splitlines():
+        job, _, state = line.strip().partition("|")
+        states[job] = state
+    if proc.returncode != 0 and len(ids) > 1:  # one id squeue no longer knows fails the whole call
+        for job in ids:
+            states.update(queue_states([job]))
+    return states
+
+
+def state_of(job_id: str | None, states: dict[str, str]) -> str | None:
+    """queued, running, or None (ended, or never submitted)."""
+    state = states.get(str(job_id)) if job_id else None
+    if state in QUEUED:
+        return "queued"
+    if state in RUNNING:
+        return "running"
+    return None
+
+
+class SlurmSweep:
+    """Submits a sweep's runs, follows them to the end, reports and cancels them."""
+
+    def __init__(self, spec, runs, settings: SlurmSettings, retry_failed: bool = False):
+        self.spec, self.runs, self.settings, self.retry_failed = spec, runs, settings, retry_failed
+        self.directory = Path(spec.directory)
+        self.folder = self.directory / SLURM_DIR
+
+    def shapes(self) -> dict[str, Shape]:
+        return {run.name: shape_of(run, self.settings) for run in self.runs}
+
+    def check_tools(self) -> None:
+        check_tools()
+
+    def check(self) -> None:
+        check_slurm(self.settings, sorted(set(self.shapes().values()), key=str))
+
+    def _write_jobs(self, update: dict) -> None:
+        jobs = read_jobs(self.directory)
+        for name, entry in update.items():
+            jobs[name] = {**jobs.get(name, {}), **entry}
+        atomic_write_json(self.folder / JOBS_FILE, jobs)
+
+    def to_submit(self, report) -> list:
+        """The runs that need a job: not done (as the local runner decides), not queued or running."""
+        from core.summary import FINISHED
+        from training.runner import RERUN, RETRYABLE, Runner
+
+        jobs = read_jobs(self.directory)
+        states = queue_states(entry["job_id"] for entry in jobs.values() if entry.get("job_id"))
+        keys = Runner(self.directory, self.spec.timeout_s)
+        todo = []
+        for run in self.runs:
+            job_id = jobs.get(run.name, {}).get("job_id")
+            live = state_of(job_id, states)
+            if live:
+                report(f"{run.name}: {live} (job {job_id})")
+                continue
+            summary = read_summary(self.directory / run.name / "summary.json")
+            if (summary is not None and summary.status in FINISHED and summary.status not in RERUN
+                    and keys._stored_key(run) == run.key() and not (self.retry_failed and summary.status in RETRYABLE)):
+                report(f"{run.name}: {summary.status} (already done)")
+                continue
+            todo.append(run)
+        return todo
+
+    def submit(self, runs) -> dict[str, str]:
+        """One job per run, one array per shape; {run name: job id}."""
+        import submitit
+
+        shapes = self.shapes()
+        submitted = {}
+        for shape in sorted({shapes[run.name] for run in runs}, key=str):
+            group = [run for run in runs if shapes[run.name] == shape]
+            executor = submitit.SlurmExecutor(folder=self.folder, max_num_timeout=self.settings.max_requeues)
+            executor.update_parameters(
+                job_name=f"sweep-{self.spec.name}", time=self.settings.time_min, nodes=shape.nodes,
+                ntasks_per_node=1, cpus_per_task=shape.cpus_per_task,
+                **({"gpus_per_node": shape.gpus_per_node} if shape.gpus_per_node else {}),
+                **({"partition": self.settings.partition} if self.settings.partition else {}),
+                **({"account": self.settings.account} if self.settings.account else {}),
+                signal_delay_s=self.settings.signal_delay_s, array_parallelism=self.settings.array_parallelism,
+                additional_parameters=dict(self.settings.sbatch),
+                # The repository importable on the node; srun gives each task the job's CPUs
+                # (since Slurm 22.05 srun no longer takes --cpus-per-task from sbatch).
+                setup=[f"export PYTHONPATH={REPO}${{PYTHONPATH:+:$PYTHONPATH}}",
+                       "export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK", *self.settings.setup])
+            with executor.batch():
+                jobs = [executor.submit(SlurmRun(self.directory, run, self.spec.timeout_s, shape.nodes,
+                                                 self.settings.time_min)) for run in group]
+            for run, job in zip(group, jobs):
+                submitted[run.name] = str(job.job_id)
+            self._write_jobs({name: {"job_id": job_id, "cancelled": False, "submitted": time.time()}
+                              for name, job_id in submitted.items()})
+        return submitted
+
+    def settle_ended(self, run) -> "object":
+        """The outcome of a run whose job has ended: its record, or, when the job ended before the
+        run could settle it (killed, cancelled while queued, its node lost), a record saying so."""
+        from training.runner import TERMINATED, Outcome, Runner
+
+        entry = read_jobs(self.directory).get(run.name, {})
+        summary = read_summary(self.directory / run.name / "summary.json")
+        stopped = summary is not None and summary.status == "failed" and TERMINATED in (summary.error or "")
+        if summary is not None and summary.status != "running" and not (stopped and entry.get("cancelled")):
+            return Outcome(run, summary, summary.wall_time_s or 0.0)
+        job_id = entry.get("job_id")
+        if entry.get("cancelled"):
+            ended = ("cancelled", f"cancelled by sweep.py --cancel (Slurm job {job_id})")
+        else:
+            ended = ("failed", f"its Slurm job {job_id} ended before the run finished (see "
+                               f"{self.folder / f'{job_id}_0_log.err'})")
+        log = self.directory / ".logs" / f"{run.name}.log"
+        return Runner(self.directory, self.spec.timeout_s)._settle(run, 0, False, log, 0.0, ended=ended)
+
+    def wait(self, submitted: dict[str, str], report, poll_s: float = 2.0) -> list:
+        """Follow the jobs until every one has ended; each run's outcome reported as it ends."""
+        by_name = {run.name: run for run in self.runs}
+        pending = dict(submitted)
+        outcomes = []
+        while pending:
+            states = queue_states(pending.values())
+            for name, job_id in list(pending.items()):
+                if state_of(job_id, states):
+                    continue
+                outcome = self.settle_ended(by_name[name])
+                outcomes.append(outcome)
+                report(f"{outcome.line()} (job {job_id})")
+                del pending[name]
+            if pending:
+                time.sleep(poll_s)
+        return outcomes
+
+    def status(self) -> list[tuple[str, str, str | None, str]]:
+        """(run, state, job id, detail) of every run: queued or running from squeue, else its
+        record's status (ok, failed, oom, timeout, cancelled), or 'not submitted'."""
+        jobs = read_jobs(self.directory)
+        states = queue_states(entry["job_id"] for entry in jobs.values() if entry.get("job_id"))
+        rows = []
+        for run in self.runs:
+            job_id = jobs.get(run.name, {}).get("job_id")
+            live = state_of(job_id, states)
+            summary = read_summary(self.directory / run.name / "summary.json")
+            if live:
+                rows.append((run.name, live, job_id, ""))
+            elif summary is not None and summary.status != "running":
+                rows.append((run.name, summary.status, job_id, summary.error or ""))
+            elif summary is not None or job_id:  # its job ended without settling it: settled now
+                outcome = self.settle_ended(run)
+                rows.append((run.name, outcome.status, job_id, outcome.summary.error or ""))
+            else:
+                rows.append((run.name, "not submitted", None, ""))
+        return rows
+
+    def cancel(self, report, wait_s: float = 120.0) -> int:
+        """Cancel every queued or running job of the sweep and record those runs `cancelled`."""
+        jobs = read_jobs(self.directory)
+        states = queue_states(entry["job_id"] for entry in jobs.values() if entry.get("job_id"))
+        names = {run.name for run in self.runs}
+        live = {name: entry["job_id"] for name, entry in jobs.items()
+                if name in names and state_of(entry.get("job_id"), states)}
+        if not live:
+            report("nothing queued or running")
+            return 0
+        # Marked first: whoever settles the run once its job has ended records it cancelled.
+        self._write_jobs({name: {"cancelled": True} for name in live})
+        proc = _slurm(["scancel", *sorted(set(live.values()))])
+        if proc.returncode != 0:
+            raise ConfigError(f"scancel failed: {' '.join(proc.stderr.split())}")
+        deadline = time.monotonic() + wait_s
+        pending = dict(live)
+        while pending and time.monotonic() < deadline:
+            states = queue_states(pending.values())
+            for name, job_id in list(pending.items()):
+                if not state_of(job_id, states):
+                    outcome = self.settle_ended(next(r for r in self.runs if r.name == name))
+                    report(f"{name}: {outcome.status} (job {job_id})")
+                    del pending[name]
+            if pending:
+                time.sleep(1.0)
+        for name, job_id in pending.items():
+            report(f"{name}: job {job_id} still ends; its record is settled by sweep.py --status")
+        return len(live)
+
+
+def settings_from(spec_settings: SlurmSettings, overrides: dict) -> SlurmSettings:
+    """The spec's executor section with sweep.py's flags over it."""
+    return dataclasses.replace(spec_settings, **{k: v for k, v in overrides.items() if v is not None})
+
