@@ -275,10 +275,20 @@ class SlurmSweep:
         check_slurm(self.settings, sorted(set(self.shapes().values()), key=str))
 
     def _write_jobs(self, update: dict) -> None:
-        jobs = read_jobs(self.directory)
-        for name, entry in update.items():
-            jobs[name] = {**jobs.get(name, {}), **entry}
-        atomic_write_json(self.folder / JOBS_FILE, jobs)
+        """Merge `update` into the job list, holding its lock (a --cancel may write beside a submission)."""
+        from training.preflight import FileLock, LockHeld
+        from training.runner import _wait_for
+
+        lock = _wait_for(lambda: FileLock(self.folder / "jobs.lock"), 60.0)
+        if isinstance(lock, LockHeld):
+            raise ConfigError(f"{self.folder / JOBS_FILE}: {lock}")
+        try:
+            jobs = read_jobs(self.directory)
+            for name, entry in update.items():
+                jobs[name] = {**jobs.get(name, {}), **entry}
+            atomic_write_json(self.folder / JOBS_FILE, jobs)
+        finally:
+            lock.release()
 
     def to_submit(self, report) -> list:
         """The runs that need a job: not done (as the local runner decides), not queued or running."""
