@@ -35,6 +35,9 @@ JOBS_FILE = "jobs.json"
 # CANCELLED, NODE_FAIL, ...) or a job squeue no longer lists has ended: its record says how.
 QUEUED = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SUSPENDED"}
 RUNNING = {"RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING"}
+# A job's final state, for a run whose job ended before the run could record how (killed at its
+# limit without the signal ahead, its memory limit, cancelled from outside the sweep).
+ENDED_AS = {"TIMEOUT": "timeout", "DEADLINE": "timeout", "OUT_OF_MEMORY": "oom", "CANCELLED": "cancelled"}
 
 
 @dataclass
@@ -343,9 +346,10 @@ class SlurmSweep:
                               for name, job_id in submitted.items()})
         return submitted
 
-    def settle_ended(self, run) -> "object":
+    def settle_ended(self, run, slurm_state: str | None = None) -> "object":
         """The outcome of a run whose job has ended: its record, or, when the job ended before the
-        run could settle it (killed, cancelled while queued, its node lost), a record saying so."""
+        run could settle it (killed at its time limit, cancelled while queued, its node lost), a
+        record saying so, with the job's final state where squeue still has it (`slurm_state`)."""
         from training.runner import TERMINATED, Outcome, Runner
 
         entry = read_jobs(self.directory).get(run.name, {})
@@ -356,6 +360,8 @@ class SlurmSweep:
         job_id = entry.get("job_id")
         if entry.get("cancelled"):
             ended = ("cancelled", f"cancelled by sweep.py --cancel (Slurm job {job_id})")
+        elif slurm_state in ENDED_AS:
+            ended = (ENDED_AS[slurm_state], f"its Slurm job {job_id} ended {slurm_state} before the run finished")
         else:
             ended = ("failed", f"its Slurm job {job_id} ended before the run finished (see "
                                f"{self.folder / f'{job_id}_0_log.err'})")
@@ -372,7 +378,7 @@ class SlurmSweep:
             for name, job_id in list(pending.items()):
                 if state_of(job_id, states):
                     continue
-                outcome = self.settle_ended(by_name[name])
+                outcome = self.settle_ended(by_name[name], states.get(str(job_id)))
                 outcomes.append(outcome)
                 report(f"{outcome.line()} (job {job_id})")
                 del pending[name]
@@ -395,7 +401,7 @@ class SlurmSweep:
             elif summary is not None and summary.status != "running":
                 rows.append((run.name, summary.status, job_id, summary.error or ""))
             elif summary is not None or job_id:  # its job ended without settling it: settled now
-                outcome = self.settle_ended(run)
+                outcome = self.settle_ended(run, states.get(str(job_id)))
                 rows.append((run.name, outcome.status, job_id, outcome.summary.error or ""))
             else:
                 rows.append((run.name, "not submitted", None, ""))
