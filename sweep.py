@@ -53,21 +53,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="memory budget per rank for --max_batch, GiB (required on CPU; on CUDA default: the device)")
     p.add_argument("--max_micro_batch", type=int, default=4096, help="upper bound of the --max_batch search")
     p.add_argument("--probe_steps", type=int, default=3, help="steps of each --max_batch probe run")
-    g = p.add_argument_group("cluster (--executor slurm)")
-    g.add_argument("--executor", choices=("local", "slurm"), default="local",
-                   help="local: one run at a time here (default); slurm: one Slurm job per run")
+    from training.slurm import add_flags
+
+    g = add_flags(p)
     g.add_argument("--status", action="store_true",
                    help="list every run as queued, running, ok, failed, oom, timeout, cancelled or not submitted")
     g.add_argument("--cancel", action="store_true",
                    help="cancel the sweep's queued and running jobs and record those runs as cancelled")
     g.add_argument("--no_wait", action="store_true", help="submit and return; follow with --status")
-    for name, kind, text in (("partition", str, "Slurm partition"), ("account", str, "Slurm account"),
-                             ("time_min", int, "each job's time limit, minutes"),
-                             ("nodes", int, "nodes per run (torchrun on each, c10d rendezvous)"),
-                             ("gpus_per_node", int, "GPUs per node (0: CPU ranks)"),
-                             ("cpus_per_task", int, "CPUs per node's launcher task (default: one per rank)"),
-                             ("array_parallelism", int, "jobs of one array running at once")):
-        g.add_argument(f"--{name}", type=kind, default=None, help=f"{text} (overrides the spec's executor.{name})")
     return p
 
 
@@ -121,20 +114,12 @@ def main(argv=None) -> int:
 
 def _on_slurm(args, spec, runs, skipped) -> int:
     """--executor slurm, --status, --cancel (training/slurm.py). ConfigError: bad input, nothing submitted."""
-    import dataclasses
-
     from training.runner import Runner
-    from training.slurm import SlurmSweep
+    from training.slurm import SlurmSweep, settings_from
     from training.sweep import check_runs
 
-    overrides = {name: getattr(args, name) for name in ("partition", "account", "time_min", "nodes", "gpus_per_node",
-                                                         "cpus_per_task", "array_parallelism")
-                 if getattr(args, name) is not None}
-    try:
-        settings = dataclasses.replace(spec.executor, **overrides)
-    except ConfigError as e:
-        raise ConfigError(f"{e} (from the flags over the spec's executor section)") from None
-    sweep = SlurmSweep(spec, runs, settings, retry_failed=args.retry_failed)
+    sweep = SlurmSweep(spec.name, spec.directory, spec.timeout_s, runs, settings_from(spec.executor, args),
+                       retry_failed=args.retry_failed)
     if args.status:
         sweep.check_tools()
         rows = sweep.status()

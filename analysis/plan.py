@@ -25,7 +25,8 @@ model whose parts are printed:
     step      compute + (1 - overlap) x comm + offload;  samples/s = global batch / step
 
 The answer is ranked by predicted samples/s, with each candidate's exact launch command.
-Not yet: --verify (running the top candidates), the speed model's refit, --out's figure.
+--verify K runs the top K and two further down (here, or as Slurm jobs with --executor slurm), refits
+the step model on them and picks the fastest measured. Not yet: --out's plan.md and figure.
 """
 
 from __future__ import annotations
@@ -375,39 +376,70 @@ def flag_pairs(argv: list[str]) -> tuple[tuple[str, object], ...]:
     return tuple(pairs)
 
 
+# Slurm settings the plan's question decides (training/slurm.py FLAGS).
+SLURM_OWN = ("nodes", "gpus_per_node")
+
+
 def verify(rows: list[dict], k: int, train_argv: list[str], world: int, runs_dir: Path, steps: int,
-           timeout_s: float) -> list[dict]:
+           timeout_s: float, slurm=None) -> list[dict]:
     """Run the top `k` candidates and two from further down (to_verify) through the sweep runner
     (training/runner.py: ordinary records under `runs_dir`, a progress line each; a record of the same
-    run there is reused), each `steps` steps; predicted against measured."""
+    run there is reused), each `steps` steps, or with `slurm` (training/slurm.SlurmSettings) as Slurm
+    jobs through the sweep's Slurm executor; predicted against measured."""
     from training.runner import Runner
     from training.sweep import PlannedRun
 
+    chosen = to_verify(rows, k)
+    planned = []
+    for row in chosen:
+        cand = row["candidate"]
+        pairs = flag_pairs([*train_argv, *cand.flags()[2:], "--steps", str(steps), "--warmup_steps", "2",
+                            "--mem_profile_steps", "1", "--eval_batches", "1"])
+        file = cand.config if cand.config.endswith((".yaml", ".json")) else None
+        name = f"plan-{Path(cand.config).stem}-mb{cand.micro_batch}x{cand.grad_accum}-{cand.ckpt.replace('/', '')}"
+        planned.append(PlannedRun(name, row["backend"], file, world, pairs))
     runner = Runner(runs_dir, timeout_s)
     runner.hold_directory()
-    verified = []
     try:
-        chosen = to_verify(rows, k)
-        for i, row in enumerate(chosen):
-            cand = row["candidate"]
-            pairs = flag_pairs([*train_argv, *cand.flags()[2:], "--steps", str(steps), "--warmup_steps", "2",
-                                "--mem_profile_steps", "1", "--eval_batches", "1"])
-            file = cand.config if cand.config.endswith((".yaml", ".json")) else None
-            backend = row["backend"]
-            name = f"plan-{Path(cand.config).stem}-mb{cand.micro_batch}x{cand.grad_accum}-{cand.ckpt.replace('/', '')}"
-            print(f"[{i + 1}/{len(chosen)}] {name} (predicted rank {rows.index(row) + 1}) ...", file=sys.stderr,
-                  flush=True)
-            outcome = runner.run(PlannedRun(name, backend, file, world, pairs))
-            print(f"[{i + 1}/{len(chosen)}] {outcome.line()}", file=sys.stderr, flush=True)
+        outcomes = _on_slurm(planned, runs_dir, timeout_s, slurm) if slurm is not None else None
+        verified = []
+        for i, (row, run) in enumerate(zip(chosen, planned)):
+            if outcomes is None:
+                print(f"[{i + 1}/{len(chosen)}] {run.name} (predicted rank {rows.index(row) + 1}) ...",
+                      file=sys.stderr, flush=True)
+                outcome = runner.run(run)
+                print(f"[{i + 1}/{len(chosen)}] {outcome.line()}", file=sys.stderr, flush=True)
+            else:
+                outcome = outcomes[run.name]
             s = outcome.summary
-            verified.append({"command": row["command"], "record": str(runs_dir / name), "status": outcome.status,
+            verified.append({"command": row["command"], "record": str(runs_dir / run.name), "status": outcome.status,
                              "measured_samples_per_s": s.samples_per_s, "pred_samples_per_s": row["pred_samples_per_s"],
                              "measured_peak_gb": s.mem_peak_bytes / GiB if s.mem_peak_bytes else None,
                              "est_peak_gb": row["est_peak_gb"], "rank": rows.index(row) + 1})
     finally:
-        if runner.directory_lock is not None:
-            runner.directory_lock.release()
+        runner.directory_lock.release()
     return verified
+
+
+def _on_slurm(planned: list, runs_dir: Path, timeout_s: float, settings) -> dict:
+    """The verifying runs as Slurm jobs, followed to their end: {run name: Outcome} (a run recorded
+    before, by the same settings, is not submitted again)."""
+    from core.records import read_summary
+    from training.runner import Outcome
+    from training.slurm import SlurmSweep
+
+    sweep = SlurmSweep("plan", runs_dir, timeout_s, planned, settings)
+    sweep.check()
+    report = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    todo = sweep.to_submit(report)
+    submitted = sweep.submit(todo) if todo else {}
+    if submitted:
+        report(f"submitted {len(submitted)} Slurm jobs ({', '.join(sorted(set(submitted.values())))})")
+    outcomes = {o.run.name: o for o in sweep.wait(submitted, report)} if submitted else {}
+    for run in planned:  # already recorded
+        if run.name not in outcomes:
+            outcomes[run.name] = Outcome(run, read_summary(runs_dir / run.name / "summary.json"), 0.0, True)
+    return outcomes
 
 
 def refit(rows: list[dict], verified: list[dict], global_batch: int) -> dict | None:
@@ -478,6 +510,11 @@ def main(argv=None) -> int:
                    "last, profiled for memory, are not timed)")
     p.add_argument("--runs_dir", default="runs/plan", help="where verifying runs are recorded")
     p.add_argument("--timeout_s", type=float, default=900, help="each verifying run's limit")
+    from training.slurm import add_flags
+
+    # --verify's runs as Slurm jobs (on nodes like this machine: the calibration's); a run's shape
+    # is the plan's own (--world, --gpus_per_node).
+    add_flags(p, where="the executor's default", skip=SLURM_OWN)
     args, train_argv = p.parse_known_args(argv)
     if args.world < 1 or args.global_batch < 1 or args.mem_budget_gb <= 0:
         p.error("--world and --global_batch must be >= 1, --mem_budget_gb > 0")
@@ -524,8 +561,13 @@ def main(argv=None) -> int:
                 _print_table(rows, fitting, device, args)
                 print(f"\nverifying: the top {args.verify} and two further down, {args.verify_steps} steps each, "
                       f"into {args.runs_dir}", flush=True)
+            slurm = None
+            if args.executor == "slurm":
+                from training.slurm import SlurmSettings, settings_from
+
+                slurm = settings_from(SlurmSettings(), args, skip=SLURM_OWN)
             verified = verify(rows, args.verify, train_argv, args.world, Path(args.runs_dir).resolve(), args.verify_steps,
-                              args.timeout_s)
+                              args.timeout_s, slurm)
             fitted = refit(rows, verified, args.global_batch)
     except (ConfigError, DataError) as e:
         p.error(str(e))

@@ -263,9 +263,11 @@ def state_of(job_id: str | None, states: dict[str, str]) -> str | None:
 class SlurmSweep:
     """Submits a sweep's runs, follows them to the end, reports and cancels them."""
 
-    def __init__(self, spec, runs, settings: SlurmSettings, retry_failed: bool = False):
-        self.spec, self.runs, self.settings, self.retry_failed = spec, runs, settings, retry_failed
-        self.directory = Path(spec.directory)
+    def __init__(self, name: str, directory: Path, timeout_s: float, runs, settings: SlurmSettings,
+                 retry_failed: bool = False):
+        self.name, self.timeout_s, self.runs, self.settings, self.retry_failed = name, timeout_s, runs, settings, \
+            retry_failed
+        self.directory = Path(directory)
         self.folder = self.directory / SLURM_DIR
 
     def shapes(self) -> dict[str, Shape]:
@@ -300,7 +302,7 @@ class SlurmSweep:
 
         jobs = read_jobs(self.directory)
         states = queue_states(entry["job_id"] for entry in jobs.values() if entry.get("job_id"))
-        keys = Runner(self.directory, self.spec.timeout_s)
+        keys = Runner(self.directory, self.timeout_s)
         todo = []
         for run in self.runs:
             job_id = jobs.get(run.name, {}).get("job_id")
@@ -326,7 +328,7 @@ class SlurmSweep:
             group = [run for run in runs if shapes[run.name] == shape]
             executor = submitit.SlurmExecutor(folder=self.folder, max_num_timeout=self.settings.max_requeues)
             executor.update_parameters(
-                job_name=f"sweep-{self.spec.name}", time=self.settings.time_min, nodes=shape.nodes,
+                job_name=f"sweep-{self.name}", time=self.settings.time_min, nodes=shape.nodes,
                 ntasks_per_node=1, cpus_per_task=shape.cpus_per_task,
                 **({"gpus_per_node": shape.gpus_per_node} if shape.gpus_per_node else {}),
                 **({"partition": self.settings.partition} if self.settings.partition else {}),
@@ -338,7 +340,7 @@ class SlurmSweep:
                 setup=[f"export PYTHONPATH={REPO}${{PYTHONPATH:+:$PYTHONPATH}}",
                        "export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK", *self.settings.setup])
             with executor.batch():
-                jobs = [executor.submit(SlurmRun(self.directory, run, self.spec.timeout_s, shape.nodes,
+                jobs = [executor.submit(SlurmRun(self.directory, run, self.timeout_s, shape.nodes,
                                                  self.settings.time_min)) for run in group]
             for run, job in zip(group, jobs):
                 submitted[run.name] = str(job.job_id)
@@ -366,7 +368,7 @@ class SlurmSweep:
             ended = ("failed", f"its Slurm job {job_id} ended before the run finished (see "
                                f"{self.folder / f'{job_id}_0_log.err'})")
         log = self.directory / ".logs" / f"{run.name}.log"
-        return Runner(self.directory, self.spec.timeout_s)._settle(run, 0, False, log, 0.0, ended=ended)
+        return Runner(self.directory, self.timeout_s)._settle(run, 0, False, log, 0.0, ended=ended)
 
     def wait(self, submitted: dict[str, str], report, poll_s: float = 2.0) -> list:
         """Follow the jobs until every one has ended; each run's outcome reported as it ends."""
@@ -438,7 +440,33 @@ class SlurmSweep:
         return len(live)
 
 
-def settings_from(spec_settings: SlurmSettings, overrides: dict) -> SlurmSettings:
-    """The spec's executor section with sweep.py's flags over it."""
-    return dataclasses.replace(spec_settings, **{k: v for k, v in overrides.items() if v is not None})
+# The flags that override an executor section, with their help (sweep.py and analysis.plan).
+FLAGS = (("partition", str, "Slurm partition"), ("account", str, "Slurm account"),
+         ("time_min", int, "each job's time limit, minutes"),
+         ("nodes", int, "nodes per run (torchrun on each, c10d rendezvous)"),
+         ("gpus_per_node", int, "GPUs per node (0: CPU ranks)"),
+         ("cpus_per_task", int, "CPUs per node's launcher task (default: one per rank)"),
+         ("array_parallelism", int, "jobs of one array running at once"))
 
+
+def add_flags(parser, where: str = "the spec's executor", skip: tuple = ()):
+    """--executor and the Slurm settings' flags but `skip` (the caller has its own), in a group of
+    their own (returned)."""
+    group = parser.add_argument_group("cluster (--executor slurm)")
+    group.add_argument("--executor", choices=("local", "slurm"), default="local",
+                       help="local: one run at a time here (default); slurm: one Slurm job per run (submitit)")
+    for name, kind, text in FLAGS:
+        if name in skip:
+            continue
+        group.add_argument(f"--{name}", type=kind, default=None, help=f"{text} (overrides {where}.{name})")
+    return group
+
+
+def settings_from(base: SlurmSettings, args, skip: tuple = ()) -> SlurmSettings:
+    """`base` (a spec's executor section) with the flags given over it; ConfigError naming the field."""
+    overrides = {name: getattr(args, name) for name, _, _ in FLAGS
+                 if name not in skip and getattr(args, name, None) is not None}
+    try:
+        return dataclasses.replace(base, **overrides)
+    except ConfigError as e:
+        raise ConfigError(f"{e} (from the flags)") from None
