@@ -246,21 +246,69 @@ def _case(tmp_path, args, file, message):
     return args, message
 
 
+def _in_process(tool: str, argv: list[str]) -> subprocess.CompletedProcess:
+    """train.py's or sweep.py's main, called here with argv: what the process would exit with and
+    print (the logic, without a new interpreter per case; the processes themselves are below)."""
+    import contextlib
+    import io
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            if tool == "train":
+                import train
+                from training.cli import build_parser, parse_args
+                from training.run import main
+
+                code = main(parse_args(argv, parser=build_parser(description=train.DESCRIPTION,
+                                                                 examples=train.EXAMPLES)),
+                            planner=train.plan_checkpointing)
+            else:
+                import sweep
+
+                code = sweep.main(argv)
+        except SystemExit as e:
+            code = e.code
+    return subprocess.CompletedProcess([tool, *argv], code, out.getvalue(), err.getvalue())
+
+
+def _check_refused(proc, script: str, message: str, runs) -> None:
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, proc.stderr
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"{script}: error:") and message in lines[0], lines[0]
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert not any(json.loads(p.read_text()).get("status") == "ok" for p in runs.rglob("summary.json"))
+    assert not list(runs.rglob("summary.json"))  # nothing recorded at all
+
+
 @pytest.mark.parametrize("name, tool, args, file, message", CASES, ids=[c[0] for c in CASES])
 def test_bad_input(tmp_path, name, tool, args, file, message):
+    args, message = _case(tmp_path, args, file, message)
+    runs = tmp_path / "runs"
+    extra = ["--runs_dir", str(runs)] if tool == "train" and "--runs_dir" not in args else []
+    _check_refused(_in_process(tool, [*args, *extra]), f"{tool}.py", message, runs)
+
+
+# As processes, one case of each way bad input is caught (as under torchrun below), and the sweep's:
+# the exit code and the one line are the process's own.
+AS_PROCESS = ("unknown backend", "negative steps", "fsdp config on ddp", "ds batch mismatch", "fsdp unknown key",
+              "missing init_from file", "data too short", "unknown transformers model type", "missing model file",
+              "model file whose items are not pairs", "unknown block class", "auto under a budget no plan fits",
+              "sweep unknown matrix key", "sweep invalid YAML")
+PROCESS_CASES = [c for c in CASES if c[0] in AS_PROCESS]
+assert len(PROCESS_CASES) == len(AS_PROCESS)
+
+
+@pytest.mark.parametrize("name, tool, args, file, message", PROCESS_CASES, ids=[c[0] for c in PROCESS_CASES])
+def test_bad_input_as_a_process(tmp_path, name, tool, args, file, message):
     args, message = _case(tmp_path, args, file, message)
     runs = tmp_path / "runs"
     script = TRAIN if tool == "train" else REPO / "sweep.py"
     extra = ["--runs_dir", str(runs)] if tool == "train" and "--runs_dir" not in args else []
     proc = subprocess.run([sys.executable, str(script), *args, *extra], cwd=REPO, env=base_env(), capture_output=True,
                           text=True, timeout=120)
-    lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2, proc.stderr
-    assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith(f"{script.name}: error:") and message in lines[0], lines[0]
-    assert "Traceback" not in proc.stdout + proc.stderr
-    assert not any(json.loads(p.read_text()).get("status") == "ok" for p in runs.rglob("summary.json"))
-    assert not list(runs.rglob("summary.json"))  # nothing recorded at all
+    _check_refused(proc, script.name, message, runs)
 
 
 # Under torchrun, one case of each way bad input is caught (they share the path from there on: an
