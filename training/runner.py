@@ -74,10 +74,14 @@ class Outcome:
 class Runner:
     """Launches planned runs one at a time into `directory`."""
 
-    def __init__(self, directory: Path, timeout_s: float, retry_failed: bool = False):
+    def __init__(self, directory: Path, timeout_s: float, retry_failed: bool = False, child_ignores: tuple = ()):
         self.directory = Path(directory)
         self.timeout_s = timeout_s
         self.retry_failed = retry_failed
+        # Signals the launched run ignores (it and its ranks inherit that): a Slurm job's SIGUSR2
+        # ahead of its time limit reaches every process of the job, and its default action would
+        # kill the run before the runner stops it in order (training/slurm.py).
+        self.child_ignores = tuple(child_ignores)
         self.directory_lock: FileLock | None = None
         self._current: tuple | None = None  # (planned, launcher process, log, start) of the run in progress
 
@@ -127,7 +131,8 @@ class Runner:
                 return Outcome(planned, existing, 0.0, True)
             # This run's unfinished or failed attempt, or a run that never got going, starts over;
             # a run with checkpoints (save_every) continues from its last one into its record.
-            if record.exists() and not (planned.resumable and (record / "config.json").exists()):
+            continuing = planned.resumable and (record / "config.json").exists()
+            if record.exists() and not continuing:
                 shutil.rmtree(record)
         finally:
             lock.release()
@@ -136,9 +141,12 @@ class Runner:
         log = log_dir / f"{planned.name}.log"
         started = time.monotonic()
         env = {**launch_env(dict(planned.env)), SWEEP_KEY_ENV: json.dumps(planned.key())}
-        with open(log, "w") as out:
+        ignores = self.child_ignores
+        with open(log, "a" if continuing else "w") as out:  # a continued run's log goes on
             proc = subprocess.Popen(command or planned.command(self.directory), cwd=REPO, env=env, stdout=out,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+                                    stderr=subprocess.STDOUT, start_new_session=True,
+                                    preexec_fn=(lambda: [signal.signal(s, signal.SIG_IGN) for s in ignores])
+                                    if ignores else None)
             self._current = (planned, proc, log, started)
             timed_out = False
             try:

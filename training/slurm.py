@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -140,10 +141,14 @@ class SlurmRun:
 
         job = submitit.JobEnvironment()
         command = node_command(self.run, self.directory, self.nodes, job.hostnames, str(job.job_id))
+        # Slurm's SIGUSR2 ahead of the time limit reaches every process of the job: the run ignores
+        # it (its default action kills), and this process stops the run in order (checkpoint()).
         if job.global_rank != 0:  # another node of the run: its ranks only; node 0's runner records
-            return str(subprocess.run(command, cwd=REPO, env=launch_env(dict(self.run.env))).returncode)
+            return str(subprocess.run(command, cwd=REPO, env=launch_env(dict(self.run.env)),
+                                      preexec_fn=lambda: signal.signal(signal.SIGUSR2, signal.SIG_IGN)).returncode)
         # A requeued attempt continues its run (recorded `timeout` when it was stopped).
-        self._runner = Runner(self.directory, self.timeout_s, retry_failed=self.attempt > 0)
+        self._runner = Runner(self.directory, self.timeout_s, retry_failed=self.attempt > 0,
+                              child_ignores=(signal.SIGUSR2,))
         outcome = self._runner.run(self.run, command)
         print(outcome.line(), flush=True)
         return outcome.status
