@@ -161,6 +161,22 @@ def _bad(tmp_path, executor=None, **spec):
                              **spec})
 
 
+def _sweep_here(*args) -> subprocess.CompletedProcess:
+    """sweep.py's main in this process (the logic; one case below runs as a process)."""
+    import contextlib
+    import io
+
+    import sweep
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = sweep.main(list(map(str, args)))
+        except SystemExit as e:
+            code = e.code
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
+
+
 @pytest.mark.parametrize("case, executor, flags, env, expected", [
     ("unknown executor field", {"partitoin": "debug"}, [], {}, "unknown key 'executor.partitoin'"),
     ("a time limit that cannot hold a run", {"time_min": 1, "signal_delay_s": 90}, [], {},
@@ -168,9 +184,15 @@ def _bad(tmp_path, executor=None, **spec):
     ("a flag out of range", None, ["--time_min", "0"], {}, "executor.time_min must be an integer >= 1"),
     ("no sbatch on PATH", None, [], {"PATH": str(REPO / "no-such-dir")}, "sbatch is not on PATH"),
 ])
-def test_bad_executor_input_is_one_line_and_submits_nothing(tmp_path, case, executor, flags, env, expected):
+def test_bad_executor_input_is_one_line_and_submits_nothing(tmp_path, monkeypatch, case, executor, flags, env,
+                                                            expected):
     path = _bad(tmp_path, executor)
-    proc = _sweep(path, "--executor", "slurm", *flags, env=env, timeout=120)
+    if case == "unknown executor field":  # as a process: its exit code and its one line
+        proc = _sweep(path, "--executor", "slurm", *flags, env=env, timeout=120)
+    else:
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        proc = _sweep_here(path, "--executor", "slurm", *flags)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and expected in lines[0] and "Traceback" not in proc.stderr, proc.stderr
@@ -183,11 +205,13 @@ def test_bad_executor_input_is_one_line_and_submits_nothing(tmp_path, case, exec
      "executor.partition: 'nosuchpart' is not a partition of this cluster"),
     ("more CPUs than a node has", ["--cpus_per_task", "4096"], "Slurm would not take a job"),
 ])
-def test_a_job_slurm_would_refuse_is_refused_before_anything_is_submitted(local_slurm, tmp_path, case, flags,
-                                                                          expected):
+def test_a_job_slurm_would_refuse_is_refused_before_anything_is_submitted(local_slurm, tmp_path, monkeypatch, case,
+                                                                          flags, expected):
     path = _bad(tmp_path)
     before = set(_live(local_slurm))
-    proc = _sweep(path, "--executor", "slurm", *flags, env=local_slurm, timeout=120)
+    for name, value in local_slurm.items():
+        monkeypatch.setenv(name, value)
+    proc = _sweep_here(path, "--executor", "slurm", *flags)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and expected in lines[0], proc.stderr

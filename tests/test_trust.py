@@ -208,10 +208,15 @@ def test_rotation_deletes_only_this_runs_checkpoints(tmp_path):
 @pytest.mark.parametrize("key", ["save_dir", "resume"])
 def test_a_sweep_does_not_share_a_checkpoint_directory_between_its_runs(key):
     from gptlite.errors import ConfigError
-    from training.sweep import Matrix, SweepSpec
+    from training.sweep import Matrix, SweepSpec, expand
 
-    with pytest.raises(ConfigError, match=f"train_args: '{key}': every run of the sweep would share one checkpoint"):
+    with pytest.raises(ConfigError, match=f"train_args: '{key}' is set by the sweep: with save_every each run "
+                                          "checkpoints into <runs dir>/.ckpt/<run>"):
         SweepSpec(name="t", matrix=Matrix(backend=["ddp", "fsdp"]), train_args={key: "ckpt" if key == "save_dir" else True})
+    # With save_every, each run has a directory of its own.
+    runs = expand(SweepSpec(name="t", matrix=Matrix(backend=["ddp", "fsdp"]), train_args={"save_every": 2}))[0]
+    dirs = [dict(r.flags)["save_dir"] for r in runs]
+    assert len(dirs) == len(set(dirs)) == 2
 
 
 def test_train_py_takes_no_abbreviated_flags():

@@ -50,8 +50,8 @@ SlurmdPidFile=$DIR/slurmd.pid
 SlurmctldLogFile=$DIR/log/slurmctld.log
 SlurmdLogFile=$DIR/log/slurmd.log
 AuthType=auth/munge
-# A requeued job waits cred_expire seconds before it starts again (default 120): 20 here.
-AuthInfo=cred_expire=20
+# A requeued job waits cred_expire seconds before it starts again (default 120): 10 here.
+AuthInfo=cred_expire=10
 CryptoType=crypto/munge
 MpiDefault=none
 ProctrackType=proctrack/linuxproc
