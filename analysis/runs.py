@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from backends.deepspeed_config import inline
 from core.config import describe_plan
 from core.summary import RunSummary
 from models.spec import format_model_args, model_label, parse_model_args
@@ -33,6 +34,8 @@ def run_dirs(path: str | Path) -> list[Path]:
 def config_label(backend: str, fsdp_config: str | None = None, deepspeed_config: str | None = None) -> str:
     """A backend configuration's short name: "ddp", "fsdp.full_shard", "deepspeed.z3", ..."""
     path = deepspeed_config or fsdp_config
+    if isinstance(deepspeed_config, str) and deepspeed_config and inline(deepspeed_config) is not None:
+        return f"{backend}.inline"  # a base64-encoded config (DeepSpeed's autotuner passes them)
     return f"{backend}.{Path(path).stem}" if isinstance(path, str) and path else backend
 
 

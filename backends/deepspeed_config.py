@@ -13,8 +13,10 @@ turns a valid file and the command line into the config a run uses.
 
 from __future__ import annotations
 
+import base64
 import difflib
 import math
+import os
 import re
 from pathlib import Path
 
@@ -59,25 +61,45 @@ def _refuse_duplicates(pairs):
     return seen
 
 
+def inline(value: str) -> str | None:
+    """The JSON text of a --deepspeed_config given inline, base64-encoded, as DeepSpeed accepts it
+    (deepspeed.initialize decodes any value that is not a file; its autotuner passes configs so);
+    None when `value` is a path or not such a config."""
+    if os.path.exists(value) or value.endswith((".json", ".hjson")):
+        return None
+    try:
+        text = base64.urlsafe_b64decode(value.encode("ascii")).decode("utf-8")
+    except (ValueError, UnicodeError):  # binascii.Error is a ValueError
+        return None
+    return text if text.lstrip().startswith("{") else None
+
+
+def shown(value: str) -> str:
+    """`value` as messages and labels name it: the path, or "(inline base64 config)"."""
+    return "(inline base64 config)" if inline(value) is not None else value
+
+
 def read(path: str) -> dict:
-    """The config in `path`, parsed as DeepSpeed parses it (hjson; duplicate keys refused)."""
+    """The config in `path` (or given inline, base64-encoded), parsed as DeepSpeed parses it
+    (hjson; duplicate keys refused)."""
     import hjson  # DeepSpeed's own dependency, and its parser
 
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"--deepspeed_config: file not found: {path}")
+    text = inline(path)
+    where = f"--deepspeed_config {shown(path)}"
+    if text is None:
+        if not os.path.isfile(path):  # never raises (a name too long for the filesystem is not found)
+            raise ConfigError(f"--deepspeed_config: file not found (nor a base64-encoded JSON config): {path}")
     try:
-        data = hjson.loads(p.read_text(), object_pairs_hook=_refuse_duplicates)
+        data = hjson.loads(Path(path).read_text() if text is None else text, object_pairs_hook=_refuse_duplicates)
     except _DuplicateKey as e:
-        raise ConfigError(f"--deepspeed_config {path}: duplicate key '{e}' (DeepSpeed refuses duplicates)") from None
+        raise ConfigError(f"{where}: duplicate key '{e}' (DeepSpeed refuses duplicates)") from None
     except hjson.HjsonDecodeError as e:
-        raise ConfigError(f"--deepspeed_config {path}: not valid JSON (line {e.lineno}, column {e.colno}): {e.msg}") \
-            from None
+        raise ConfigError(f"{where}: not valid JSON (line {e.lineno}, column {e.colno}): {e.msg}") from None
     except UnicodeDecodeError:
-        raise ConfigError(f"--deepspeed_config {path}: not UTF-8 text") from None
+        raise ConfigError(f"{where}: not UTF-8 text") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"--deepspeed_config {path}: must be a JSON object (got {type(data).__name__})")
-    _check_finite(f"--deepspeed_config {path}", data, "")
+        raise ConfigError(f"{where}: must be a JSON object (got {type(data).__name__})")
+    _check_finite(where, data, "")
     return data
 
 
@@ -112,7 +134,7 @@ def _unknown(where: str, key: str, allowed) -> ConfigError:
 
 def validate(path: str, config: dict) -> None:
     """Raise ConfigError for the first problem in `config` (read from `path`)."""
-    where = f"--deepspeed_config {path}"
+    where = f"--deepspeed_config {shown(path)}"
     for key in config:
         if key not in KNOWN_TOP_LEVEL_KEYS:
             raise _unknown(where, key, KNOWN_TOP_LEVEL_KEYS)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from backends.base import ADAM_BETAS, ADAM_EPS, WEIGHT_DECAY
-from backends.deepspeed_config import LIBAIO_HINT, number, read, validate
+from backends.deepspeed_config import LIBAIO_HINT, number, read, shown, validate
 from core.config import DEFAULT_LR
 from gptlite.errors import ConfigError
 
@@ -95,7 +95,7 @@ class Plan:
 def plan(cfg, world_size: int, device_type: str) -> Plan:
     """The effective DeepSpeed config of run `cfg` (a RunConfig) at this world size and device."""
     path = cfg.deepspeed_config
-    where = f"--deepspeed_config {path}"
+    where = f"--deepspeed_config {shown(path)}"
     raw = read(path)
     validate(path, raw)
     config = copy.deepcopy(raw)

@@ -10,6 +10,7 @@ ConfigError naming the field; `from_dict` prefixes the file and section.
 from __future__ import annotations
 
 import dataclasses
+import os
 import types
 import typing
 from pathlib import Path
@@ -27,7 +28,7 @@ def load_yaml(path: str | Path, cls, flag: str):
 def read_yaml(path: str | Path, flag: str) -> dict:
     """The mapping in YAML file `path`; an empty file is an empty mapping."""
     p = Path(path)
-    if not p.is_file():
+    if not os.path.isfile(p):  # never raises (a name too long for the filesystem is not found)
         raise ConfigError(f"{flag}: file not found: {path}")
     try:
         data = yaml.safe_load(p.read_text())

@@ -13,6 +13,7 @@ m takes the m-th run of `micro` indices within that slice.
 from __future__ import annotations
 
 from dataclasses import dataclass
+import os
 from pathlib import Path
 
 import numpy as np
@@ -69,9 +70,9 @@ def read_text(path: str | None) -> tuple[str, str]:
     if path is None:
         return corpus.generate(), f"embedded default corpus (seed {corpus.DEFAULT_SEED})"
     p = Path(path)
-    if not p.exists():
+    if not os.path.exists(p):  # never raises (a name too long for the filesystem is not found)
         raise DataError(f"--data: file not found: {path}")
-    if not p.is_file():
+    if not os.path.isfile(p):
         raise DataError(f"--data: not a regular file: {path}")
     raw = p.read_bytes()
     if not raw:

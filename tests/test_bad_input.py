@@ -1,6 +1,7 @@
 """Malformed input of every kind: one line naming the field and what is allowed, exit code 2,
 no traceback, no run recorded as ok."""
 
+import base64
 import json
 import subprocess
 import sys
@@ -205,6 +206,12 @@ CASES = [
     ("ds nvme without a path", "train", ["--deepspeed_config", "ds_configs/z3_infinity_nvme.json"], None,
      "offloads to NVMe; pass --nvme_path DIR"),
     ("ds config missing", "train", ["--deepspeed_config", "ds_configs/z9.json"], None, "--deepspeed_config: file not found"),
+    # A name longer than the filesystem allows (DeepSpeed's autotuner passes configs as base64 text).
+    ("ds config name too long", "train", ["--deepspeed_config", "x" * 300], None, "--deepspeed_config: file not found"),
+    ("ds inline config with an unknown key", "train",
+     ["--deepspeed_config", base64.urlsafe_b64encode(json.dumps(ds(bogus=1)).encode()).decode()], None,
+     "--deepspeed_config (inline base64 config): unknown key 'bogus'"),
+    ("fsdp config name too long", "train", ["--fsdp_config", "y" * 300], None, "--fsdp_config: file not found"),
     # sweep specs
     ("sweep unknown matrix key", "sweep", ["{FILE}"], ("s.yaml", "name: s\nmatrix:\n  backend: [ddp]\n  micro_btch: [2]\n"),
      "unknown key 'matrix.micro_btch'"),
@@ -216,6 +223,7 @@ CASES = [
     ("sweep invalid YAML", "sweep", ["{FILE}"], ("s.yaml", "name: s\nmatrix: [\n"), "not valid YAML"),
     # data files
     ("data missing", "train", ["--data", "/nonexistent/input.txt"], None, "--data: file not found"),
+    ("data name too long", "train", ["--data", "z" * 300], None, "--data: file not found"),
     ("data empty", "train", ["--data", "{FILE}"], ("d.txt", ""), "--data: file is empty"),
     ("data not UTF-8", "train", ["--data", "{FILE}"], ("d.txt", b"\xff\xfe\xfa text"), "--data: not UTF-8 text"),
     ("data too short", "train", ["--data", "{FILE}", "--preset", "tiny"], ("d.txt", "short text"),

@@ -200,3 +200,17 @@ def test_a_config_is_read_as_deepspeed_reads_it(tmp_path):
     relaxed.write_text(text.rstrip().rstrip("}").rstrip() + ",\n}\n")  # a trailing comma too
     assert "//" in relaxed.read_text()
     assert deepspeed_config.read(str(relaxed)) == deepspeed_config.read(str(plain))
+
+
+@pytest.mark.parametrize("path", [p for p in SHIPPED if "nvme" not in p.stem], ids=lambda p: p.stem)
+def test_a_config_given_inline_as_base64_plans_as_its_file_does(path):
+    # deepspeed.initialize takes a --deepspeed_config that is no file as base64-encoded JSON; its
+    # autotuner passes configs so. The text is the file's, so the plan must be the file's.
+    import base64
+
+    encoded = base64.urlsafe_b64encode(path.read_bytes()).decode()
+    assert deepspeed_config.inline(str(path)) is None
+    assert deepspeed_plan.plan(RunConfig(deepspeed_config=encoded), 2, "cpu").config == _plan(path).config
+    from analysis.runs import config_label
+    assert config_label("deepspeed", None, encoded) == "deepspeed.inline"
+    assert config_label("deepspeed", None, str(path)) == f"deepspeed.{path.stem}"

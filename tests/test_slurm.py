@@ -95,16 +95,24 @@ def test_a_sweep_on_slurm_records_what_the_same_sweep_records_here(local_slurm, 
     assert status.returncode == 0 and "4 ok" in status.stdout, status.stdout + status.stderr
 
 
+def _job_fields(job_id, env) -> dict:
+    out = subprocess.run(["scontrol", "show", "job", str(job_id), "-o"], env={**os.environ, **env},
+                         capture_output=True, text=True, timeout=60).stdout
+    return dict(f.split("=", 1) for f in out.split() if "=" in f)
+
+
 @pytest.mark.distributed
 def test_a_job_past_its_time_limit_is_requeued_and_continues_from_its_checkpoint(local_slurm, tmp_path):
-    steps, every = 900, 50
+    steps, every = 1000, 50
     train_args = {"warmup_steps": 1, "eval_batches": 1, "eval_every": 100, "save_every": every}
     spec = {"name": "requeue", "runs_dir": str(tmp_path / "runs"), "steps": steps, "timeout_s": 600,
             "matrix": {"backend": ["single"], "preset": ["tiny"]}, "train_args": train_args,
-            # A minute, the signal 20 s before it: the run (about a minute of steps) cannot end in one job.
+            # A minute, the signal 20 s before it. Slurm checks time limits every 30 s, so the signal comes
+            # 10 to 40 s into the job: the run (about a minute of steps on one core) cannot end in one job.
             "executor": {"time_min": 1, "signal_delay_s": 20, "cpus_per_task": 1, "max_requeues": 5}}
     path = _write(tmp_path, spec)
     (run,) = expand(load_spec(str(path)))[0]
+    runs, saved = tmp_path / "runs", tmp_path / "runs" / ".ckpt" / run.name
     # The same run uninterrupted, here, on the other core while the job runs.
     flags = [f for f in run.argv(tmp_path / "ref")[4:] if f != "--resume"]
     i = flags.index("--save_dir")
@@ -113,14 +121,32 @@ def test_a_job_past_its_time_limit_is_requeued_and_continues_from_its_checkpoint
     reference = subprocess.Popen([sys.executable, str(REPO / "train.py"), "--runs_dir", str(tmp_path / "ref"),
                                   "--run_name", "ref", "--quiet", *flags], cwd=REPO, env=base_env(),
                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    proc = _sweep(path, "--executor", "slurm", env=local_slurm)
+    out = (tmp_path / "sweep.out").open("w+")
+    proc = subprocess.Popen([sys.executable, str(SWEEP), str(path), "--executor", "slurm"], cwd=REPO,
+                            env={**base_env(), **local_slurm}, stdout=out, stderr=subprocess.STDOUT, text=True)
+    # Once the job has been requeued with a checkpoint to continue from, its limit is raised (as an
+    # operator would), so the test takes two or three jobs however slow this machine is that day.
+    raised, deadline = None, time.monotonic() + 900
+    while proc.poll() is None:
+        assert time.monotonic() < deadline, "the sweep did not end in 15 minutes"
+        job = next(iter(_jobs(runs).values()), {}).get("job_id")
+        if job and raised is None and any(saved.glob("step_*")):
+            fields = _job_fields(job, local_slurm)
+            if int(fields.get("Restarts", 0)) >= 1:
+                subprocess.run(["scontrol", "update", f"JobId={job}", "TimeLimit=15"], env={**os.environ, **local_slurm},
+                               check=True, capture_output=True, timeout=60)
+                raised = int(fields["Restarts"])
+        time.sleep(1)
+    out.seek(0)
+    output = out.read()
     _, err = reference.communicate(timeout=600)
     assert reference.returncode == 0, err
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    record = tmp_path / "runs" / run.name
+    assert proc.returncode == 0, output
+    assert raised, output
+    record = runs / run.name
     summary = json.loads((record / "summary.json").read_text())
     assert summary["status"] == "ok", summary
-    log = "".join(p.read_text() for p in (tmp_path / "runs" / ".slurm").glob("*_0_log.out"))
+    log = "".join(p.read_text() for p in (runs / ".slurm").glob("*_0_log.out"))
     assert "Requeued job" in log, log[-2000:]
     config = json.loads((record / "config.json").read_text())
     assert config["start_step"] > 0 and config["resumed_from"], config
