@@ -147,31 +147,24 @@ def _on_slurm(args, spec, runs, skipped) -> int:
     runner.hold_directory()  # one submitting sweep per directory
     for reason in skipped:
         print(f"left out: {reason}")
-    todo = sweep.to_submit(print)
-    if not todo:
-        print(f"{spec.name}: nothing to submit")
-        return 0
     try:
-        submitted = sweep.submit(todo)
-    except Exception as e:  # noqa: BLE001 - sbatch refusing what --test-only took: its message, one line
-        from gptlite.errors import one_line
-
-        raise ConfigError(f"--executor slurm: submission failed: {one_line(e)}") from None
-    print(f"{spec.name}: submitted {len(submitted)} jobs ({', '.join(sorted(set(submitted.values())))}); "
-          f"records in {spec.directory}", flush=True)
-    if args.no_wait:
-        print(f"follow them with: python sweep.py {args.spec} --status")
-        return 0
-    try:
-        outcomes = sweep.wait(submitted, lambda line: print(line, flush=True))
+        outcomes = sweep.run_all(lambda line: print(line, flush=True), follow=not args.no_wait)
     except KeyboardInterrupt:
         print(f"sweep.py: stopped following; the jobs go on: python sweep.py {args.spec} --status (or --cancel)",
               file=sys.stderr)
         return 130
+    if outcomes is None:
+        print(f"follow them with: python sweep.py {args.spec} --status")
+        return 0
     counts = collections.Counter(o.status for o in outcomes)
     print(f"{spec.name}: " + ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
           + f"; records in {spec.directory}")
-    return 0 if set(counts) <= {"ok"} else 1
+    return _exit_code(counts)
+
+
+def _exit_code(counts: collections.Counter) -> int:
+    """1 when a run of the sweep did not end as it should (an oom is a finding, not a failure)."""
+    return 1 if counts["failed"] or counts["timeout"] or counts["left alone"] or counts["cancelled"] else 0
 
 
 def _plan_checkpointing(*args, **kwargs):
@@ -199,7 +192,7 @@ def _sweep(spec, runs, runner) -> int:
             bar.update()
     done = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
     print(f"{spec.name}: {done}; records in {spec.directory}")
-    return 1 if counts["failed"] or counts["timeout"] or counts["left alone"] else 0
+    return _exit_code(counts)
 
 
 def _check_max_batch_args(args) -> None:

@@ -424,22 +424,12 @@ def verify(rows: list[dict], k: int, train_argv: list[str], world: int, runs_dir
 def _on_slurm(planned: list, runs_dir: Path, timeout_s: float, settings) -> dict:
     """The verifying runs as Slurm jobs, followed to their end: {run name: Outcome} (a run recorded
     before, by the same settings, is not submitted again)."""
-    from core.records import read_summary
-    from training.runner import Outcome
     from training.slurm import SlurmSweep
 
     sweep = SlurmSweep("plan", runs_dir, timeout_s, planned, settings)
     sweep.check()
-    report = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
-    todo = sweep.to_submit(report)
-    submitted = sweep.submit(todo) if todo else {}
-    if submitted:
-        report(f"submitted {len(submitted)} Slurm jobs ({', '.join(sorted(set(submitted.values())))})")
-    outcomes = {o.run.name: o for o in sweep.wait(submitted, report)} if submitted else {}
-    for run in planned:  # already recorded
-        if run.name not in outcomes:
-            outcomes[run.name] = Outcome(run, read_summary(runs_dir / run.name / "summary.json"), 0.0, True)
-    return outcomes
+    outcomes = sweep.run_all(lambda line: print(line, file=sys.stderr, flush=True))
+    return {o.run.name: o for o in outcomes}
 
 
 def refit(rows: list[dict], verified: list[dict], global_batch: int) -> dict | None:

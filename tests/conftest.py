@@ -81,6 +81,20 @@ def base_env() -> dict:
     return env
 
 
+def in_process(main, argv: list[str]) -> subprocess.CompletedProcess:
+    """`main(argv)` of a CLI called in this process: what the process would exit with and print
+    (the logic, without a new interpreter per case; each suite runs a few cases as processes too)."""
+    import io
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(map(str, argv)))
+        except SystemExit as e:
+            code = e.code
+    return subprocess.CompletedProcess(list(argv), code, out.getvalue(), err.getvalue())
+
+
 def train(runs_dir: Path, name: str, *args: str, launcher: str = "python", nproc: int = 2,
           timeout: float = LAUNCH_TIMEOUT_S, env: dict | None = None) -> Run:
     """Run train.py to completion (or failure) and return its record."""

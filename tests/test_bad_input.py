@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, TRAIN, base_env, launch_command
+from conftest import REPO, TRAIN, base_env, in_process, launch_command
 
 Z2 = json.loads((REPO / "ds_configs" / "z2.json").read_text())
 
@@ -255,29 +255,17 @@ def _case(tmp_path, args, file, message):
 
 
 def _in_process(tool: str, argv: list[str]) -> subprocess.CompletedProcess:
-    """train.py's or sweep.py's main, called here with argv: what the process would exit with and
-    print (the logic, without a new interpreter per case; the processes themselves are below)."""
-    import contextlib
-    import io
+    """train.py's or sweep.py's main, called here with argv (the processes themselves are below)."""
+    if tool == "train":
+        import train
+        from training.cli import build_parser, parse_args
+        from training.run import main
 
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            if tool == "train":
-                import train
-                from training.cli import build_parser, parse_args
-                from training.run import main
+        parser = build_parser(description=train.DESCRIPTION, examples=train.EXAMPLES)
+        return in_process(lambda a: main(parse_args(a, parser=parser), planner=train.plan_checkpointing), argv)
+    import sweep
 
-                code = main(parse_args(argv, parser=build_parser(description=train.DESCRIPTION,
-                                                                 examples=train.EXAMPLES)),
-                            planner=train.plan_checkpointing)
-            else:
-                import sweep
-
-                code = sweep.main(argv)
-        except SystemExit as e:
-            code = e.code
-    return subprocess.CompletedProcess([tool, *argv], code, out.getvalue(), err.getvalue())
+    return in_process(sweep.main, argv)
 
 
 def _check_refused(proc, script: str, message: str, runs) -> None:

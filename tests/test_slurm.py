@@ -7,11 +7,12 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import yaml
 
-from conftest import REPO, base_env, train
+from conftest import REPO, base_env, in_process, train
 from training.slurm import SlurmSettings, node_command, shape_of
 from training.sweep import expand, load_spec
 
@@ -69,9 +70,14 @@ def test_a_sweep_on_slurm_records_what_the_same_sweep_records_here(local_slurm, 
     spec = yaml.safe_load((REPO / "sweeps" / "cpu_slurm.yaml").read_text())
     runs = tmp_path / "runs"
     path = _write(tmp_path, {**spec, "runs_dir": str(runs)})
-    proc = _sweep(path, "--executor", "slurm", env=local_slurm)
+    # One CPU per job: two jobs at once on this machine's two cores (the losses are compared, not the
+    # speed; each rank's threads are the same either way: the local Slurm sets no CPU affinity).
+    submit = _sweep(path, "--executor", "slurm", "--no_wait", "--cpus_per_task", "1", env=local_slurm)
+    assert submit.returncode == 0 and "submitted 4 jobs" in submit.stdout, submit.stdout + submit.stderr
+    # Started again while its jobs are queued or running: it submits nothing and follows them.
+    proc = _sweep(path, "--executor", "slurm", "--cpus_per_task", "1", env=local_slurm)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "submitted 4 jobs" in proc.stdout and "4 ok" in proc.stdout, proc.stdout
+    assert "submitted" not in proc.stdout and "4 ok" in proc.stdout, proc.stdout
     jobs = _jobs(runs)
     assert len(jobs) == 4 and len({j["job_id"] for j in jobs.values()}) == 4
     for name in jobs:
@@ -88,11 +94,31 @@ def test_a_sweep_on_slurm_records_what_the_same_sweep_records_here(local_slurm, 
     text = (tmp_path / "report" / "report.md").read_text()
     assert all(summary_name.split("-w")[0] in text for summary_name in jobs)
     # Again: everything is recorded, nothing is submitted.
-    again = _sweep(path, "--executor", "slurm", env=local_slurm)
+    again = _sweep(path, "--executor", "slurm", "--cpus_per_task", "1", env=local_slurm)
     assert again.returncode == 0 and "nothing to submit" in again.stdout, again.stdout + again.stderr
     assert again.stdout.count("(already done)") == 4 and _jobs(runs) == jobs
     status = _sweep(path, "--status", env=local_slurm)
     assert status.returncode == 0 and "4 ok" in status.stdout, status.stdout + status.stderr
+
+
+@pytest.mark.distributed
+def test_the_planner_verifies_its_pick_as_slurm_jobs(local_slurm, tmp_path):
+    """analysis.plan --verify 1 --executor slurm on two candidates: the top one and the other, each a
+    Slurm job with its ordinary record, and the pick the fastest measured."""
+    runs = tmp_path / "runs"
+    proc = subprocess.run([sys.executable, "-m", "analysis.plan", "--world", "2", "--mem_budget_gb", "1",
+                           "--global_batch", "16", "--configs", "ddp", "--ckpt", "none", "--micro_batches",
+                           "4", "8", "--verify", "1", "--verify_steps", "4", "--runs_dir", str(runs), "--json",
+                           "--executor", "slurm", "--cpus_per_task", "1", "--preset", "tiny"],
+                          cwd=REPO, env={**base_env(), **local_slurm}, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    verified = json.loads(proc.stdout)["verified"]
+    assert len(verified) == 2 and "submitted 2 jobs" in proc.stderr, proc.stderr
+    jobs = _jobs(runs)
+    for v in verified:
+        assert v["status"] == "ok" and v["measured_samples_per_s"] > 0, v
+        assert Path(v["record"]).name in jobs  # run as a Slurm job
+    assert json.loads(proc.stdout)["pick"] == max(verified, key=lambda v: v["measured_samples_per_s"])["command"]
 
 
 def _job_fields(job_id, env) -> dict:
@@ -124,15 +150,17 @@ def test_a_job_past_its_time_limit_is_requeued_and_continues_from_its_checkpoint
     out = (tmp_path / "sweep.out").open("w+")
     proc = subprocess.Popen([sys.executable, str(SWEEP), str(path), "--executor", "slurm"], cwd=REPO,
                             env={**base_env(), **local_slurm}, stdout=out, stderr=subprocess.STDOUT, text=True)
-    # Once the job has been requeued with a checkpoint to continue from, its limit is raised (as an
-    # operator would), so the test takes two or three jobs however slow this machine is that day.
+    # Once the job waits requeued with a checkpoint to continue from (written before it was stopped:
+    # nothing runs while it waits), its limit is raised, as an operator would, so the test takes two
+    # or three jobs however slow this machine is that day.
     raised, deadline = None, time.monotonic() + 900
     while proc.poll() is None:
         assert time.monotonic() < deadline, "the sweep did not end in 15 minutes"
         job = next(iter(_jobs(runs).values()), {}).get("job_id")
-        if job and raised is None and any(saved.glob("step_*")):
+        if job and raised is None:
             fields = _job_fields(job, local_slurm)
-            if int(fields.get("Restarts", 0)) >= 1:
+            if (int(fields.get("Restarts", 0)) >= 1 and fields.get("JobState") == "PENDING"
+                    and any(saved.glob("step_*"))):
                 subprocess.run(["scontrol", "update", f"JobId={job}", "TimeLimit=15"], env={**os.environ, **local_slurm},
                                check=True, capture_output=True, timeout=60)
                 raised = int(fields["Restarts"])
@@ -189,18 +217,9 @@ def _bad(tmp_path, executor=None, **spec):
 
 def _sweep_here(*args) -> subprocess.CompletedProcess:
     """sweep.py's main in this process (the logic; one case below runs as a process)."""
-    import contextlib
-    import io
-
     import sweep
 
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = sweep.main(list(map(str, args)))
-        except SystemExit as e:
-            code = e.code
-    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
+    return in_process(sweep.main, args)
 
 
 @pytest.mark.parametrize("case, executor, flags, env, expected", [

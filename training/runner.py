@@ -103,6 +103,16 @@ class Runner:
                 continue
         return None
 
+    def done(self, planned: PlannedRun) -> RunSummary | None:
+        """The record of `planned` when it needs no launch: finished by these settings (its key),
+        not cancelled, and not a failure that --retry_failed asks to run again."""
+        summary = read_summary(self.directory / planned.name / "summary.json")
+        if (summary is not None and summary.status in FINISHED and summary.status not in RERUN
+                and self._stored_key(planned) == planned.key()
+                and not (self.retry_failed and summary.status in RETRYABLE)):
+            return summary
+        return None
+
     def check_records(self, runs: list[PlannedRun]) -> None:
         """Refuse (ConfigError) when a run's name holds a record made with other settings."""
         for planned in runs:
@@ -125,9 +135,8 @@ class Runner:
             return _left_alone(planned, 0.0, f"being written by {e.holder}")
         try:  # decided holding the record's lock, so nothing else can write it meanwhile
             self.check_records([planned])
-            existing = read_summary(record / "summary.json")
-            if (existing is not None and existing.status in FINISHED and self._stored_key(planned) == planned.key()
-                    and existing.status not in RERUN and not (self.retry_failed and existing.status in RETRYABLE)):
+            existing = self.done(planned)
+            if existing is not None:
                 return Outcome(planned, existing, 0.0, True)
             # This run's unfinished or failed attempt, or a run that never got going, starts over;
             # a run with checkpoints (save_every) continues from its last one into its record.
@@ -173,6 +182,13 @@ class Runner:
         planned, proc, log, started = self._current
         _kill_group(proc)
         return self._settle(planned, proc.returncode, False, log, time.monotonic() - started, ended=(status, why))
+
+    def settle_ended(self, planned: PlannedRun, status: str, why: str) -> Outcome:
+        """Record `planned` as `status` with `why` when its launch ended elsewhere without settling it
+        (a Slurm job killed at its time limit, cancelled while queued, or its node lost); a record
+        the run settled itself is left as it is."""
+        return self._settle(planned, 0, False, self.directory / ".logs" / f"{planned.name}.log", 0.0,
+                            ended=(status, why))
 
     def _settle(self, planned: PlannedRun, returncode: int | None, timed_out: bool, log: Path, seconds: float,
                 interrupted: str | None = None, ended: tuple[str, str] | None = None) -> Outcome:

@@ -300,28 +300,51 @@ class SlurmSweep:
         finally:
             lock.release()
 
-    def to_submit(self, report) -> list:
-        """The runs that need a job: not done (as the local runner decides), not queued or running."""
-        from core.summary import FINISHED
-        from training.runner import RERUN, RETRYABLE, Runner
+    def to_submit(self, report) -> tuple[list, dict[str, str]]:
+        """(the runs that need a job: not done, as the local runner decides, nor queued or running;
+        {run name: job id} of those queued or running already, from an earlier invocation)."""
+        from training.runner import Runner
 
         jobs = read_jobs(self.directory)
         states = queue_states(entry["job_id"] for entry in jobs.values() if entry.get("job_id"))
-        keys = Runner(self.directory, self.timeout_s)
-        todo = []
+        runner = Runner(self.directory, self.timeout_s, retry_failed=self.retry_failed)
+        todo, live = [], {}
         for run in self.runs:
             job_id = jobs.get(run.name, {}).get("job_id")
-            live = state_of(job_id, states)
-            if live:
-                report(f"{run.name}: {live} (job {job_id})")
-                continue
-            summary = read_summary(self.directory / run.name / "summary.json")
-            if (summary is not None and summary.status in FINISHED and summary.status not in RERUN
-                    and keys._stored_key(run) == run.key() and not (self.retry_failed and summary.status in RETRYABLE)):
+            state = state_of(job_id, states)
+            if state:
+                report(f"{run.name}: {state} (job {job_id})")
+                live[run.name] = job_id
+            elif (summary := runner.done(run)) is not None:
                 report(f"{run.name}: {summary.status} (already done)")
-                continue
-            todo.append(run)
-        return todo
+            else:
+                todo.append(run)
+        return todo, live
+
+    def run_all(self, report, follow: bool = True) -> list | None:
+        """Submit what needs a job, then follow it, and any job of these runs still queued or running
+        from an earlier invocation, to its end: every run's Outcome in order (those recorded before
+        as already done); None when not following. ConfigError: Slurm refused the submission."""
+        from core.summary import RunSummary
+        from training.runner import Outcome
+
+        todo, live = self.to_submit(report)
+        submitted = self.submit(todo) if todo else {}
+        if submitted:
+            report(f"{self.name}: submitted {len(submitted)} jobs ({', '.join(sorted(set(submitted.values())))}); "
+                   f"records in {self.directory}")
+        elif not live:
+            report(f"{self.name}: nothing to submit")
+        if not follow:
+            return None
+        outcomes = {o.run.name: o for o in self.wait({**live, **submitted}, report)}
+        for run in self.runs:
+            if run.name not in outcomes:
+                summary = read_summary(self.directory / run.name / "summary.json") or RunSummary(
+                    run_name=run.name, backend=run.backend, world_size=run.world_size, status="failed",
+                    error="no record")
+                outcomes[run.name] = Outcome(run, summary, 0.0, True)
+        return [outcomes[run.name] for run in self.runs]
 
     def submit(self, runs) -> dict[str, str]:
         """One job per run, one array per shape; {run name: job id}."""
@@ -344,9 +367,14 @@ class SlurmSweep:
                 # (since Slurm 22.05 srun no longer takes --cpus-per-task from sbatch).
                 setup=[f"export PYTHONPATH={REPO}${{PYTHONPATH:+:$PYTHONPATH}}",
                        "export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK", *self.settings.setup])
-            with executor.batch():
-                jobs = [executor.submit(SlurmRun(self.directory, run, self.timeout_s, shape.nodes,
-                                                 self.settings.time_min)) for run in group]
+            try:
+                with executor.batch():
+                    jobs = [executor.submit(SlurmRun(self.directory, run, self.timeout_s, shape.nodes,
+                                                     self.settings.time_min)) for run in group]
+            except Exception as e:  # noqa: BLE001 - sbatch refusing what --test-only took: its message, one line
+                from gptlite.errors import one_line
+
+                raise ConfigError(f"--executor slurm: submission failed: {one_line(e)}") from None
             for run, job in zip(group, jobs):
                 submitted[run.name] = str(job.job_id)
             self._write_jobs({name: {"job_id": job_id, "cancelled": False, "submitted": time.time()}
@@ -372,8 +400,7 @@ class SlurmSweep:
         else:
             ended = ("failed", f"its Slurm job {job_id} ended before the run finished (see "
                                f"{self.folder / f'{job_id}_0_log.err'})")
-        log = self.directory / ".logs" / f"{run.name}.log"
-        return Runner(self.directory, self.timeout_s)._settle(run, 0, False, log, 0.0, ended=ended)
+        return Runner(self.directory, self.timeout_s).settle_ended(run, *ended)
 
     def wait(self, submitted: dict[str, str], report, poll_s: float = 2.0) -> list:
         """Follow the jobs until every one has ended; each run's outcome reported as it ends."""
