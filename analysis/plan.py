@@ -414,6 +414,8 @@ def verify(rows: list[dict], k: int, train_argv: list[str], world: int, runs_dir
             s = outcome.summary
             verified.append({"command": row["command"], "record": str(runs_dir / run.name), "status": outcome.status,
                              "measured_samples_per_s": s.samples_per_s, "pred_samples_per_s": row["pred_samples_per_s"],
+                             # The timed steps' quartiles: two runs whose ranges overlap are a tie.
+                             "measured_spread": [s.samples_per_s_p25, s.samples_per_s_p75],
                              "measured_peak_gb": s.mem_peak_bytes / GiB if s.mem_peak_bytes else None,
                              "est_peak_gb": row["est_peak_gb"], "rank": rows.index(row) + 1})
     finally:
@@ -568,17 +570,24 @@ def main(argv=None) -> int:
               and v["measured_peak_gb"] <= args.mem_budget_gb]
     best = max(within, key=lambda v: v["measured_samples_per_s"] or 0.0, default=None)
     pick = best["command"] if best else (fitting[0]["command"] if fitting and not args.verify else None)
+    ties = _ties(best, within)
     if args.json:
         shown = [{**{k: v for k, v in r.items() if k != "candidate"}, "config_flags": r["candidate"].flags()}
                  for r in rows]
         print(json.dumps({"device": device.name, "assumptions": device.notes, "candidates": shown, "pick": pick,
-                          **({"verified": verified, "refit": fitted} if args.verify else {})}, indent=2))
+                          **({"verified": verified, "refit": fitted, "ties_with_pick": ties} if args.verify else {})},
+                         indent=2))
         return 0 if pick else 1
     if args.verify and fitting:
         import pandas as pd
 
         print("\npredicted against measured (peaks in GiB):")
-        print(pd.DataFrame(verified).drop(columns=["record"]).to_string(index=False, float_format=lambda v: f"{v:,.4g}"))
+        table = pd.DataFrame(verified).drop(columns=["record", "measured_spread"])
+        # The timed steps' interquartile range of samples/s over their median.
+        table.insert(table.columns.get_loc("measured_samples_per_s") + 1, "spread",
+                     [(v["measured_spread"][1] - v["measured_spread"][0]) / v["measured_samples_per_s"]
+                      if v["measured_samples_per_s"] and None not in v["measured_spread"] else None for v in verified])
+        print(table.to_string(index=False, float_format=lambda v: f"{v:,.4g}"))
         if fitted:
             print(f"\nrefitted on {fitted['runs']} runs: compute x {fitted['compute_factor']:.3g}, overlap "
                   f"{fitted['overlap']:.2f}; re-ranked, the top {min(5, len(fitting))}:")
@@ -586,8 +595,22 @@ def main(argv=None) -> int:
             print(pd.DataFrame(again)[["config", "micro x accum", "ckpt", "est_peak_gb", "pred_samples_per_s",
                                        "refit_samples_per_s"]].to_string(index=False, float_format=lambda v: f"{v:,.4g}"))
         print("\npick (fastest measured within the budget):", pick or "none of the verified runs")
+        for command in ties:
+            print(f"  a tie, not a win: {command} (its timed steps' interquartile range overlaps the pick's)")
         return 0 if pick else 1
     return _print_table(rows, fitting, device, args)
+
+
+def _ties(best: dict | None, within: list[dict]) -> list[str]:
+    """The commands of the verified runs within the budget whose measured spread (the timed steps'
+    quartiles of samples/s) overlaps the pick's: as fast as the pick within the noise of one run each."""
+    from analysis.tables import within_spread
+
+    if best is None:
+        return []
+    return [v["command"] for v in within if v is not best
+            and within_spread(tuple(v.get("measured_spread") or (None, None)),
+                              tuple(best.get("measured_spread") or (None, None)))]
 
 
 def _print_table(rows: list[dict], fitting: list[dict], device: Device, args) -> int:

@@ -82,7 +82,9 @@ def write_report(runs_dir: str | Path, out: str | Path) -> Path:
         f"{len(runs)} runs from `{runs_dir}` ({', '.join(f'{n} {s}' for s, n in sorted(counts.items()))}), "
         f"on {devices or 'unknown device'}. Written {time.strftime('%Y-%m-%d %H:%M')} by `python -m analysis.report`.",
         "",
-        "Throughput: median over timed steps of global batch / step time (the slowest rank's). Memory: per rank, "
+        "Throughput: median over timed steps of global batch / step time (the slowest rank's); spread: the "
+        "timed steps' interquartile range over that median. Against DDP, a run whose interquartile range overlaps "
+        "DDP's is a tie, not a win or a loss: one run each cannot tell them apart. Memory: per rank, "
         "the maximum over ranks; on CUDA the allocator's peak, on CPU the peak of live tensor bytes in the "
         "profiled step (runs/README.md). The estimate is `python -m analysis.estimate` for the same configuration.",
         "",

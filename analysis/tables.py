@@ -22,6 +22,20 @@ def with_model_column(table: pd.DataFrame, runs: pd.DataFrame, sort: list[str]) 
     return table.sort_values(sort).reset_index(drop=True)
 
 
+def within_spread(a: tuple, b: tuple) -> bool | None:
+    """Whether two runs' spreads of samples/s, (first quartile, third quartile) over their timed
+    steps, overlap: a difference inside the noise of either, a tie rather than a win. None when
+    either run has no spread (records from before it was recorded)."""
+    values = [*a, *b]
+    if any(v is None or (isinstance(v, float) and np.isnan(v)) for v in values):
+        return None
+    return max(a[0], b[0]) <= min(a[1], b[1])
+
+
+def _column(frame: pd.DataFrame, name: str) -> pd.Series:
+    return frame[name] if name in frame else pd.Series(np.nan, index=frame.index)
+
+
 def ok_runs(runs: pd.DataFrame) -> pd.DataFrame:
     return runs[runs["status"] == "ok"].copy() if not runs.empty else runs
 
@@ -38,6 +52,8 @@ def main_table(runs: pd.DataFrame) -> pd.DataFrame:
         "micro": ok["micro_batch"],
         "batch": ok["global_batch"],
         "samples/s": ok.get("samples_per_s"),
+        # The timed steps' interquartile range over their median: how far one step's rate strays.
+        "spread": (_column(ok, "samples_per_s_p75") - _column(ok, "samples_per_s_p25")) / ok.get("samples_per_s"),
         "peak MiB": ok.get("mem_peak_bytes") / MIB,
         "avg MiB": ok.get("mem_avg_bytes") / MIB,
         "activation MiB": ok.get("mem_breakdown.activation", pd.Series(np.nan, index=ok.index)) / MIB,
@@ -65,15 +81,24 @@ def ddp_ratios(runs: pd.DataFrame) -> pd.DataFrame:
                                           _checkpointed=lambda d: d["ckpt"] != "none")
     # Eager and without checkpointing first (a plan's run records ckpt_interval 0 too: its label says it).
     ddp = ddp.sort_values(["_compiled", "_checkpointed", "ckpt_interval"]).drop_duplicates(GROUP)
-    base = ddp.set_index(GROUP)[["samples_per_s", "mem_peak_bytes"]]
+    ok = ok.assign(samples_per_s_p25=_column(ok, "samples_per_s_p25"), samples_per_s_p75=_column(ok, "samples_per_s_p75"))
+    ddp = ddp.assign(samples_per_s_p25=_column(ddp, "samples_per_s_p25"),
+                     samples_per_s_p75=_column(ddp, "samples_per_s_p75"))
+    base = ddp.set_index(GROUP)[["samples_per_s", "mem_peak_bytes", "samples_per_s_p25", "samples_per_s_p75"]]
     joined = ok.merge(base, left_on=GROUP, right_index=True, how="left", suffixes=("", "_ddp"))
     joined = joined[joined["samples_per_s_ddp"].notna()]
+    ties = [within_spread((r.samples_per_s_p25, r.samples_per_s_p75), (r.samples_per_s_p25_ddp, r.samples_per_s_p75_ddp))
+            for r in joined.itertuples()]
+    ratio = joined["samples_per_s"] / joined["samples_per_s_ddp"]
+    verdict = ["" if tie is None else "tie" if tie else "faster" if r > 1 else "slower" for tie, r in zip(ties, ratio)]
     table = pd.DataFrame({
         "config": joined["label"],
         "ckpt": joined["ckpt"],
         "batch": joined["global_batch"],
         "ranks": joined["world_size"],
-        "samples/s vs DDP": joined["samples_per_s"] / joined["samples_per_s_ddp"],
+        "samples/s vs DDP": ratio,
+        # A tie where the two runs' per-step spreads overlap: the ratio is inside the noise.
+        "within noise?": verdict,
         "peak memory vs DDP": joined["mem_peak_bytes"] / joined["mem_peak_bytes_ddp"],
     })
     if "compile" in joined and (joined["compile"] != "none").any():

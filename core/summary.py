@@ -38,6 +38,9 @@ class RunSummary:
     # Throughput.
     timed_steps: int | None = None
     samples_per_s: float | None = None
+    # The spread of the timed steps' samples/s: their first and third quartiles (the median between).
+    samples_per_s_p25: float | None = None
+    samples_per_s_p75: float | None = None
     tokens_per_s: float | None = None
     mfu: float | None = None
     hfu: float | None = None

@@ -112,3 +112,28 @@ def test_the_policy_frontier_has_a_panel_per_configuration_and_its_own_pareto_po
     assert ddp.index[ddp["front"]].tolist() == ["auto 0.2 GiB: full, selective, none x2", "every 1 (torch_nonreentrant)",
                                                 "every 1 (torch_nonreentrant, selective)", "none"]
     assert points.loc[panels[1], "front"].all()
+
+
+def test_a_ratio_to_ddp_inside_the_runs_spread_is_a_tie(tmp_path):
+    """Each run's spread is its timed steps' quartiles of samples/s: FSDP at 0.9 of DDP whose ranges
+    overlap is a tie; ZeRO at 0.5 with ranges apart is slower; a record without quartiles (older
+    than them) says nothing rather than guess."""
+    def record(name, backend, rate, p25, p75):
+        summary = RunSummary(name, "ok", backend=backend, model="gptlite", preset="tiny", world_size=2, micro_batch=4,
+                             global_batch=8, precision="fp32", ckpt_interval=0, samples_per_s=rate,
+                             samples_per_s_p25=p25, samples_per_s_p75=p75, mem_peak_bytes=2**20, mem_avg_bytes=2**19,
+                             model_state_bytes={"total": 2**18})
+        atomic_write_json(tmp_path / name / "summary.json", summary.to_dict())
+        atomic_write_json(tmp_path / name / "config.json", {"run": {"model": "gptlite", "backend": backend}})
+
+    record("ddp", "ddp", 100.0, 90.0, 105.0)
+    record("fsdp", "fsdp", 90.0, 85.0, 95.0)
+    record("zero", "deepspeed", 50.0, 45.0, 60.0)
+    record("old", "single", 120.0, None, None)
+    ratios = tables.ddp_ratios(load_runs(tmp_path)).set_index("config")
+    assert ratios.loc["fsdp", "samples/s vs DDP"] == 0.9 and ratios.loc["fsdp", "within noise?"] == "tie"
+    assert ratios.loc["deepspeed", "within noise?"] == "slower" and ratios.loc["ddp", "within noise?"] == "tie"
+    assert ratios.loc["single", "within noise?"] == ""
+    main = tables.main_table(load_runs(tmp_path)).set_index("config")
+    assert main.loc["ddp", "spread"] == 0.15 and pd.isna(main.loc["single", "spread"])
+    assert tables.within_spread((1.0, 2.0), (2.0, 3.0)) and not tables.within_spread((1.0, 2.0), (2.5, 3.0))

@@ -165,6 +165,14 @@ def test_verify_runs_the_top_candidate_and_two_more_and_picks_the_fastest_measur
         assert json.loads((Path(v["record"]) / "summary.json").read_text())["status"] == "ok"
     assert out["pick"] == max(verified, key=lambda v: v["measured_samples_per_s"])["command"]
     assert proc.stderr.count("[1/3]") == 2 and "[3/3]" in proc.stderr  # a line as each starts and ends
+    # Ties: the verified runs whose spread (timed steps' quartiles) overlaps the pick's.
+    best = next(v for v in verified if v["command"] == out["pick"])
+    for v in verified:
+        low, high = v["measured_spread"]
+        assert low <= v["measured_samples_per_s"] <= high
+    assert out["ties_with_pick"] == [v["command"] for v in verified if v is not best and
+                                     max(v["measured_spread"][0], best["measured_spread"][0])
+                                     <= min(v["measured_spread"][1], best["measured_spread"][1])]
 
 
 def test_the_refit_recovers_the_compute_factor_and_overlap_of_the_measured_runs():

@@ -16,7 +16,7 @@ def documented_fields(section: str) -> set[str]:
     """The backticked names in the first column of the table under `## <section>` in runs/README.md."""
     text = README.read_text()
     body = text.split(f"## {section}\n", 1)[1].split("\n## ", 1)[0]
-    return set(re.findall(r"^\| `([a-z_]+)` \|", body, flags=re.M))
+    return set(re.findall(r"^\| `([a-z0-9_]+)` \|", body, flags=re.M))
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +54,9 @@ def test_summary_values_are_consistent(record):
     assert s["status"] == "ok" and s["error"] is None
     assert s["global_batch"] == s["micro_batch"] * s["grad_accum"] * s["world_size"] == 8
     assert s["timed_steps"] == 3 and s["samples_per_s"] > 0
+    # The spread: quartiles of the 3 timed steps' rates around their median (unequal in real timing).
+    assert 0 < s["samples_per_s_p25"] <= s["samples_per_s"] <= s["samples_per_s_p75"]
+    assert s["samples_per_s_p25"] < s["samples_per_s_p75"]
     assert s["tokens_per_s"] == pytest.approx(s["samples_per_s"] * record.config["model"]["block_size"])
     assert s["final_loss"] == record.metrics[-1]["loss"]
     assert s["mfu"] is None  # no known peak FLOP/s for a CPU

@@ -55,6 +55,14 @@ def comm_record(measured: dict | None, theory: dict, host_device: dict | None = 
             "host_device": host_device}
 
 
+def quartiles(rates: list[float]) -> tuple[float, float]:
+    """The first and third quartiles of the timed steps' rates (both the rate itself for one step)."""
+    if len(rates) < 2:
+        return rates[0], rates[0]
+    q1, _, q3 = statistics.quantiles(rates, n=4, method="inclusive")
+    return q1, q3
+
+
 def finished_summary(base: RunSummary, result: LoopResult, ranks: list[dict], workload, world_size: int,
                      budget_gb: float | None, started: float, comm_theory: dict,
                      count_flops: Callable[[], dict | None] | None) -> RunSummary:
@@ -80,6 +88,8 @@ def finished_summary(base: RunSummary, result: LoopResult, ranks: list[dict], wo
         error=None,
         timed_steps=len(result.timed_rates),
         samples_per_s=samples_per_s,
+        samples_per_s_p25=quartiles(result.timed_rates)[0] if result.timed_rates else None,
+        samples_per_s_p75=quartiles(result.timed_rates)[1] if result.timed_rates else None,
         tokens_per_s=tokens_per_s,
         mfu=flops.utilisation(samples_per_s, model_flops, base.device_name, world_size),
         hfu=flops.utilisation(samples_per_s, hardware_flops, base.device_name, world_size),
