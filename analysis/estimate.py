@@ -73,8 +73,8 @@ from pathlib import Path
 
 from analysis.memory_model import (DS_MAX_LIVE, DS_PERSISTENCE, DS_PREFETCH_BUCKET, DS_REDUCE_BUCKET, F32, Counts,
                                    activation_per_block, backward_transient, head_activations, layout_for)
+from analysis.runs import config_label
 from backends.activation_checkpointing import SELECTIVE_SAVE_OPS
-from backends.deepspeed_config import inline
 from core.config import CKPT_CHOICES, interval_choices
 from gptlite.data import DataError
 from gptlite.errors import ConfigError
@@ -503,9 +503,7 @@ def main(argv=None) -> int:
     interval = int(run.get("ckpt_interval") or 0)
     ckpt = (f"checkpoint interval {interval}" + (f" ({run['ckpt_policy']})" if run["ckpt_policy"] != "full" else "")
             if interval else f"checkpointing plan {run['ckpt_plan']}" if run.get("ckpt_plan") else "no checkpointing")
-    source = run["deepspeed_config"] or run["fsdp_config"]
-    named = "" if not source else " inline" if inline(source) is not None else " " + Path(source).stem
-    print(f"{what}, {run['backend']}{named}"
+    print(f"{what}, {config_label(run['backend'], run['fsdp_config'], run['deepspeed_config'])}"
           f", {args.world} rank(s), micro-batch {run['micro_batch']}, {run['precision']}, {ckpt}, on "
           f"{config['environment']['device']}, per rank:")
     if plan:

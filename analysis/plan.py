@@ -26,13 +26,16 @@ model whose parts are printed:
 
 The answer is ranked by predicted samples/s, with each candidate's exact launch command.
 --verify K runs the top K and two further down (here, or as Slurm jobs with --executor slurm), refits
-the step model on them and picks the fastest measured. Not yet: --out's plan.md and figure.
+the step model on them and picks the fastest measured. --out DIR writes plan.md and plan.png (every
+candidate's estimated peak against its predicted samples/s, with the frontier and the budget).
 """
 
 from __future__ import annotations
 
 import argparse
+import builtins
 import dataclasses
+import functools
 import json
 import math
 import shlex
@@ -492,6 +495,9 @@ def main(argv=None) -> int:
     p.add_argument("--micro_batches", type=int, nargs="+", default=None, help="only these micro-batches")
     p.add_argument("--mfu", type=float, default=0.4, help="a named GPU's model FLOPs utilisation")
     p.add_argument("--overlap", type=float, default=0.5, help="share of communication hidden behind compute")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="also write DIR/plan.md (the tables and the pick) and DIR/plan.png (every candidate's estimated "
+                        "peak against its predicted samples/s, the frontier, the budget, the verified runs as measured)")
     p.add_argument("--top", type=int, default=10, help="rows of the ranked table shown")
     p.add_argument("--json", action="store_true", help="print one JSON object: candidates (ranked) and pick, "
                    "and with --verify, verified")
@@ -523,6 +529,13 @@ def main(argv=None) -> int:
                 "not timed)")
     if args.gpu == "here" and args.gpus_per_node is not None and args.gpus_per_node < args.world:
         p.error("--gpus_per_node: --gpu here plans on this machine, one node of all --world ranks")
+    if args.out:  # before any calibration or run: bad input records nothing
+        from training.preflight import writable_dir
+
+        try:
+            writable_dir("--out", args.out)
+        except ConfigError as e:
+            p.error(str(e))
     per_node = args.gpus_per_node or (args.world if args.gpu == "here" else hw["gpus"][args.gpu]["gpus_per_node"])
     try:
         from training.cli import config_from_argv
@@ -571,6 +584,12 @@ def main(argv=None) -> int:
     best = max(within, key=lambda v: v["measured_samples_per_s"] or 0.0, default=None)
     pick = best["command"] if best else (fitting[0]["command"] if fitting and not args.verify else None)
     ties = _ties(best, within)
+    if args.out:
+        try:
+            write_out(Path(args.out), rows, fitting, device, args, verified, fitted, pick, ties,
+                      sys.argv[1:] if argv is None else argv)
+        except OSError as e:
+            p.error(f"--out {args.out}: cannot write there ({e.strerror or e})")
     if args.json:
         shown = [{**{k: v for k, v in r.items() if k != "candidate"}, "config_flags": r["candidate"].flags()}
                  for r in rows]
@@ -579,26 +598,100 @@ def main(argv=None) -> int:
                          indent=2))
         return 0 if pick else 1
     if args.verify and fitting:
-        import pandas as pd
-
-        print("\npredicted against measured (peaks in GiB):")
-        table = pd.DataFrame(verified).drop(columns=["record", "measured_spread"])
-        # The timed steps' interquartile range of samples/s over their median.
-        table.insert(table.columns.get_loc("measured_samples_per_s") + 1, "spread",
-                     [(v["measured_spread"][1] - v["measured_spread"][0]) / v["measured_samples_per_s"]
-                      if v["measured_samples_per_s"] and None not in v["measured_spread"] else None for v in verified])
-        print(table.to_string(index=False, float_format=lambda v: f"{v:,.4g}"))
-        if fitted:
-            print(f"\nrefitted on {fitted['runs']} runs: compute x {fitted['compute_factor']:.3g}, overlap "
-                  f"{fitted['overlap']:.2f}; re-ranked, the top {min(5, len(fitting))}:")
-            again = sorted(fitting, key=lambda r: -r["refit_samples_per_s"])[:5]
-            print(pd.DataFrame(again)[["config", "micro x accum", "ckpt", "est_peak_gb", "pred_samples_per_s",
-                                       "refit_samples_per_s"]].to_string(index=False, float_format=lambda v: f"{v:,.4g}"))
-        print("\npick (fastest measured within the budget):", pick or "none of the verified runs")
-        for command in ties:
-            print(f"  a tie, not a win: {command} (its timed steps' interquartile range overlaps the pick's)")
+        _print_verified(verified, fitted, fitting, pick, ties)
         return 0 if pick else 1
     return _print_table(rows, fitting, device, args)
+
+
+def _print_verified(verified: list[dict], fitted: dict | None, fitting: list[dict], pick: str | None,
+                    ties: list[str], file=None) -> None:
+    import pandas as pd
+
+    print = functools.partial(builtins.print, file=file or sys.stdout)
+    print("\npredicted against measured (peaks in GiB):")
+    table = pd.DataFrame(verified).drop(columns=["record", "measured_spread"])
+    # The timed steps' interquartile range of samples/s over their median.
+    table.insert(table.columns.get_loc("measured_samples_per_s") + 1, "spread",
+                 [(v["measured_spread"][1] - v["measured_spread"][0]) / v["measured_samples_per_s"]
+                  if v["measured_samples_per_s"] and None not in v["measured_spread"] else None for v in verified])
+    print(table.to_string(index=False, float_format=lambda v: f"{v:,.4g}"))
+    if fitted:
+        print(f"\nrefitted on {fitted['runs']} runs: compute x {fitted['compute_factor']:.3g}, overlap "
+              f"{fitted['overlap']:.2f}; re-ranked, the top {min(5, len(fitting))}:")
+        again = sorted(fitting, key=lambda r: -r["refit_samples_per_s"])[:5]
+        print(pd.DataFrame(again)[["config", "micro x accum", "ckpt", "est_peak_gb", "pred_samples_per_s",
+                                   "refit_samples_per_s"]].to_string(index=False, float_format=lambda v: f"{v:,.4g}"))
+    print("\npick (fastest measured within the budget):", pick or "none of the verified runs")
+    for command in ties:
+        print(f"  a tie, not a win: {command} (its timed steps' interquartile range overlaps the pick's)")
+
+
+def frontier(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The (memory, samples/s) points no other point beats on both: less memory and more samples/s,
+    by increasing memory."""
+    best, out = -math.inf, []
+    for mem, rate in sorted(points, key=lambda p: (p[0], -p[1])):
+        if rate > best:
+            out.append((mem, rate))
+            best = rate
+    return out
+
+
+def write_out(out: Path, rows: list[dict], fitting: list[dict], device: Device, args, verified: list[dict],
+              fitted: dict | None, pick: str | None, ties: list[str], argv: list[str]) -> None:
+    """--out DIR: plan.md (the ranked table, what was verified, the pick) and plan.png (every
+    candidate's estimated peak against its predicted samples/s, the frontier, the budget, and the
+    verified runs as measured)."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    out.mkdir(parents=True, exist_ok=True)
+    text = io.StringIO()
+    _print_table(rows, fitting, device, args, file=text)
+    if args.verify and fitting:
+        _print_verified(verified, fitted, fitting, pick, ties, file=text)
+    shown = [r for r in rows if "pred_samples_per_s" in r]
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    if shown:
+        frame = {"estimated peak per rank (GiB)": [r["est_peak_gb"] for r in shown],
+                 "predicted samples/s": [r["pred_samples_per_s"] for r in shown],
+                 "config": [r["config"] for r in shown],
+                 "fits": ["fits" if r.get("fits") else "over the budget" for r in shown]}
+        sns.scatterplot(frame, x="estimated peak per rank (GiB)", y="predicted samples/s", hue="config", style="fits",
+                        style_order=["fits", "over the budget"], ax=ax, s=40)
+        edge = frontier([(r["est_peak_gb"], r["pred_samples_per_s"]) for r in shown])
+        ax.plot(*zip(*edge), color="grey", drawstyle="steps-post", linewidth=1, label="frontier (predicted)")
+    ax.axvline(args.mem_budget_gb, color="red", linestyle="--", linewidth=1, label=f"budget {args.mem_budget_gb:g} GiB")
+    ax.axvline(args.mem_budget_gb * (1 - MARGIN), color="red", linestyle=":", linewidth=1,
+               label=f"budget less the estimator's band ({MARGIN:.0%})")
+    measured = [v for v in verified if v.get("measured_samples_per_s") and v.get("measured_peak_gb") is not None]
+    if measured:
+        ax.scatter([v["measured_peak_gb"] for v in measured], [v["measured_samples_per_s"] for v in measured],
+                   marker="x", color="black", s=60, label="verified: measured")
+    chosen = next((v for v in measured if v["command"] == pick), None) or \
+        next((r for r in shown if r.get("command") == pick and not verified), None)
+    if chosen:
+        x = chosen.get("measured_peak_gb", chosen.get("est_peak_gb"))
+        y = chosen.get("measured_samples_per_s", chosen.get("pred_samples_per_s"))
+        ax.scatter([x], [y], marker="*", color="gold", edgecolor="black", s=250, zorder=5, label="pick")
+    ax.set(title=f"{len(rows)} candidates, world {args.world}, global batch {args.global_batch}, on {device.name}",
+           xlabel="peak per rank, GiB (estimated; verified runs: measured)",
+           ylabel="samples/s (predicted; verified runs: measured)")
+    ax.legend(fontsize="x-small", ncol=2)
+    fig.tight_layout()
+    fig.savefig(out / "plan.png", dpi=110)
+    plt.close(fig)
+    (out / "plan.md").write_text(
+        f"# Plan: world {args.world}, budget {args.mem_budget_gb:g} GiB per rank, global batch {args.global_batch}\n\n"
+        f"`python -m analysis.plan {shlex.join(argv)}`\n\n"
+        f"```\n{text.getvalue().strip()}\n```\n\n"
+        + (f"Pick:\n\n```\n{pick}\n```\n\n" if pick else "No pick: no candidate fits.\n\n")
+        + "![estimated peak against predicted samples/s](plan.png)\n")
 
 
 def _ties(best: dict | None, within: list[dict]) -> list[str]:
@@ -613,7 +706,8 @@ def _ties(best: dict | None, within: list[dict]) -> list[str]:
                               tuple(best.get("measured_spread") or (None, None)))]
 
 
-def _print_table(rows: list[dict], fitting: list[dict], device: Device, args) -> int:
+def _print_table(rows: list[dict], fitting: list[dict], device: Device, args, file=None) -> int:
+    print = functools.partial(builtins.print, file=file or sys.stdout)
     print(f"{len(rows)} candidates on {device.name}, world {args.world}, budget {args.mem_budget_gb:g} GiB per rank, "
           f"global batch {args.global_batch}: {len(fitting)} fit, "
           f"{sum('breaks' in r for r in rows)} over the budget, {sum('refused' in r for r in rows)} refused by train.py")

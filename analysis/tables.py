@@ -56,7 +56,7 @@ def main_table(runs: pd.DataFrame) -> pd.DataFrame:
         "spread": (_column(ok, "samples_per_s_p75") - _column(ok, "samples_per_s_p25")) / ok.get("samples_per_s"),
         "peak MiB": ok.get("mem_peak_bytes") / MIB,
         "avg MiB": ok.get("mem_avg_bytes") / MIB,
-        "activation MiB": ok.get("mem_breakdown.activation", pd.Series(np.nan, index=ok.index)) / MIB,
+        "activation MiB": _column(ok, "mem_breakdown.activation") / MIB,
         "model states MiB": ok.get("model_state_bytes.total") / MIB,
     })
     if "estimate.total_bytes" in ok:
@@ -77,13 +77,12 @@ def ddp_ratios(runs: pd.DataFrame) -> pd.DataFrame:
     ok = ok_runs(runs)
     if ok.empty or "ddp" not in set(ok["label"]):
         return pd.DataFrame()
+    # Records from before the quartiles were kept have none: their ties are unknown, not false.
+    ok = ok.assign(samples_per_s_p25=_column(ok, "samples_per_s_p25"), samples_per_s_p75=_column(ok, "samples_per_s_p75"))
     ddp = ok[ok["label"] == "ddp"].assign(_compiled=lambda d: d.get("compile", "none") != "none",
                                           _checkpointed=lambda d: d["ckpt"] != "none")
     # Eager and without checkpointing first (a plan's run records ckpt_interval 0 too: its label says it).
     ddp = ddp.sort_values(["_compiled", "_checkpointed", "ckpt_interval"]).drop_duplicates(GROUP)
-    ok = ok.assign(samples_per_s_p25=_column(ok, "samples_per_s_p25"), samples_per_s_p75=_column(ok, "samples_per_s_p75"))
-    ddp = ddp.assign(samples_per_s_p25=_column(ddp, "samples_per_s_p25"),
-                     samples_per_s_p75=_column(ddp, "samples_per_s_p75"))
     base = ddp.set_index(GROUP)[["samples_per_s", "mem_peak_bytes", "samples_per_s_p25", "samples_per_s_p75"]]
     joined = ok.merge(base, left_on=GROUP, right_index=True, how="left", suffixes=("", "_ddp"))
     joined = joined[joined["samples_per_s_ddp"].notna()]

@@ -61,6 +61,9 @@ def _refuse_duplicates(pairs):
     return seen
 
 
+INLINE_NAME = "(inline base64 config)"
+
+
 def inline(value: str) -> str | None:
     """The JSON text of a --deepspeed_config given inline, base64-encoded, as DeepSpeed accepts it
     (deepspeed.initialize decodes any value that is not a file; its autotuner passes configs so);
@@ -76,7 +79,7 @@ def inline(value: str) -> str | None:
 
 def shown(value: str) -> str:
     """`value` as messages and labels name it: the path, or "(inline base64 config)"."""
-    return "(inline base64 config)" if inline(value) is not None else value
+    return INLINE_NAME if inline(value) is not None else value
 
 
 def read(path: str) -> dict:
@@ -85,7 +88,7 @@ def read(path: str) -> dict:
     import hjson  # DeepSpeed's own dependency, and its parser
 
     text = inline(path)
-    where = f"--deepspeed_config {shown(path)}"
+    where = f"--deepspeed_config {path if text is None else INLINE_NAME}"
     if text is None:
         if not os.path.isfile(path):  # never raises (a name too long for the filesystem is not found)
             raise ConfigError(f"--deepspeed_config: file not found (nor a base64-encoded JSON config): {path}")

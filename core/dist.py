@@ -10,13 +10,13 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import socket
 from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
+from core.ports import free_port
 from gptlite.errors import ConfigError
 
 
@@ -84,12 +84,6 @@ def stop_with_launcher() -> None:
         return
     if os.getppid() == 1:  # the launcher was already gone before the request took effect
         os.kill(os.getpid(), signal.SIGTERM)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def ensure_rendezvous_env() -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import LAUNCH_TIMEOUT_S, PARITY_ARGS, REPO, TRAIN, Run, assert_losses_close, base_env, train
-from core.dist import free_port
+from core.ports import free_port
 
 STEPS = 6
 RTOL = 1e-5

@@ -311,7 +311,7 @@ def test_every_rank_runs_rank_0s_plan():
     takes rank 0's plan (two real processes on gloo)."""
     import multiprocessing as mp
 
-    from core.dist import free_port
+    from core.ports import free_port
 
     ctx = mp.get_context("spawn")
     out = ctx.Queue()

@@ -7,7 +7,7 @@ import uuid
 import pytest
 
 from conftest import LAUNCH_TIMEOUT_S, PARITY_ARGS, REPO, TRAIN, Run, assert_losses_close, base_env
-from core.dist import free_port
+from core.ports import free_port
 
 pytestmark = pytest.mark.distributed
 STEPS = 6

@@ -112,7 +112,29 @@ def test_the_cli_answers_in_json_for_a_named_gpu():
     assert all({"command", "est_peak_gb", "pred_samples_per_s", "fits"} <= set(c) for c in out["candidates"])
 
 
+def test_out_writes_the_plan_and_its_figure(tmp_path):
+    """--out DIR: plan.md with the ranked table and the pick (the command train.py would run), and
+    plan.png; the JSON on stdout is unchanged by it."""
+    out = tmp_path / "plan"
+    proc = _cli("--world", "8", "--gpu", "H100-SXM", "--mem_budget_gb", "0.008", "--global_batch", "64",
+                "--configs", "ddp", "ds_configs/z3.json", "--ckpt", "none", "full/1", "--json", "--out", str(out), *TINY)
+    assert proc.returncode == 0, proc.stderr
+    answer = json.loads(proc.stdout)
+    text = (out / "plan.md").read_text()
+    assert answer["pick"] in text and "over the budget" in text
+    fitting = [c for c in answer["candidates"] if c["fits"]]
+    assert 0 < len(fitting) < len(answer["candidates"])  # the figure has both kinds to show
+    assert f"{len(answer['candidates'])} candidates" in text and f"{len(fitting)} fit" in text
+    assert (out / "plan.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_frontier_keeps_what_nothing_beats_on_both_memory_and_speed():
+    points = [(1.0, 10.0), (2.0, 5.0), (3.0, 20.0), (0.5, 1.0), (3.0, 15.0), (4.0, 20.0)]
+    assert plan.frontier(points) == [(0.5, 1.0), (1.0, 10.0), (3.0, 20.0)]
+
+
 @pytest.mark.parametrize("args, message", [
+    (["--out", "/proc/version"], "--out: /proc/version exists and is not a directory"),
     (["--micro_batch", "4"], "--micro_batch: the planner chooses it"),
     (["--deepspeed_config", "ds_configs/z3.json"], "--deepspeed_config: the planner chooses it"),
     (["--configs", "ds_configs/nope.json"], "--configs ds_configs/nope.json: must be"),

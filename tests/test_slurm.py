@@ -4,6 +4,7 @@ submission, records equal to a local sweep's, a time limit with requeue and resu
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -64,7 +65,7 @@ def _live(env) -> list[str]:
 
 
 @pytest.mark.distributed
-def test_a_sweep_on_slurm_records_what_the_same_sweep_records_here(local_slurm, quick_sweep, tmp_path):
+def test_a_sweep_on_slurm_records_what_the_same_sweep_records_here(local_slurm, quick_sweep, tmp_path, monkeypatch):
     # sweeps/cpu_slurm.yaml: single, DDP, FSDP2 and ZeRO-2 with the quick matrix's settings, so the
     # local records to hold them to are the quick sweep's (the same runs, launched here).
     spec = yaml.safe_load((REPO / "sweeps" / "cpu_slurm.yaml").read_text())
@@ -88,16 +89,20 @@ def test_a_sweep_on_slurm_records_what_the_same_sweep_records_here(local_slurm, 
         assert _losses(runs / name) == _losses(local), name
         assert json.loads((runs / name / "sweep_key.json").read_text()) == \
             json.loads((local / "sweep_key.json").read_text())
-    report = subprocess.run([sys.executable, "-m", "analysis.report", str(runs), "--out", str(tmp_path / "report")],
-                            cwd=REPO, env=base_env(), capture_output=True, text=True, timeout=300)
-    assert report.returncode == 0, report.stdout + report.stderr
+    from analysis import report
+
+    made = in_process(report.main, [runs, "--out", tmp_path / "report"])
+    assert made.returncode == 0, made.stdout + made.stderr
     text = (tmp_path / "report" / "report.md").read_text()
     assert all(summary_name.split("-w")[0] in text for summary_name in jobs)
-    # Again: everything is recorded, nothing is submitted.
-    again = _sweep(path, "--executor", "slurm", "--cpus_per_task", "1", env=local_slurm)
+    # Again (in this process from here on: the logic, the processes ran above): everything is
+    # recorded, nothing is submitted.
+    for name, value in local_slurm.items():
+        monkeypatch.setenv(name, value)
+    again = _sweep_here(path, "--executor", "slurm", "--cpus_per_task", "1")
     assert again.returncode == 0 and "nothing to submit" in again.stdout, again.stdout + again.stderr
     assert again.stdout.count("(already done)") == 4 and _jobs(runs) == jobs
-    status = _sweep(path, "--status", env=local_slurm)
+    status = _sweep_here(path, "--status")
     assert status.returncode == 0 and "4 ok" in status.stdout, status.stdout + status.stderr
 
 
@@ -106,8 +111,8 @@ def test_the_planner_verifies_its_pick_as_slurm_jobs(local_slurm, tmp_path):
     """analysis.plan --verify 1 --executor slurm on two candidates: the top one and the other, each a
     Slurm job with its ordinary record, and the pick the fastest measured."""
     runs = tmp_path / "runs"
-    proc = subprocess.run([sys.executable, "-m", "analysis.plan", "--world", "2", "--mem_budget_gb", "1",
-                           "--global_batch", "16", "--configs", "ddp", "--ckpt", "none", "--micro_batches",
+    proc = subprocess.run([sys.executable, "-m", "analysis.plan", "--world", "1", "--mem_budget_gb", "1",
+                           "--global_batch", "8", "--configs", "single", "--ckpt", "none", "--micro_batches",
                            "4", "8", "--verify", "1", "--verify_steps", "4", "--runs_dir", str(runs), "--json",
                            "--executor", "slurm", "--cpus_per_task", "1", "--preset", "tiny"],
                           cwd=REPO, env={**base_env(), **local_slurm}, capture_output=True, text=True, timeout=600)
@@ -127,14 +132,27 @@ def _job_fields(job_id, env) -> dict:
     return dict(f.split("=", 1) for f in out.split() if "=" in f)
 
 
+def _pids(*needles: str) -> list[int]:
+    """The processes whose command line holds every one of `needles`."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if all(n in cmdline for n in needles):
+            found.append(int(proc.name))
+    return found
+
+
 @pytest.mark.distributed
 def test_a_job_past_its_time_limit_is_requeued_and_continues_from_its_checkpoint(local_slurm, tmp_path):
-    steps, every = 1000, 50
+    steps, every, pause_at = 300, 50, 100  # stopped at the checkpoint of step 150: 150 steps from its end
     train_args = {"warmup_steps": 1, "eval_batches": 1, "eval_every": 100, "save_every": every}
     spec = {"name": "requeue", "runs_dir": str(tmp_path / "runs"), "steps": steps, "timeout_s": 600,
             "matrix": {"backend": ["single"], "preset": ["tiny"]}, "train_args": train_args,
-            # A minute, the signal 20 s before it. Slurm checks time limits every 30 s, so the signal comes
-            # 10 to 40 s into the job: the run (about a minute of steps on one core) cannot end in one job.
+            # A minute, the signal 20 s before it; Slurm checks time limits every 30 s, so the signal
+            # comes 10 to 40 s into the job.
             "executor": {"time_min": 1, "signal_delay_s": 20, "cpus_per_task": 1, "max_requeues": 5}}
     path = _write(tmp_path, spec)
     (run,) = expand(load_spec(str(path)))[0]
@@ -150,21 +168,37 @@ def test_a_job_past_its_time_limit_is_requeued_and_continues_from_its_checkpoint
     out = (tmp_path / "sweep.out").open("w+")
     proc = subprocess.Popen([sys.executable, str(SWEEP), str(path), "--executor", "slurm"], cwd=REPO,
                             env={**base_env(), **local_slurm}, stdout=out, stderr=subprocess.STDOUT, text=True)
-    # Once the job waits requeued with a checkpoint to continue from (written before it was stopped:
-    # nothing runs while it waits), its limit is raised, as an operator would, so the test takes two
-    # or three jobs however slow this machine is that day.
-    raised, deadline = None, time.monotonic() + 900
-    while proc.poll() is None:
-        assert time.monotonic() < deadline, "the sweep did not end in 15 minutes"
-        job = next(iter(_jobs(runs).values()), {}).get("job_id")
-        if job and raised is None:
-            fields = _job_fields(job, local_slurm)
-            if (int(fields.get("Restarts", 0)) >= 1 and fields.get("JobState") == "PENDING"
-                    and any(saved.glob("step_*"))):
-                subprocess.run(["scontrol", "update", f"JobId={job}", "TimeLimit=15"], env={**os.environ, **local_slurm},
-                               check=True, capture_output=True, timeout=60)
-                raised = int(fields["Restarts"])
-        time.sleep(1)
+    # The run needs more than its job's minute: once it has checkpointed step `pause_at`, its
+    # process is stopped (SIGSTOP; it could not end before the signal however fast this machine is,
+    # and a stopped run costs no CPU, unlike a run made long enough to outlast the minute). Slurm's
+    # limit, its signal, the runner stopping the run, submitit's requeue and the resume are the real
+    # ones. Once the job waits requeued with a checkpoint (nothing runs while it waits), its limit is
+    # raised, as an operator would, and the next attempt runs to the end.
+    def checkpointed() -> int:
+        return max((int(p.name.split("_")[1]) for p in saved.glob("step_*")), default=-1)
+
+    stopped, raised, deadline = [], None, time.monotonic() + 900
+    try:
+        while proc.poll() is None:
+            assert time.monotonic() < deadline, "the sweep did not end in 15 minutes"
+            job = next(iter(_jobs(runs).values()), {}).get("job_id")
+            if job and raised is None:
+                fields = _job_fields(job, local_slurm)
+                if not stopped and fields.get("JobState") == "RUNNING" and checkpointed() >= pause_at:
+                    stopped = _pids("train.py", "--runs_dir", str(runs), run.name)
+                    for pid in stopped:
+                        os.kill(pid, signal.SIGSTOP)
+                if int(fields.get("Restarts", 0)) >= 1 and fields.get("JobState") == "PENDING" and checkpointed() >= 0:
+                    subprocess.run(["scontrol", "update", f"JobId={job}", "TimeLimit=15"],
+                                   env={**os.environ, **local_slurm}, check=True, capture_output=True, timeout=60)
+                    raised = int(fields["Restarts"])
+            time.sleep(0.5)
+    finally:
+        for pid in stopped:  # never leave a stopped process behind
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
     out.seek(0)
     output = out.read()
     _, err = reference.communicate(timeout=600)
@@ -183,7 +217,7 @@ def test_a_job_past_its_time_limit_is_requeued_and_continues_from_its_checkpoint
 
 
 @pytest.mark.distributed
-def test_cancel_records_queued_and_running_runs_cancelled(local_slurm, tmp_path):
+def test_cancel_records_queued_and_running_runs_cancelled(local_slurm, tmp_path, monkeypatch):
     runs = tmp_path / "runs"
     spec = {"name": "cancel", "runs_dir": str(runs), "steps": 100000, "timeout_s": 900,
             "matrix": {"backend": ["ddp", "fsdp_configs/fsdp2.yaml"], "world_size": [2], "preset": ["tiny"]},
@@ -193,19 +227,21 @@ def test_cancel_records_queued_and_running_runs_cancelled(local_slurm, tmp_path)
     proc = _sweep(path, "--executor", "slurm", "--no_wait", env=local_slurm)
     assert proc.returncode == 0 and "submitted 2 jobs" in proc.stdout, proc.stdout + proc.stderr
     names = sorted(_jobs(runs))
+    for name, value in local_slurm.items():  # --status and --cancel in this process: the logic
+        monkeypatch.setenv(name, value)
     deadline = time.monotonic() + 180
     while not any((runs / n / "metrics.jsonl").exists() for n in names):  # one is training
-        assert time.monotonic() < deadline, _sweep(path, "--status", env=local_slurm).stdout
+        assert time.monotonic() < deadline, _sweep_here(path, "--status").stdout
         time.sleep(1)
-    status = _sweep(path, "--status", env=local_slurm)
+    status = _sweep_here(path, "--status")
     assert {"running", "queued"} <= set(status.stdout.split()), status.stdout
-    cancel = _sweep(path, "--cancel", env=local_slurm)
+    cancel = _sweep_here(path, "--cancel")
     assert cancel.returncode == 0, cancel.stdout + cancel.stderr
     for name in names:
         summary = json.loads((runs / name / "summary.json").read_text())
         assert summary["status"] == "cancelled", summary
     assert not set(_live(local_slurm)) & {j["job_id"] for j in _jobs(runs).values()}
-    after = _sweep(path, "--status", env=local_slurm)
+    after = _sweep_here(path, "--status")
     assert after.stdout.count("cancelled") >= 2 and "2 cancelled" in after.stdout, after.stdout
 
 

@@ -337,7 +337,7 @@ def _snapshot(directory):
 def test_a_run_another_process_holds_is_left_alone(tmp_path, state):
     """Another sweep's run holds the record's lock (before or after creating its record): the
     runner launches nothing, writes no key, no log and no summary, and says so."""
-    from training.preflight import RecordLock
+    from training.locks import RecordLock
     from training.runner import Runner
 
     runs = tmp_path / "runs"
@@ -373,7 +373,7 @@ def test_a_record_of_a_run_that_never_got_going_does_not_pin_its_name(tmp_path):
 def test_one_sweep_per_directory(tmp_path):
     """A second sweep into a directory a sweep holds is refused in one line naming the holder,
     before anything runs (whichever spec it is)."""
-    from training.preflight import FileLock
+    from training.locks import FileLock
 
     path = _spec(tmp_path, steps=1, matrix={"backend": ["single"], "micro_batch": [2]},
                  train_args={"warmup_steps": 0, "mem_profile_steps": 0, "eval_batches": 1})
@@ -465,3 +465,20 @@ def test_a_budget_no_plan_fits_is_refused_before_the_first_run(tmp_path, capsys)
     assert not any((tmp_path / "runs").glob("*/summary.json"))
     fits = _spec(tmp_path, matrix={"backend": ["single"], "ckpt_policy": ["auto:1"]})
     assert sweep.main([str(fits), "--dry_run"]) == 0
+
+
+def test_a_stopped_run_is_ended_by_its_sigterm_not_left_for_the_kill():
+    """Stopping a run whose process is stopped (Ctrl-Z, a debugger; SIGSTOP) ends it with SIGTERM at
+    once: SIGCONT follows, as Slurm sends them, instead of SIGKILL after the grace period."""
+    import signal
+
+    from training.runner import _kill_group
+
+    # A process that handles SIGTERM (as train.py does); one that does not dies of it even stopped.
+    proc = subprocess.Popen([sys.executable, "-c", "import signal, sys, time\n"
+                             "signal.signal(signal.SIGTERM, lambda *_: sys.exit(3))\nprint('ready', flush=True)\n"
+                             "time.sleep(600)"], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert proc.stdout.readline().strip() == "ready"
+    os.kill(proc.pid, signal.SIGSTOP)
+    _kill_group(proc)
+    assert proc.returncode == 3  # its handler ran: not SIGKILL's -9 after the grace period

@@ -163,7 +163,7 @@ def test_a_second_run_into_a_checkpoint_directory_is_refused_and_deletes_nothing
 def test_a_checkpoint_directory_has_one_writer_at_a_time(tmp_path):
     from gptlite.errors import ConfigError
     from test_loop import make_setup
-    from training.preflight import FileLock
+    from training.locks import FileLock
 
     held = FileLock(tmp_path / "ckpt" / "owner.lock")  # as another run writing into it holds it
     try:
@@ -369,7 +369,7 @@ def test_an_nvme_swap_directory_has_one_run_at_a_time(tmp_path):
     from core.dist import DistEnv
     from gptlite.errors import ConfigError
     from test_loop import FakeBackend, make_setup
-    from training.preflight import FileLock
+    from training.locks import FileLock
     from training.run import resolve
 
     nvme = tmp_path / "nvme"

@@ -50,15 +50,15 @@ SlurmdPidFile=$DIR/slurmd.pid
 SlurmctldLogFile=$DIR/log/slurmctld.log
 SlurmdLogFile=$DIR/log/slurmd.log
 AuthType=auth/munge
-# A requeued job waits cred_expire seconds before it starts again (default 120): 10 here.
-AuthInfo=cred_expire=10
+# A requeued job waits cred_expire seconds before it starts again (default 120): 5 here.
+AuthInfo=cred_expire=5
 CryptoType=crypto/munge
 MpiDefault=none
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SchedulerType=sched/backfill
-# Schedule every few seconds (defaults: 60 s main loop, 30 s backfill): a test's jobs start at once.
-SchedulerParameters=sched_interval=5,bf_interval=5
+# Schedule every 2 s (defaults: 60 s main loop, 30 s backfill): a job submitted, or requeued, starts at once.
+SchedulerParameters=sched_interval=2,bf_interval=2
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 AccountingStorageType=accounting_storage/none

@@ -15,7 +15,7 @@ import os
 import sys
 from pathlib import Path
 
-from core.dist import free_port
+from core.ports import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 TRAIN = REPO / "train.py"

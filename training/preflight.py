@@ -9,7 +9,6 @@ at a time. Every problem is a ConfigError (one line, exit code 2, nothing writte
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import tempfile
@@ -22,6 +21,7 @@ import torch
 from core.records import read_json, read_summary
 from gptlite.errors import ConfigError
 from training import checkpoint
+from training.locks import FileLock, LockHeld
 
 
 def writable_dir(name: str, path: str) -> None:
@@ -283,39 +283,6 @@ def _model_difference(theirs: dict, ours: dict) -> str:
     return "different"
 
 
-class LockHeld(ConfigError):
-    """Another process holds the lock; `holder` says which ("pid 1234")."""
-
-    def __init__(self, message: str, holder: str):
-        super().__init__(message)
-        self.holder = holder
-
-
-class FileLock:
-    """An exclusive lock (flock) on `path`, with the holder's pid written in it, held until
-    release() or the process exits (the kernel releases it with the process, however it ends).
-    Raises LockHeld naming the holder when another process has it."""
-
-    def __init__(self, path: Path):
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.file = open(self.path, "a+")
-        try:
-            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self.file.seek(0)
-            holder = self.file.read().strip() or "another process"
-            self.file.close()
-            raise LockHeld(f"{self.path} is held by {holder}", holder) from None
-        self.file.seek(0)
-        self.file.truncate()
-        self.file.write(f"pid {os.getpid()}\n")
-        self.file.flush()
-
-    def release(self) -> None:
-        self.file.close()  # closing the file drops the lock
-
-
 class SaveDirLock(FileLock):
     """One writer per checkpoint directory: an exclusive lock on save_dir/owner.lock, held until exit."""
 
@@ -345,14 +312,3 @@ class NVMeLock(FileLock):
             raise LockHeld(f"nvme_path: {nvme_path} is being used by {e.holder}; DeepSpeed clears each rank's swap "
                            "folder there as it starts, so two runs cannot share it: wait for it to finish, or choose "
                            "another --nvme_path", e.holder) from None
-
-
-class RecordLock(FileLock):
-    """One writer per record: an exclusive lock on runs_dir/.locks/<run_name>, held until exit."""
-
-    def __init__(self, runs_dir: str, run_name: str):
-        try:
-            super().__init__(Path(runs_dir) / ".locks" / f"{run_name}.lock")
-        except LockHeld as e:
-            raise LockHeld(f"run_name: {Path(runs_dir) / run_name} is being written by {e.holder}; wait for it "
-                           "to finish, or choose another --run_name", e.holder) from None

@@ -82,14 +82,15 @@ def finished_summary(base: RunSummary, result: LoopResult, ranks: list[dict], wo
     hardware_flops = model_flops + sample_flops["recomputed"] if sample_flops else None
     states = {k: max(r["state"].get(k, 0) for r in ranks) for k in STATE_KEYS}
     states["total"] = states["params"] + states["params_gathered"] + states["grads"] + states["optimizer"]
+    p25, p75 = quartiles(result.timed_rates) if result.timed_rates else (None, None)
     return dataclasses.replace(
         base,
         status="ok",
         error=None,
         timed_steps=len(result.timed_rates),
         samples_per_s=samples_per_s,
-        samples_per_s_p25=quartiles(result.timed_rates)[0] if result.timed_rates else None,
-        samples_per_s_p75=quartiles(result.timed_rates)[1] if result.timed_rates else None,
+        samples_per_s_p25=p25,
+        samples_per_s_p75=p75,
         tokens_per_s=tokens_per_s,
         mfu=flops.utilisation(samples_per_s, model_flops, base.device_name, world_size),
         hfu=flops.utilisation(samples_per_s, hardware_flops, base.device_name, world_size),

@@ -41,6 +41,7 @@ from gptlite.errors import ConfigError
 from models import Workload
 from training import checkpoint, memory_check, preflight
 from training.cli import report_bad_input
+from training.locks import RecordLock
 from training.loop import StepLoop
 from training.results import MemoryBudgetExceeded, finished_summary, gather_ranks
 
@@ -95,7 +96,7 @@ class Setup:
     fault: Fault | None = None  # an injected fault (GPTLITE_FAULT), for the fault tests
     init: dict | None = None  # the --init_from export, read and checked once
     resume: preflight.Resume | None = None  # the checkpoint --resume continues
-    lock: preflight.RecordLock | None = None  # held by rank 0 while it writes the record
+    lock: RecordLock | None = None  # held by rank 0 while it writes the record
     save_lock: preflight.SaveDirLock | None = None  # held by rank 0 while it writes into --save_dir
     nvme_locks: list = field(default_factory=list)  # held by rank 0 on the NVMe swap directories
     # Names the run in its record and its checkpoints; a resumed attempt keeps its record's.
@@ -186,7 +187,7 @@ def resolve(cfg: RunConfig, env: DistEnv | None = None, resolved: Resolved | Non
     if env.is_main:  # last: every other check has passed
         try:
             if cfg.run_name:
-                setup.lock = preflight.RecordLock(cfg.runs_dir, cfg.run_name)
+                setup.lock = RecordLock(cfg.runs_dir, cfg.run_name)
             if cfg.save_every or cfg.resume:
                 # Decided holding the directory's lock, so no other run can claim it meanwhile.
                 setup.save_lock = preflight.SaveDirLock(cfg.save_dir)

@@ -29,7 +29,7 @@ from core.records import SWEEP_KEY_ENV, SWEEP_KEY_FILE, atomic_write_json, read_
 from core.summary import FINISHED, RunSummary
 from gptlite.errors import ConfigError
 from training.launch import REPO, launch_env
-from training.preflight import FileLock, LockHeld, RecordLock
+from training.locks import FileLock, LockHeld, RecordLock
 from training.sweep import PlannedRun
 
 RETRYABLE = ("failed", "timeout")
@@ -268,10 +268,13 @@ def stop_on_sigterm() -> None:
 
 def _kill_group(proc: subprocess.Popen) -> None:
     """Stop a launcher and its ranks: SIGTERM to its process group (the launchers pass it on, and
-    ranks die with their launcher), then SIGKILL after a grace period."""
+    ranks die with their launcher), then SIGKILL after a grace period. SIGCONT follows SIGTERM, as
+    Slurm sends them: a stopped process (Ctrl-Z, a debugger) handles SIGTERM only once continued."""
     for sig, grace in ((signal.SIGTERM, 15), (signal.SIGKILL, 15)):
         try:
             os.killpg(proc.pid, sig)
+            if sig == signal.SIGTERM:
+                os.killpg(proc.pid, signal.SIGCONT)
         except ProcessLookupError:
             return
         try:

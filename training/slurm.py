@@ -286,7 +286,7 @@ class SlurmSweep:
 
     def _write_jobs(self, update: dict) -> None:
         """Merge `update` into the job list, holding its lock (a --cancel may write beside a submission)."""
-        from training.preflight import FileLock, LockHeld
+        from training.locks import FileLock, LockHeld
         from training.runner import _wait_for
 
         lock = _wait_for(lambda: FileLock(self.folder / "jobs.lock"), 60.0)
@@ -300,15 +300,16 @@ class SlurmSweep:
         finally:
             lock.release()
 
-    def to_submit(self, report) -> tuple[list, dict[str, str]]:
+    def to_submit(self, report) -> tuple[list, dict[str, str], dict]:
         """(the runs that need a job: not done, as the local runner decides, nor queued or running;
-        {run name: job id} of those queued or running already, from an earlier invocation)."""
+        {run name: job id} of those queued or running already, from an earlier invocation;
+        {run name: its RunSummary} of those done)."""
         from training.runner import Runner
 
         jobs = read_jobs(self.directory)
         states = queue_states(entry["job_id"] for entry in jobs.values() if entry.get("job_id"))
         runner = Runner(self.directory, self.timeout_s, retry_failed=self.retry_failed)
-        todo, live = [], {}
+        todo, live, done = [], {}, {}
         for run in self.runs:
             job_id = jobs.get(run.name, {}).get("job_id")
             state = state_of(job_id, states)
@@ -317,18 +318,18 @@ class SlurmSweep:
                 live[run.name] = job_id
             elif (summary := runner.done(run)) is not None:
                 report(f"{run.name}: {summary.status} (already done)")
+                done[run.name] = summary
             else:
                 todo.append(run)
-        return todo, live
+        return todo, live, done
 
     def run_all(self, report, follow: bool = True) -> list | None:
         """Submit what needs a job, then follow it, and any job of these runs still queued or running
         from an earlier invocation, to its end: every run's Outcome in order (those recorded before
         as already done); None when not following. ConfigError: Slurm refused the submission."""
-        from core.summary import RunSummary
         from training.runner import Outcome
 
-        todo, live = self.to_submit(report)
+        todo, live, done = self.to_submit(report)
         submitted = self.submit(todo) if todo else {}
         if submitted:
             report(f"{self.name}: submitted {len(submitted)} jobs ({', '.join(sorted(set(submitted.values())))}); "
@@ -338,12 +339,7 @@ class SlurmSweep:
         if not follow:
             return None
         outcomes = {o.run.name: o for o in self.wait({**live, **submitted}, report)}
-        for run in self.runs:
-            if run.name not in outcomes:
-                summary = read_summary(self.directory / run.name / "summary.json") or RunSummary(
-                    run_name=run.name, backend=run.backend, world_size=run.world_size, status="failed",
-                    error="no record")
-                outcomes[run.name] = Outcome(run, summary, 0.0, True)
+        outcomes.update({run.name: Outcome(run, done[run.name], 0.0, True) for run in self.runs if run.name in done})
         return [outcomes[run.name] for run in self.runs]
 
     def submit(self, runs) -> dict[str, str]:

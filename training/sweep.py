@@ -16,10 +16,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from core.config import COMPILE_BACKENDS, PRECISIONS, RunConfig
 from core.configfile import load_yaml
 from gptlite.errors import ConfigError
-from gptlite.model import PRESETS
 from training.launch import REPO, launch_command, launcher_for
 from training.slurm import SlurmSettings
 
@@ -76,6 +74,9 @@ class Matrix:
             raise ConfigError(f"matrix.model: two entries have the same label ({', '.join(labels)}); give each a label")
         for entry in self.backend:
             backend_of(entry)
+        from core.config import COMPILE_BACKENDS, PRECISIONS  # torch: not where a Slurm job unpickles its run
+        from gptlite.model import PRESETS
+
         for name, allowed in (("precision", PRECISIONS), ("preset", tuple(PRESETS)),
                               ("compile", ("none", *COMPILE_BACKENDS))):
             for value in getattr(self, name):
@@ -181,6 +182,8 @@ class SweepSpec:
             raise ConfigError(f"name must be a plain name (got {self.name!r})")
         if self.steps < 1 or self.timeout_s <= 0:
             raise ConfigError("steps must be >= 1 and timeout_s > 0")
+        from core.config import RunConfig
+
         known = {f.name for f in dataclasses.fields(RunConfig)}
         for key in self.train_args:
             if key not in known:
