@@ -153,15 +153,16 @@ def plan_for_record(config: dict, budget_gb: float, workload, choices: Sequence[
     device = (config.get("environment") or {}).get("device", "cpu")
     single = estimate(model, "single", 1, micro_batch, precision, 0, *rest[:1], **{**kwargs, "ckpt_policy": "full"})
     measured = measured_costs(workload, run.get("block_class"), micro_batch, device, kwargs["save_ops"],
-                              [c for c in choices if c != "none"], single.total_bytes)
+                              [c for c in choices if c != "none"], single.total_bytes, precision=precision)
     return plan(est, budget_gb, flops, kwargs["save_ops"], choices, measured) if measured else counted
 
 
 def measured_costs(workload, block_class: str | None, micro_batch: int, device: str, save_ops, policies: Sequence[str],
-                   needs_bytes: int, reps: int = 3) -> dict[str, float] | None:
+                   needs_bytes: int, reps: int = 3, precision: str = "fp32") -> dict[str, float] | None:
     """Seconds a micro-batch's forward and backward takes more with every block checkpointed under each
     of `policies` (full, selective) than without, timed on `device` with the model built whole (seed 0)
-    at `micro_batch`: the median of `reps` after a warm-up, the policies alternating. None where the
+    at `micro_batch` under the run's `precision` (autocast, as the torch backends run it): the median of
+    `reps` after a warm-up, the policies alternating. None where the
     model's step (`needs_bytes`, the estimator's single-process peak) would take more than half the
     device's free memory: the plan then weighs counted work."""
     import statistics
@@ -193,12 +194,26 @@ def measured_costs(workload, block_class: str | None, micro_batch: int, device: 
     with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
         for rep in range(reps + 1):
             for name, model in models.items():
-                seconds = seconds_of(dev, lambda: model(x, y)[1].backward())
+                seconds = seconds_of(dev, lambda: forward_backward(model, x, y, precision))
                 if rep:
                     times[name].append(seconds)
                 model.zero_grad(set_to_none=True)
     none = statistics.median(times["none"])
     return {policy: max(0.0, statistics.median(times[policy]) - none) for policy in policies}
+
+
+def forward_backward(model, x, y, precision: str) -> None:
+    """One micro-batch's forward and backward as the torch backends run it: under autocast to
+    `precision`'s dtype (none for fp32). Timing it in fp32 for a bf16 run would time other kernels
+    (on a GPU, fp32 matrix products several times slower than bf16)."""
+    import torch
+
+    from backends.torch_backend import AUTOCAST_DTYPES
+
+    dtype = AUTOCAST_DTYPES[precision]
+    with torch.autocast(x.device.type, dtype=dtype, enabled=dtype is not None):
+        loss = model(x, y)[1]
+    loss.backward()
 
 
 def seconds_of(dev, fn) -> float:

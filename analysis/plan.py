@@ -155,14 +155,14 @@ def named_device(name: str, network: str, mfu: float, overlap: float, precision:
 
 
 def calibrate(workload, block_class: str | None, micro_batches: tuple[int, int], device: str, save_ops,
-              reps: int = 3) -> dict:
-    """This machine's device, measured on the real model (seed 0): a micro-step's forward and backward
-    at two micro-batches (median of `reps` after a warm-up) fitted as fixed + per-sample seconds; the
-    optimizer's step (AdamW); and what full and selective checkpointing of every block add, as a share
-    of the larger micro-batch's time (ckpt_plan.measured_costs)."""
+              reps: int = 3, precision: str = "fp32") -> dict:
+    """This machine's device, measured on the real model (seed 0) in the run's `precision`: a
+    micro-step's forward and backward at two micro-batches (median of `reps` after a warm-up) fitted as
+    fixed + per-sample seconds; the optimizer's step (AdamW); and what full and selective checkpointing
+    of every block add, as a share of the larger micro-batch's time (ckpt_plan.measured_costs)."""
     import torch
 
-    from analysis.ckpt_plan import measured_costs, seconds_of
+    from analysis.ckpt_plan import forward_backward, measured_costs, seconds_of
 
     dev = torch.device(device)
     model = workload.build(0).to(dev)
@@ -171,13 +171,15 @@ def calibrate(workload, block_class: str | None, micro_batches: tuple[int, int],
     for m in micro_batches:
         x, y = (t.to(dev) for t in workload.example(m))
         with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
-            times = [seconds_of(dev, lambda: model(x, y)[1].backward()) for _ in range(reps + 1)][1:]  # after a warm-up
+            times = [seconds_of(dev, lambda: forward_backward(model, x, y, precision))
+                     for _ in range(reps + 1)][1:]  # after a warm-up
         seconds[m] = statistics.median(times)
     step = statistics.median([seconds_of(dev, optimizer.step) for _ in range(reps + 1)][1:])
     small, large = micro_batches
     per_sample = max(0.0, (seconds[large] - seconds[small]) / (large - small))
     fixed = max(0.0, seconds[small] - small * per_sample)
-    extra = measured_costs(workload, block_class, large, device, save_ops, ["full", "selective"], 0) or {}
+    extra = measured_costs(workload, block_class, large, device, save_ops, ["full", "selective"], 0,
+                           precision=precision) or {}
     return {"micro_step_s": fixed, "sample_s": per_sample, "optimizer_s": step,
             "recompute": {k: v / seconds[large] for k, v in extra.items()}, "timed": seconds}
 
@@ -240,7 +242,8 @@ def here_device(train_argv: list[str], world: int, per_node: int, overlap: float
     threads = torch.get_num_threads()
     set_cpu_threads(simulated_env(min(world, per_node), None, cfg.device))
     try:
-        c = calibrate(setup.workload, cfg.block_class, micro_batches, str(setup.env.device), cfg.save_ops())
+        c = calibrate(setup.workload, cfg.block_class, micro_batches, str(setup.env.device), cfg.save_ops(),
+                      precision=cfg.precision)
     finally:
         torch.set_num_threads(threads)
     inside = probe_link(world) if world > 1 else Link(math.inf, 0.0, "one rank: nothing to communicate")
@@ -438,11 +441,13 @@ def _on_slurm(planned: list, runs_dir: Path, timeout_s: float, settings) -> dict
 
 
 def refit(rows: list[dict], verified: list[dict], global_batch: int) -> dict | None:
-    """The step-time model's free parameters refitted on the verified runs (least squares on the step
-    time): a factor on compute (the calibration ran alone; ranks share the machine) and the share of
-    communication not hidden (1 - overlap, within [0, 1]). Each candidate's `refit_samples_per_s` is
-    then the refitted prediction, and the fitting candidates are re-ranked by it. None with fewer
-    than 2 measured runs."""
+    """The step-time model's free parameters refitted on the verified runs: a factor on compute (the
+    calibration ran alone; ranks share the machine) and the share of communication not hidden
+    (1 - overlap, within [0, 1]), least squares on the step time; then each verified configuration's
+    own overhead, the median of its runs' measured step over the refitted one (a wrapper's hooks, a
+    ZeRO-3 gather the byte count does not price), applied to its every candidate (1 for a
+    configuration not verified). Each candidate's `refit_samples_per_s` is then the refitted
+    prediction, and the fitting candidates are re-ranked by it. None with fewer than 2 measured runs."""
     import numpy as np
 
     by_command = {r["command"]: r for r in rows if "command" in r}
@@ -457,13 +462,20 @@ def refit(rows: list[dict], verified: list[dict], global_batch: int) -> dict | N
         exposed = min(max(exposed, 0.0), 1.0)
         factor = float(np.dot(a[:, 0], b - exposed * a[:, 1]) / np.dot(a[:, 0], a[:, 0]))
     factor = max(float(factor), 1e-6)
+
+    def step_of(r: dict) -> float:
+        return factor * r["compute_ms"] / 1e3 + exposed * r["comm_ms"] / 1e3 + r["offload_ms"] / 1e3
+
+    ratios: dict[str, list[float]] = {}
+    for r, step in points:
+        ratios.setdefault(r.get("config"), []).append(step / step_of(r))
+    overhead = {config: statistics.median(x) for config, x in ratios.items()}
     for r in rows:
         if "compute_ms" in r:
-            step = factor * r["compute_ms"] / 1e3 + exposed * r["comm_ms"] / 1e3 + r["offload_ms"] / 1e3
-            r["refit_samples_per_s"] = global_batch / step
+            r["refit_samples_per_s"] = global_batch / (step_of(r) * overhead.get(r.get("config"), 1.0))
     for v in verified:
         v["refit_samples_per_s"] = by_command[v["command"]].get("refit_samples_per_s")
-    return {"compute_factor": factor, "overlap": 1 - float(exposed), "runs": len(points)}
+    return {"compute_factor": factor, "overlap": 1 - float(exposed), "overhead": overhead, "runs": len(points)}
 
 
 def main(argv=None) -> int:
@@ -551,8 +563,11 @@ def main(argv=None) -> int:
             if not args.json:
                 print("calibrating this machine (the model's step timed; the link between its ranks probed) ...",
                       file=sys.stderr, flush=True)
-            per_rank = args.global_batch // args.world
-            micros = sorted({m for m in range(1, per_rank + 1) if per_rank % m == 0})
+            # Calibrated at the smallest and largest micro-batch compared: the fixed + per-sample line is
+            # fitted where it is used (from micro-batch 1, a launch-bound GPU step put 19 ms per micro-step
+            # on an H200 where the candidates' own 8 and 32 say 6.5: runs/reference/nvidia-h200/README.md).
+            micros = sorted({c.micro_batch for c in candidates(["single"], args.world, args.global_batch, ("none",),
+                                                               args.micro_batches)})
             device = here_device(train_argv, args.world, per_node, args.overlap,
                                  (micros[0], micros[-1]) if len(micros) > 1 else (micros[0], 2 * micros[0]))
         else:
@@ -616,8 +631,10 @@ def _print_verified(verified: list[dict], fitted: dict | None, fitting: list[dic
                   if v["measured_samples_per_s"] and None not in v["measured_spread"] else None for v in verified])
     print(table.to_string(index=False, float_format=lambda v: f"{v:,.4g}"))
     if fitted:
+        overhead = ", ".join(f"{c} x {o:.3g}" for c, o in fitted["overhead"].items())
         print(f"\nrefitted on {fitted['runs']} runs: compute x {fitted['compute_factor']:.3g}, overlap "
-              f"{fitted['overlap']:.2f}; re-ranked, the top {min(5, len(fitting))}:")
+              f"{fitted['overlap']:.2f}; each verified configuration's overhead: {overhead}; re-ranked, "
+              f"the top {min(5, len(fitting))}:")
         again = sorted(fitting, key=lambda r: -r["refit_samples_per_s"])[:5]
         print(pd.DataFrame(again)[["config", "micro x accum", "ckpt", "est_peak_gb", "pred_samples_per_s",
                                    "refit_samples_per_s"]].to_string(index=False, float_format=lambda v: f"{v:,.4g}"))
@@ -656,16 +673,18 @@ def write_out(out: Path, rows: list[dict], fitting: list[dict], device: Device, 
     if args.verify and fitting:
         _print_verified(verified, fitted, fitting, pick, ties, file=text)
     shown = [r for r in rows if "pred_samples_per_s" in r]
+    # After --verify's refit, every candidate where the refitted model puts it.
+    speed, said = ("refit_samples_per_s", "refitted") if fitted else ("pred_samples_per_s", "predicted")
     fig, ax = plt.subplots(figsize=(9, 5.5))
     if shown:
         frame = {"estimated peak per rank (GiB)": [r["est_peak_gb"] for r in shown],
-                 "predicted samples/s": [r["pred_samples_per_s"] for r in shown],
+                 f"{said} samples/s": [r[speed] for r in shown],
                  "config": [r["config"] for r in shown],
                  "fits": ["fits" if r.get("fits") else "over the budget" for r in shown]}
-        sns.scatterplot(frame, x="estimated peak per rank (GiB)", y="predicted samples/s", hue="config", style="fits",
+        sns.scatterplot(frame, x="estimated peak per rank (GiB)", y=f"{said} samples/s", hue="config", style="fits",
                         style_order=["fits", "over the budget"], ax=ax, s=40)
-        edge = frontier([(r["est_peak_gb"], r["pred_samples_per_s"]) for r in shown])
-        ax.plot(*zip(*edge), color="grey", drawstyle="steps-post", linewidth=1, label="frontier (predicted)")
+        edge = frontier([(r["est_peak_gb"], r[speed]) for r in shown])
+        ax.plot(*zip(*edge), color="grey", drawstyle="steps-post", linewidth=1, label=f"frontier ({said})")
     ax.axvline(args.mem_budget_gb, color="red", linestyle="--", linewidth=1, label=f"budget {args.mem_budget_gb:g} GiB")
     ax.axvline(args.mem_budget_gb * (1 - MARGIN), color="red", linestyle=":", linewidth=1,
                label=f"budget less the estimator's band ({MARGIN:.0%})")
@@ -677,11 +696,11 @@ def write_out(out: Path, rows: list[dict], fitting: list[dict], device: Device, 
         next((r for r in shown if r.get("command") == pick and not verified), None)
     if chosen:
         x = chosen.get("measured_peak_gb", chosen.get("est_peak_gb"))
-        y = chosen.get("measured_samples_per_s", chosen.get("pred_samples_per_s"))
+        y = chosen.get("measured_samples_per_s", chosen.get(speed))
         ax.scatter([x], [y], marker="*", color="gold", edgecolor="black", s=250, zorder=5, label="pick")
     ax.set(title=f"{len(rows)} candidates, world {args.world}, global batch {args.global_batch}, on {device.name}",
            xlabel="peak per rank, GiB (estimated; verified runs: measured)",
-           ylabel="samples/s (predicted; verified runs: measured)")
+           ylabel=f"samples/s ({said}; verified runs: measured)")
     ax.legend(fontsize="x-small", ncol=2)
     fig.tight_layout()
     fig.savefig(out / "plan.png", dpi=110)
@@ -691,7 +710,7 @@ def write_out(out: Path, rows: list[dict], fitting: list[dict], device: Device, 
         f"`python -m analysis.plan {shlex.join(argv)}`\n\n"
         f"```\n{text.getvalue().strip()}\n```\n\n"
         + (f"Pick:\n\n```\n{pick}\n```\n\n" if pick else "No pick: no candidate fits.\n\n")
-        + "![estimated peak against predicted samples/s](plan.png)\n")
+        + f"![estimated peak against {said} samples/s](plan.png)\n")
 
 
 def _ties(best: dict | None, within: list[dict]) -> list[str]:

@@ -9,10 +9,11 @@
 The grid is the planner's own candidates (analysis.plan.plan with the same question and --configs,
 --ckpt, --micro_batches), each that fits run --rounds times through the sweep runner into
 RUNS_DIR/grid (rounds in turn; samples/s is the median over rounds). The verification is a separate
-`python -m analysis.plan ... --verify K --json` into RUNS_DIR/verify, so its runs are measured on
-their own. Prints the table (candidate, predicted, refitted, measured), the best measured candidate,
-the pick, regret = 1 - pick's grid samples/s / best's, how many runs the planner made against the grid,
-and whether any picked or verified run went over the budget. A benchmark, not a test: run it on an
+`python -m analysis.plan ... --verify K --json --out RUNS_DIR/plan` into RUNS_DIR/verify, so its runs
+are measured on their own (its plan.md and plan.png in RUNS_DIR/plan, its JSON in RUNS_DIR/plan.json).
+Prints the table (candidate, predicted, refitted, measured), the best measured candidate, the pick,
+regret = 1 - pick's grid samples/s / best's, how many runs the planner made against the grid, and
+whether any picked or verified run went over the budget. A benchmark, not a test: run it on an
 otherwise idle machine.
 """
 
@@ -82,8 +83,8 @@ def main() -> None:
                 peaks[key] = max(peaks.get(key, 0.0), (outcome.summary.mem_peak_bytes or 0) / 2**30)
     proc = subprocess.run([sys.executable, "-m", "analysis.plan", *question, "--verify", str(args.verify),
                            "--verify_steps", str(args.steps), "--runs_dir", str(runs / "verify"), "--json",
-                           *args.train_argv], cwd=REPO, capture_output=True, text=True)
-    sys.stderr.write(proc.stderr)
+                           "--out", str(runs / "plan"),
+                           *args.train_argv], cwd=REPO, stdout=subprocess.PIPE, text=True)  # its progress: stderr
     if proc.returncode not in (0, 1):
         sys.exit(f"analysis.plan failed ({proc.returncode})")
     out = json.loads(proc.stdout)

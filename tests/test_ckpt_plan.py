@@ -276,6 +276,32 @@ def test_the_recompute_is_timed_on_the_real_model():
     assert ckpt_plan.measured_costs(workload, None, 4, "cpu", None, ["full"], 2**60) is None
 
 
+def test_the_timed_step_runs_in_the_runs_precision():
+    """The recompute and the planner's calibration time a micro-batch as the torch backends run it: under
+    autocast to bf16 for a bf16 run (its matrix products in bf16), in fp32 for an fp32 run. Timed in fp32,
+    a bf16 run's step on a GPU would be several times too slow."""
+    import torch
+
+    seen = []
+
+    class Probe(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(4, 4)
+
+        def forward(self, x, y):
+            out = self.proj(x)
+            seen.append(out.dtype)
+            return out, (out.float() - y).pow(2).mean()
+
+    model = Probe()
+    x, y = torch.randn(2, 4), torch.randn(2, 4)
+    ckpt_plan.forward_backward(model, x, y, "bf16")
+    ckpt_plan.forward_backward(model, x, y, "fp32")
+    assert seen == [torch.bfloat16, torch.float32]
+    assert model.proj.weight.grad is not None and model.proj.weight.grad.dtype == torch.float32
+
+
 def _agree(rank: int, port: int, plans: list, out) -> None:
     import dataclasses
 

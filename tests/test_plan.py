@@ -162,6 +162,27 @@ def test_this_machine_is_calibrated_on_the_real_model_and_link():
     assert row["comm_ms"] > 0 and row["pred_samples_per_s"] == pytest.approx(16 / (row["step_ms"] / 1e3))
 
 
+def test_here_is_calibrated_at_the_smallest_and_largest_micro_batch_compared(monkeypatch, capsys):
+    """--gpu here fits its fixed + per-sample line between the micro-batches the candidates use
+    (--micro_batches narrows them): from micro-batch 1, a launch-bound GPU step overstated the fixed
+    cost of a micro-step threefold (runs/reference/nvidia-h200)."""
+    asked = []
+
+    def here(train_argv, world, per_node, overlap, micro_batches):
+        asked.append(micro_batches)
+        return plan.Device("here (stub)", plan.Link(1.0, 1.0, "stub"), plan.Link(1.0, 1.0, "stub"),
+                           micro_step_s=0.01, sample_s=0.001)
+
+    monkeypatch.setattr(plan, "here_device", here)
+    question = ["--world", "1", "--mem_budget_gb", "10", "--global_batch", "16", "--configs", "single", "--ckpt",
+                "none", "--json", *TINY]
+    assert plan.main([*question, "--micro_batches", "2", "8"]) == 0
+    assert plan.main(question) == 0
+    assert plan.main([*question, "--micro_batches", "4"]) == 0
+    capsys.readouterr()
+    assert asked == [(2, 8), (1, 16), (4, 8)]
+
+
 def test_to_verify_takes_the_top_and_two_from_further_down():
     rows = [{"fits": True, "i": i} for i in range(10)] + [{"fits": False, "i": 10}]
     assert [r["i"] for r in plan.to_verify(rows, 3)] == [0, 1, 2, 3 + 7 // 3, 3 + 14 // 3]
@@ -177,10 +198,15 @@ def test_verify_runs_the_top_candidate_and_two_more_and_picks_the_fastest_measur
     runs = tmp_path / "runs"
     proc = _cli("--world", "2", "--mem_budget_gb", "1", "--global_batch", "16", "--configs", "ddp", "--ckpt", "none",
                 "full/1", "--micro_batches", "4", "8", "--verify", "1", "--verify_steps", "4", "--runs_dir", str(runs),
-                "--json", *TINY)
+                "--json", "--out", str(tmp_path / "plan"), *TINY)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout)
     verified = out["verified"]
+    # --out holds the verification too: predicted against measured, the refit, and the pick.
+    text = (tmp_path / "plan" / "plan.md").read_text()
+    assert "predicted against measured" in text and "refitted on 3 runs" in text
+    assert f"pick (fastest measured within the budget): {out['pick']}" in text
+    assert set(out["refit"]["overhead"]) == {"ddp"}
     assert len(verified) == 3 and verified[0]["rank"] == 1 and len({v["command"] for v in verified}) == 3
     for v in verified:
         assert v["status"] == "ok" and 0 < v["measured_peak_gb"] <= 1 and v["measured_samples_per_s"] > 0
@@ -212,3 +238,25 @@ def test_the_refit_recovers_the_compute_factor_and_overlap_of_the_measured_runs(
               for v, r in zip(verified, rows)]  # more than all of the communication exposed: held at overlap 0
     assert plan.refit(rows, slower, 8)["overlap"] == 0
     assert plan.refit(rows, verified[:1], 8) is None
+
+
+def test_the_refit_gives_each_verified_configuration_its_own_overhead():
+    """A configuration measured 25% slower than its communication and compute say (ZeRO-3's gathers on
+    this machine) gets its own overhead, applied to its candidates that were not run; a configuration
+    not verified keeps the shared fit."""
+    costs = [("ddp", 100, 20), ("ddp", 150, 20), ("z3", 100, 40), ("z3", 130, 40), ("fsdp2", 110, 30)]
+    rows = [{"command": f"c{i}", "config": c, "compute_ms": t, "comm_ms": m, "offload_ms": 0.0, "fits": True}
+            for i, (c, t, m) in enumerate(costs)]
+
+    def measured(r):
+        return 8 / ((1.5 * r["compute_ms"] + r["comm_ms"]) * (1.25 if r["config"] == "z3" else 1.0) / 1e3)
+
+    verified = [{"command": r["command"], "status": "ok", "measured_samples_per_s": measured(r)} for r in rows[:3]]
+    fitted = plan.refit(rows, verified, 8)
+    assert set(fitted["overhead"]) == {"ddp", "z3"}
+    assert fitted["overhead"]["z3"] / fitted["overhead"]["ddp"] == pytest.approx(1.25, rel=0.05)
+    shared = 8 / ((fitted["compute_factor"] * 130 + (1 - fitted["overlap"]) * 40) / 1e3)
+    assert rows[3]["refit_samples_per_s"] == pytest.approx(shared / fitted["overhead"]["z3"])
+    assert rows[3]["refit_samples_per_s"] == pytest.approx(measured(rows[3]), rel=0.05)
+    assert rows[4]["refit_samples_per_s"] == pytest.approx(
+        8 / ((fitted["compute_factor"] * 110 + (1 - fitted["overlap"]) * 30) / 1e3))

@@ -80,6 +80,9 @@ def test_failures_are_worded_to_be_acted_on():
     # wrapped (dynamo, when Ctrl-C lands in a compile) is the interrupt.
     assert describe_error(RuntimeError("first\n\n  second\nthird")) == "RuntimeError: first (more in the log)"
     assert describe_error(ValueError()) == "ValueError"
+    # A library's exit() inside the step (DeepSpeed's autotuner after its profiled steps) was "SystemExit: None".
+    exited = "SystemExit: code None: the run was ended by an exit() inside its step"
+    assert describe_error(SystemExit()).startswith(exited)
     try:
         try:
             raise KeyboardInterrupt

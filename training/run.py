@@ -81,6 +81,9 @@ def describe_error(error: BaseException) -> str:
         cause = cause.__cause__ or cause.__context__
     if isinstance(cause, KeyboardInterrupt):
         return "KeyboardInterrupt: interrupted (Ctrl-C, or SIGINT from the launcher)"
+    if isinstance(error, SystemExit):  # train.py's own exits do not pass here: a library's exit() in the step
+        return (f"SystemExit: code {error.code}: the run was ended by an exit() inside its step (DeepSpeed's "
+                "autotuner ends each experiment so, after its profiled steps)")
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     more = " (more in the log)" if len(lines) > 1 else ""
     return f"{type(error).__name__}: {lines[0]}{more}" if lines else type(error).__name__
