@@ -558,7 +558,7 @@ def main(argv=None) -> int:
                 raise ConfigError(f"--{name}: the planner chooses it (--configs, --micro_batches, --ckpt narrow the choice)")
         ckpt = tuple(Candidate("ddp", 1, 1, k).ckpt for k in args.ckpt)
         configs = args.configs or configurations(args.world, per_node)
-        candidates(configs, args.world, args.global_batch, ckpt, args.micro_batches)  # the question checked first
+        asked = candidates(configs, args.world, args.global_batch, ckpt, args.micro_batches)  # the question checked first
         if args.gpu == "here":
             if not args.json:
                 print("calibrating this machine (the model's step timed; the link between its ranks probed) ...",
@@ -566,8 +566,7 @@ def main(argv=None) -> int:
             # Calibrated at the smallest and largest micro-batch compared: the fixed + per-sample line is
             # fitted where it is used (from micro-batch 1, a launch-bound GPU step put 19 ms per micro-step
             # on an H200 where the candidates' own 8 and 32 say 6.5: runs/reference/nvidia-h200/README.md).
-            micros = sorted({c.micro_batch for c in candidates(["single"], args.world, args.global_batch, ("none",),
-                                                               args.micro_batches)})
+            micros = sorted({c.micro_batch for c in asked})
             device = here_device(train_argv, args.world, per_node, args.overlap,
                                  (micros[0], micros[-1]) if len(micros) > 1 else (micros[0], 2 * micros[0]))
         else:
