@@ -25,8 +25,9 @@ model whose parts are printed:
     step      compute + (1 - overlap) x comm + offload;  samples/s = global batch / step
 
 The answer is ranked by predicted samples/s, with each candidate's exact launch command.
---verify K runs the top K and two further down (here, or as Slurm jobs with --executor slurm), refits
-the step model on them and picks the fastest measured. --out DIR writes plan.md and plan.png (every
+--verify K runs the top K and two further down (here, or as Slurm jobs with --executor slurm;
+--verify_rounds R runs each R times, taking turns), refits the step model on them and picks the
+fastest measured. --out DIR writes plan.md and plan.png (every
 candidate's estimated peak against its predicted samples/s, with the frontier and the budget).
 """
 
@@ -54,10 +55,10 @@ REPO = Path(__file__).resolve().parent.parent
 GiB = 2**30
 CKPT = ("none", "full/1", "full/2", "full/4", "selective/1", "selective/2")
 # The estimator's error band the planner keeps free under the budget: its largest under-estimate on
-# the planner's CPU grid (benchmarks/plan_regret.py, GPT-lite small, 2 ranks, micro-batch 4 x 2 and
-# 8 x 1, 2026-11-25) was 13.6% (ZeRO-2, micro-batch 4 x 2: with gradient accumulation the runs hold
-# about one more fp32 gradient per rank than the estimate; 3.8% without, and ckpt_plan.HEADROOM's 3%
-# on the frontier).
+# the planner's CPU grids (benchmarks/plan_regret.py, 2 ranks, micro-batch 4 x 2 and 8 x 1) was 13.6%
+# (GPT-lite small, ZeRO-2 at 4 x 2, 2026-11-25) before gradient accumulation was counted; since, the
+# same grids' records (GPT-lite small and two HF Llama ones, 109 runs) are estimated within 11.2% (FSDP2
+# at 4 x 2: a reduce-scatter in flight on gloo's thread, 8.7% and 11.2% in two identical runs).
 MARGIN = 0.15
 # train.py flags the planner chooses: a user gives the question (model, budget, batch), not the answer.
 CHOSEN_FLAGS = ("backend", "fsdp_config", "deepspeed_config", "deepspeed", "accelerate_plugin", "micro_batch",
@@ -80,9 +81,10 @@ class Candidate:
 
     def flags(self) -> list[str]:
         """train.py's flags for this candidate (besides the model's)."""
-        kind = {"yaml": "--fsdp_config", "json": "--deepspeed_config"}.get(self.config.rsplit(".", 1)[-1])
-        flags = [kind, self.config] if kind else ["--backend", self.config]
-        flags += ["--micro_batch", str(self.micro_batch), "--grad_accum", str(self.grad_accum)]
+        from analysis.project import config_flags
+
+        flags = [*config_flags(self.config), "--micro_batch", str(self.micro_batch),
+                 "--grad_accum", str(self.grad_accum)]
         if self.ckpt != "none":
             policy, k = self.ckpt.split("/")
             flags += ["--ckpt_interval", k] + (["--ckpt_policy", "selective"] if policy == "selective" else [])
@@ -182,6 +184,20 @@ def calibrate(workload, block_class: str | None, micro_batches: tuple[int, int],
                            precision=precision) or {}
     return {"micro_step_s": fixed, "sample_s": per_sample, "optimizer_s": step,
             "recompute": {k: v / seconds[large] for k, v in extra.items()}, "timed": seconds}
+
+
+def calibration_points(micro_batches: list[int]) -> tuple[int, int]:
+    """The two micro-batches the calibration times, to fit its fixed + per-sample line: the largest
+    compared, and the smallest compared but at most an eighth of it. Where it is used: from
+    micro-batch 1, a launch-bound GPU step put 19 ms on each micro-step on an H200 where the
+    candidates' own 8 and 32 say 6.5 (runs/reference/nvidia-h200/README.md). Far enough apart: the
+    fixed part is the line's intercept, 2 t(4) - t(8) between micro-batches 4 and 8, so a 10% error in
+    t(4) moves it by 20% of t(8); so timed on this machine (GPT-lite small, 2026-11-26), it read 238 ms
+    per micro-step, where micro-batches 1 and 8 read none, and the planner ranked every 8 x 1 candidate
+    over 4 x 2 (benchmarks/plan_regret.py: regret 32%)."""
+    large = max(micro_batches)
+    small = max(1, min(min(micro_batches), large // 8))
+    return (small, large) if small < large else (small, 2 * small)
 
 
 def probe_link(world: int, sizes: tuple[int, int] = (1024, 8 * 2**20), reps: int = 5) -> Link:
@@ -387,46 +403,62 @@ SLURM_OWN = ("nodes", "gpus_per_node")
 
 
 def verify(rows: list[dict], k: int, train_argv: list[str], world: int, runs_dir: Path, steps: int,
-           timeout_s: float, slurm=None) -> list[dict]:
+           timeout_s: float, slurm=None, rounds: int = 1) -> list[dict]:
     """Run the top `k` candidates and two from further down (to_verify) through the sweep runner
     (training/runner.py: ordinary records under `runs_dir`, a progress line each; a record of the same
-    run there is reused), each `steps` steps, or with `slurm` (training/slurm.SlurmSettings) as Slurm
-    jobs through the sweep's Slurm executor; predicted against measured."""
+    run there is reused), each `steps` steps, `rounds` times taking turns (the machine's speed drifts:
+    each candidate's runs are spread over the whole verification), or with `slurm`
+    (training/slurm.SlurmSettings) as Slurm jobs through the sweep's Slurm executor; predicted against
+    measured, the median of a candidate's runs."""
     from training.runner import Runner
     from training.sweep import PlannedRun
 
     chosen = to_verify(rows, k)
-    planned = []
-    for row in chosen:
-        cand = row["candidate"]
-        pairs = flag_pairs([*train_argv, *cand.flags()[2:], "--steps", str(steps), "--warmup_steps", "2",
-                            "--mem_profile_steps", "1", "--eval_batches", "1"])
-        file = cand.config if cand.config.endswith((".yaml", ".json")) else None
-        name = f"plan-{Path(cand.config).stem}-mb{cand.micro_batch}x{cand.grad_accum}-{cand.ckpt.replace('/', '')}"
-        planned.append(PlannedRun(name, row["backend"], file, world, pairs))
+    planned = []  # round by round: every candidate once, then again
+    for rnd in range(rounds):
+        for row in chosen:
+            cand = row["candidate"]
+            pairs = flag_pairs([*train_argv, *cand.flags()[2:], "--steps", str(steps), "--warmup_steps", "2",
+                                "--mem_profile_steps", "1", "--eval_batches", "1"])
+            file = cand.config if cand.config.endswith((".yaml", ".json")) else None
+            name = f"plan-{Path(cand.config).stem}-mb{cand.micro_batch}x{cand.grad_accum}-{cand.ckpt.replace('/', '')}"
+            planned.append((row, PlannedRun(name + (f"-r{rnd}" if rnd else ""), row["backend"], file, world, pairs)))
     runner = Runner(runs_dir, timeout_s)
     runner.hold_directory()
     try:
-        outcomes = _on_slurm(planned, runs_dir, timeout_s, slurm) if slurm is not None else None
-        verified = []
-        for i, (row, run) in enumerate(zip(chosen, planned)):
-            if outcomes is None:
-                print(f"[{i + 1}/{len(chosen)}] {run.name} (predicted rank {rows.index(row) + 1}) ...",
+        outcomes = _on_slurm([run for _, run in planned], runs_dir, timeout_s, slurm) if slurm is not None else {}
+        by_row: dict[int, list] = {}
+        for i, (row, run) in enumerate(planned):
+            if slurm is None:
+                print(f"[{i + 1}/{len(planned)}] {run.name} (predicted rank {rows.index(row) + 1}) ...",
                       file=sys.stderr, flush=True)
-                outcome = runner.run(run)
-                print(f"[{i + 1}/{len(chosen)}] {outcome.line()}", file=sys.stderr, flush=True)
-            else:
-                outcome = outcomes[run.name]
-            s = outcome.summary
-            verified.append({"command": row["command"], "record": str(runs_dir / run.name), "status": outcome.status,
-                             "measured_samples_per_s": s.samples_per_s, "pred_samples_per_s": row["pred_samples_per_s"],
-                             # The timed steps' quartiles: two runs whose ranges overlap are a tie.
-                             "measured_spread": [s.samples_per_s_p25, s.samples_per_s_p75],
-                             "measured_peak_gb": s.mem_peak_bytes / GiB if s.mem_peak_bytes else None,
-                             "est_peak_gb": row["est_peak_gb"], "rank": rows.index(row) + 1})
+                outcomes[run.name] = runner.run(run)
+                print(f"[{i + 1}/{len(planned)}] {outcomes[run.name].line()}", file=sys.stderr, flush=True)
+            by_row.setdefault(id(row), []).append((run, outcomes[run.name]))
     finally:
         runner.directory_lock.release()
-    return verified
+    return [_measured(row, by_row[id(row)], runs_dir, rows.index(row) + 1) for row in chosen]
+
+
+def _measured(row: dict, runs: list, runs_dir: Path, rank: int) -> dict:
+    """A verified candidate from its runs: ok only if every run was; samples/s the median of its runs;
+    the spread from the lowest lower quartile of their timed steps to the highest upper one (two
+    candidates whose spreads overlap are a tie); the peak the highest."""
+    ok = [o.summary for _, o in runs if o.status == "ok" and o.summary.samples_per_s]
+    status = next((o.status for _, o in runs if o.status != "ok"), "ok")
+    low = [s.samples_per_s_p25 for s in ok]
+    high = [s.samples_per_s_p75 for s in ok]
+    peaks = [s.mem_peak_bytes for s in ok if s.mem_peak_bytes]
+    out = {"command": row["command"], "record": str(runs_dir / runs[0][0].name), "status": status,
+           "measured_samples_per_s": statistics.median(s.samples_per_s for s in ok) if ok else None,
+           "pred_samples_per_s": row["pred_samples_per_s"],
+           "measured_spread": [min(low) if ok and None not in low else None,
+                               max(high) if ok and None not in high else None],
+           "measured_peak_gb": max(peaks) / GiB if peaks else None, "est_peak_gb": row["est_peak_gb"], "rank": rank}
+    if len(runs) > 1:
+        out["records"] = [str(runs_dir / run.name) for run, _ in runs]
+        out["measured_runs"] = [o.summary.samples_per_s if o.status == "ok" else None for _, o in runs]
+    return out
 
 
 def _on_slurm(planned: list, runs_dir: Path, timeout_s: float, settings) -> dict:
@@ -518,6 +550,10 @@ def main(argv=None) -> int:
                         "ordinary records under --runs_dir, and pick the fastest measured one within the budget")
     p.add_argument("--verify_steps", type=int, default=8, help="steps of each verifying run (2 warm-up steps and the "
                    "last, profiled for memory, are not timed)")
+    p.add_argument("--verify_rounds", type=int, default=1, metavar="R",
+                   help="run each verified candidate R times, taking turns (every candidate once, then again): its "
+                        "samples/s is the median of its runs, its spread covers them all (this machine's speed "
+                        "drifts between runs more than within one)")
     p.add_argument("--runs_dir", default="runs/plan", help="where verifying runs are recorded")
     p.add_argument("--timeout_s", type=float, default=900, help="each verifying run's limit")
     from training.slurm import add_flags
@@ -536,9 +572,9 @@ def main(argv=None) -> int:
                     "ds_configs/*.json file (relative to the repository)")
     if args.verify and args.gpu != "here":
         p.error("--verify runs the candidates on this machine: it needs --gpu here")
-    if args.verify < 0 or args.verify_steps < 4:
-        p.error("--verify must be >= 0 and --verify_steps >= 4 (2 warm-up steps and the profiled last one are "
-                "not timed)")
+    if args.verify < 0 or args.verify_steps < 4 or args.verify_rounds < 1:
+        p.error("--verify must be >= 0, --verify_rounds >= 1 and --verify_steps >= 4 (2 warm-up steps and the "
+                "profiled last one are not timed)")
     if args.gpu == "here" and args.gpus_per_node is not None and args.gpus_per_node < args.world:
         p.error("--gpus_per_node: --gpu here plans on this machine, one node of all --world ranks")
     if args.out:  # before any calibration or run: bad input records nothing
@@ -563,12 +599,8 @@ def main(argv=None) -> int:
             if not args.json:
                 print("calibrating this machine (the model's step timed; the link between its ranks probed) ...",
                       file=sys.stderr, flush=True)
-            # Calibrated at the smallest and largest micro-batch compared: the fixed + per-sample line is
-            # fitted where it is used (from micro-batch 1, a launch-bound GPU step put 19 ms per micro-step
-            # on an H200 where the candidates' own 8 and 32 say 6.5: runs/reference/nvidia-h200/README.md).
-            micros = sorted({c.micro_batch for c in asked})
             device = here_device(train_argv, args.world, per_node, args.overlap,
-                                 (micros[0], micros[-1]) if len(micros) > 1 else (micros[0], 2 * micros[0]))
+                                 calibration_points([c.micro_batch for c in asked]))
         else:
             device = named_device(args.gpu, args.network, args.mfu, args.overlap, given.precision)
         rows = plan(train_argv, args.world, per_node, args.mem_budget_gb, args.global_batch, device, configs, ckpt,
@@ -578,15 +610,16 @@ def main(argv=None) -> int:
         if args.verify and fitting:
             if not args.json:
                 _print_table(rows, fitting, device, args)
-                print(f"\nverifying: the top {args.verify} and two further down, {args.verify_steps} steps each, "
-                      f"into {args.runs_dir}", flush=True)
+                rounds = f", {args.verify_rounds} rounds" if args.verify_rounds > 1 else ""
+                print(f"\nverifying: the top {args.verify} and two further down, {args.verify_steps} steps each"
+                      f"{rounds}, into {args.runs_dir}", flush=True)
             slurm = None
             if args.executor == "slurm":
                 from training.slurm import SlurmSettings, settings_from
 
                 slurm = settings_from(SlurmSettings(), args, skip=SLURM_OWN)
             verified = verify(rows, args.verify, train_argv, args.world, Path(args.runs_dir).resolve(), args.verify_steps,
-                              args.timeout_s, slurm)
+                              args.timeout_s, slurm, args.verify_rounds)
             fitted = refit(rows, verified, args.global_batch)
     except (ConfigError, DataError) as e:
         p.error(str(e))
@@ -623,7 +656,10 @@ def _print_verified(verified: list[dict], fitted: dict | None, fitting: list[dic
 
     print = functools.partial(builtins.print, file=file or sys.stdout)
     print("\npredicted against measured (peaks in GiB):")
-    table = pd.DataFrame(verified).drop(columns=["record", "measured_spread"])
+    table = pd.DataFrame(verified).drop(columns=["record", "records", "measured_spread"], errors="ignore")
+    if "measured_runs" in table:  # each run's samples/s, in the order they ran
+        table["measured_runs"] = ["/".join("-" if x is None else f"{x:.3g}" for x in runs)
+                                  for runs in table["measured_runs"]]
     # The timed steps' interquartile range of samples/s over their median.
     table.insert(table.columns.get_loc("measured_samples_per_s") + 1, "spread",
                  [(v["measured_spread"][1] - v["measured_spread"][0]) / v["measured_samples_per_s"]

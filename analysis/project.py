@@ -68,12 +68,18 @@ _FLOPS: dict[tuple, dict] = {}
 CONFIG_FLAGS = ("backend", "fsdp_config", "deepspeed_config", "deepspeed", "accelerate_plugin")
 
 
+def config_flags(entry: str, path: str | None = None) -> list[str]:
+    """train.py's flags that select one configuration: a backend's name, or an fsdp_configs/ or
+    ds_configs/ file (named as `path`, default `entry`)."""
+    flag = {"yaml": "--fsdp_config", "json": "--deepspeed_config"}.get(entry.rsplit(".", 1)[-1])
+    return [flag, path or entry] if flag else ["--backend", entry]
+
+
 def run_flags(entry: str, train_argv: list[str]) -> list[str]:
     """train.py's flags for one configuration: the user's (`train_argv`, train.py's names and
     defaults) with the configuration's, on a GPU. The projection resolves them as the run would
     (training/describe.py), and --counted runs them."""
-    flag = {"yaml": "--fsdp_config", "json": "--deepspeed_config"}.get(entry.rsplit(".", 1)[-1])
-    return [*train_argv, *([flag, str(REPO / entry)] if flag else ["--backend", entry]), "--device", "cuda"]
+    return [*train_argv, *config_flags(entry, str(REPO / entry)), "--device", "cuda"]
 
 
 def count(entry: str, train_argv: list[str], world: int, gpus_per_node: int) -> dict:

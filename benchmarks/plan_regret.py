@@ -41,6 +41,7 @@ def main() -> None:
     p.add_argument("--ckpt", nargs="+", default=["none", "full/1", "full/2", "selective/1"])
     p.add_argument("--micro_batches", type=int, nargs="+", default=None)
     p.add_argument("--verify", type=int, default=3)
+    p.add_argument("--verify_rounds", type=int, default=1, help="analysis.plan's: each verified candidate run R times")
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("train_argv", nargs="*", help="train.py's model flags, after --")
@@ -82,6 +83,7 @@ def main() -> None:
                 measured.setdefault(key, []).append(outcome.summary.samples_per_s)
                 peaks[key] = max(peaks.get(key, 0.0), (outcome.summary.mem_peak_bytes or 0) / 2**30)
     proc = subprocess.run([sys.executable, "-m", "analysis.plan", *question, "--verify", str(args.verify),
+                           "--verify_rounds", str(args.verify_rounds),
                            "--verify_steps", str(args.steps), "--runs_dir", str(runs / "verify"), "--json",
                            "--out", str(runs / "plan"),
                            *args.train_argv], cwd=REPO, stdout=subprocess.PIPE, text=True)  # its progress: stderr
@@ -107,7 +109,8 @@ def main() -> None:
     if pick:
         print(f"the planner's pick: {pick} (grid {median.get(pick, float('nan')):.2f} samples/s); "
               f"regret {1 - median.get(pick, 0.0) / median[best]:.1%}")
-    print(f"runs made by the planner: {len(out.get('verified', []))} against a grid of {len(grid)}")
+    each = f" ({args.verify_rounds} runs each)" if args.verify_rounds > 1 else ""
+    print(f"candidates the planner ran: {len(out.get('verified', []))}{each} against a grid of {len(grid)}")
     over = [v for v in out.get("verified", []) if (v.get("measured_peak_gb") or 0) > args.mem_budget_gb]
     print(f"verified runs over the budget: {len(over)}; grid runs over the budget: "
           f"{sum(peak > args.mem_budget_gb for peak in peaks.values())}")

@@ -165,7 +165,8 @@ def test_this_machine_is_calibrated_on_the_real_model_and_link():
 def test_here_is_calibrated_at_the_smallest_and_largest_micro_batch_compared(monkeypatch, capsys):
     """--gpu here fits its fixed + per-sample line between the micro-batches the candidates use
     (--micro_batches narrows them): from micro-batch 1, a launch-bound GPU step overstated the fixed
-    cost of a micro-step threefold (runs/reference/nvidia-h200)."""
+    cost of a micro-step threefold (runs/reference/nvidia-h200); but at least 8 apart: between 4 and 8
+    the line's intercept is 2 t(4) - t(8), and the noise of t(4) twice over."""
     asked = []
 
     def here(train_argv, world, per_node, overlap, micro_batches):
@@ -179,8 +180,10 @@ def test_here_is_calibrated_at_the_smallest_and_largest_micro_batch_compared(mon
     assert plan.main([*question, "--micro_batches", "2", "8"]) == 0
     assert plan.main(question) == 0
     assert plan.main([*question, "--micro_batches", "4"]) == 0
+    assert plan.main([*question, "--global_batch", "64", "--micro_batches", "16", "32", "64"]) == 0
     capsys.readouterr()
-    assert asked == [(2, 8), (1, 16), (4, 8)]
+    assert asked == [(1, 8), (1, 16), (1, 4), (8, 64)]
+    assert plan.calibration_points([1]) == (1, 2) and plan.calibration_points([8, 32, 64]) == (8, 64)
 
 
 def test_to_verify_takes_the_top_and_two_from_further_down():
@@ -189,6 +192,47 @@ def test_to_verify_takes_the_top_and_two_from_further_down():
     assert [r["i"] for r in plan.to_verify(rows[:2], 1)] == [0, 1]
     assert plan.flag_pairs(["--preset", "tiny", "--compile", "--steps", "3"]) == (
         ("preset", "tiny"), ("compile", True), ("steps", "3"))
+
+
+def test_verify_rounds_take_turns_and_take_each_candidates_median(tmp_path, monkeypatch):
+    """--verify_rounds 3: every verified candidate once, then again (the machine's speed drifts between
+    runs), each its own record; a candidate's samples/s the median of its runs, its spread from the
+    lowest lower quartile to the highest upper one, its peak the highest; one failed run and it is not ok."""
+    from types import SimpleNamespace
+
+    import training.runner
+
+    speeds = {"a": [9.0, 6.0, 8.0], "b": [7.0, 7.5, 7.2], "c": [5.0, None, 5.2]}  # None: a failed run
+    ran = []
+
+    class Runner:
+        def __init__(self, directory, timeout_s):
+            self.directory_lock = SimpleNamespace(release=lambda: None)
+
+        def hold_directory(self):
+            pass
+
+        def run(self, planned):
+            ran.append(planned.name)
+            config = planned.name.split("-")[1]
+            rate = speeds[config][sum(n.split("-")[1] == config for n in ran) - 1]
+            summary = SimpleNamespace(samples_per_s=rate, samples_per_s_p25=rate and rate * 0.95,
+                                      samples_per_s_p75=rate and rate * 1.05, mem_peak_bytes=rate and rate * 2**30)
+            return SimpleNamespace(status="ok" if rate else "failed", summary=summary, line=lambda: planned.name)
+
+    monkeypatch.setattr(training.runner, "Runner", Runner)
+    rows = [{"candidate": plan.Candidate(c, 4, 2, "none"), "backend": "ddp", "command": f"run {c}", "fits": True,
+             "pred_samples_per_s": 10.0 - i, "est_peak_gb": 1.0} for i, c in enumerate("abc")]
+    verified = plan.verify(rows, 1, TINY, 2, tmp_path, 8, 60, rounds=3)
+    assert ran == [f"plan-{c}-mb4x2-none{r}" for r in ("", "-r1", "-r2") for c in "abc"]
+    a, b, c = verified
+    assert a["measured_samples_per_s"] == 8.0 and a["measured_runs"] == [9.0, 6.0, 8.0]
+    assert a["measured_spread"] == pytest.approx([6.0 * 0.95, 9.0 * 1.05]) and a["measured_peak_gb"] == 9.0
+    assert a["records"] == [str(tmp_path / f"plan-a-mb4x2-none{r}") for r in ("", "-r1", "-r2")]
+    assert a["status"] == b["status"] == "ok" and b["measured_samples_per_s"] == 7.2
+    assert c["status"] == "failed" and c["measured_runs"] == [5.0, None, 5.2]
+    # the spreads of a (5.7 to 9.45) and b overlap: a tie, not a win
+    assert plan._ties(a, [a, b]) == ["run b"]
 
 
 @pytest.mark.distributed
