@@ -290,10 +290,12 @@ def estimate(cfg, backend: str, world: int = 1, micro_batch: int = 1, precision:
     # backward. DDP's gradients are views into its buckets only once a synchronized backward has put
     # them there (gradient_as_bucket_view): under no_sync the micro-batches before the last make
     # them apart from the buckets, and the last one's backward copies them in one by one. ZeRO-2
-    # copies each reduced gradient into this rank's partition (grads_in_partition), which it frees
-    # only after the optimizer step. (Measured: HF Llama, 2.7M parameters, 2 ranks, micro-batch
+    # copies each reduced gradient into this rank's partition (grads_in_partition), a new one each
+    # micro-batch: the previous micro-batches' stays alive as the accumulator (all_grad_tensors)
+    # until the last one's backward ends. (Measured: HF Llama, 2.7M parameters, 2 ranks, micro-batch
     # 4 x 2, fp32: DDP's records 10 MB above the estimate without this, one fp32 gradient; ZeRO-2's
-    # 6 to 10 MB, against its 5.4 MB partition.)
+    # 6 to 10 MB, against its 5.4 MB partition. ZeRO-1 reduces only at the last micro-batch, its
+    # gradients accumulating whole in between: not measured with accumulation, not counted.)
     unsynced = grad_accum > 1 and lay.ddp_bucket and not lay.grads_beside_buckets
     carried = c * P // W if (grad_accum > 1 and lay.kind == "zero12" and not lay.offload
                              and int(lay.ds.get("stage", 0)) == 2) else 0
@@ -332,9 +334,9 @@ def estimate(cfg, backend: str, world: int = 1, micro_batch: int = 1, precision:
             return F32 * (P + largest)
         if accumulated_shards:
             return F32 * P // W
-        if unsynced:  # made apart in the first micro-batches' backward, or not yet copied in the last's
-            made = n.head + sum(units[i + 1:]) + part
-            return F32 * max(made, P - made)
+        if unsynced:  # made apart in the first micro-batch's backward, or not yet copied in the last's;
+            made = n.head + sum(units[i + 1:]) + part  # every one of them in a micro-batch between
+            return F32 * (P if grad_accum > 2 else max(made, P - made))
         return F32 * (n.head + sum(units[i + 1:]) + part) // W if growing_grads else 0
 
     for i in reversed(range(blocks)):
@@ -347,7 +349,8 @@ def estimate(cfg, backend: str, world: int = 1, micro_batch: int = 1, precision:
         # (reduce_scatter_max_input_buffers, 1 by default).
         held = c * units[i + 1] if fsdp_unit and backend == "fsdp2" and i + 1 < blocks else 0
         moments.append((resident + carried + grads_so_far(i, units[i] // 3) + below + a.full[i] + transient
-                        + regathered + held, f"backward of block {i}", below + (0 if checkpointed[i] else a.full[i]), i))
+                        + regathered + held, f"backward of block {i}",
+                        below + (0 if checkpointed[i] else a.full[i]), i))
         if fsdp_unit:
             # The end of the unit's backward, its activations gone: two unit-sized buffers of its
             # gradients at a time. FSDP1: op by op, then flattened (FlatParameter), then the flat
@@ -374,7 +377,7 @@ def estimate(cfg, backend: str, world: int = 1, micro_batch: int = 1, precision:
             # block's gradients, and their copies on the way (into a bucket, or gloo's for a
             # gradient larger than one), beside the two buckets.
             partition = 0 if lay.offload else c * P // W
-            moments.append((resident + partition + 2 * c * bucket + below + 2 * c * units[i],
+            moments.append((resident + carried + partition + 2 * c * bucket + below + 2 * c * units[i],
                             f"gradient reduction of block {i}", below, i))
     # After backward, the gradients reduced: ZeRO-0 all-reduces them flattened into one buffer;
     # ZeRO-1/2 through two buckets, flattening each for the all-reduce, then copies this rank's
@@ -382,7 +385,7 @@ def estimate(cfg, backend: str, world: int = 1, micro_batch: int = 1, precision:
     if backend == "deepspeed" and lay.kind == "replicated":
         moments.append((resident + grads + c * P, "gradient reduction", 0, 0))
     elif lay.kind == "zero12":
-        moments.append((resident + 2 * c * bucket + c * min(P, bucket) + (0 if lay.offload else F32 * P // W),
+        moments.append((resident + carried + 2 * c * bucket + c * min(P, bucket) + (0 if lay.offload else F32 * P // W),
                         "gradient reduction", 0, 0))
     # The optimizer step: every resident state with the gradients complete, and the update's
     # temporaries (torch's single-tensor AdamW: about two of the largest tensor's shard). It sets the

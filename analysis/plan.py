@@ -57,8 +57,8 @@ CKPT = ("none", "full/1", "full/2", "full/4", "selective/1", "selective/2")
 # The estimator's error band the planner keeps free under the budget: its largest under-estimate on
 # the planner's CPU grids (benchmarks/plan_regret.py, 2 ranks, micro-batch 4 x 2 and 8 x 1) was 13.6%
 # (GPT-lite small, ZeRO-2 at 4 x 2, 2026-11-25) before gradient accumulation was counted; since, the
-# same grids' records (GPT-lite small and two HF Llama ones, 109 runs) are estimated within 11.2% (FSDP2
-# at 4 x 2: a reduce-scatter in flight on gloo's thread, 8.7% and 11.2% in two identical runs).
+# grids' records (GPT-lite small twice, an HF Llama twice: 153 runs) are estimated within 11.2%
+# (FSDP2 at 4 x 2: a reduce-scatter in flight on gloo's thread, 8.7% and 11.2% in identical runs).
 MARGIN = 0.15
 # train.py flags the planner chooses: a user gives the question (model, budget, batch), not the answer.
 CHOSEN_FLAGS = ("backend", "fsdp_config", "deepspeed_config", "deepspeed", "accelerate_plugin", "micro_batch",
@@ -186,17 +186,18 @@ def calibrate(workload, block_class: str | None, micro_batches: tuple[int, int],
             "recompute": {k: v / seconds[large] for k, v in extra.items()}, "timed": seconds}
 
 
-def calibration_points(micro_batches: list[int]) -> tuple[int, int]:
-    """The two micro-batches the calibration times, to fit its fixed + per-sample line: the largest
-    compared, and the smallest compared but at most an eighth of it. Where it is used: from
-    micro-batch 1, a launch-bound GPU step put 19 ms on each micro-step on an H200 where the
-    candidates' own 8 and 32 say 6.5 (runs/reference/nvidia-h200/README.md). Far enough apart: the
-    fixed part is the line's intercept, 2 t(4) - t(8) between micro-batches 4 and 8, so a 10% error in
-    t(4) moves it by 20% of t(8); so timed on this machine (GPT-lite small, 2026-11-26), it read 238 ms
-    per micro-step, where micro-batches 1 and 8 read none, and the planner ranked every 8 x 1 candidate
-    over 4 x 2 (benchmarks/plan_regret.py: regret 32%)."""
-    large = max(micro_batches)
-    small = max(1, min(min(micro_batches), large // 8))
+def calibration_points(micro_batches: list[int], gpu: bool) -> tuple[int, int]:
+    """The two micro-batches the calibration times to fit its fixed + per-sample line: the smallest
+    and largest compared (from micro-batch 1, a launch-bound GPU step put 19 ms on each micro-step on
+    an H200 where the candidates' own 8 and 32 say 6.5: runs/reference/nvidia-h200/README.md); on a
+    CPU, the smallest but at most an eighth of the largest. The fixed part is the line's intercept,
+    2 t(4) - t(8) between 4 and 8, twice the noise of t(4): on this machine (GPT-lite small,
+    2026-11-26) it read 238 ms per micro-step where 1 and 8 read none, and the planner ranked every
+    8 x 1 candidate above 4 x 2 (benchmarks/plan_regret.py: regret 32%). A CPU's step has no launch
+    overhead to speak of; a GPU's repeats within about 1%."""
+    large, small = max(micro_batches), min(micro_batches)
+    if not gpu:
+        small = max(1, min(small, large // 8))
     return (small, large) if small < large else (small, 2 * small)
 
 
@@ -245,9 +246,10 @@ def _probe_rank(rank: int, world: int, store: str, sizes, reps: int, queue) -> N
 
 
 def here_device(train_argv: list[str], world: int, per_node: int, overlap: float,
-                micro_batches: tuple[int, int]) -> Device:
-    """This machine: compute calibrated on its device with the CPU threads one of `per_node` ranks gets
-    (core/dist.set_cpu_threads), its ranks' link probed."""
+                micro_batches: list[int]) -> Device:
+    """This machine: compute calibrated on its device (at calibration_points of the `micro_batches`
+    compared) with the CPU threads one of `per_node` ranks gets (core/dist.set_cpu_threads), its
+    ranks' link probed."""
     import torch
 
     from core.dist import set_cpu_threads
@@ -258,7 +260,8 @@ def here_device(train_argv: list[str], world: int, per_node: int, overlap: float
     threads = torch.get_num_threads()
     set_cpu_threads(simulated_env(min(world, per_node), None, cfg.device))
     try:
-        c = calibrate(setup.workload, cfg.block_class, micro_batches, str(setup.env.device), cfg.save_ops(),
+        points = calibration_points(micro_batches, torch.device(setup.env.device).type == "cuda")
+        c = calibrate(setup.workload, cfg.block_class, points, str(setup.env.device), cfg.save_ops(),
                       precision=cfg.precision)
     finally:
         torch.set_num_threads(threads)
@@ -406,10 +409,10 @@ def verify(rows: list[dict], k: int, train_argv: list[str], world: int, runs_dir
            timeout_s: float, slurm=None, rounds: int = 1) -> list[dict]:
     """Run the top `k` candidates and two from further down (to_verify) through the sweep runner
     (training/runner.py: ordinary records under `runs_dir`, a progress line each; a record of the same
-    run there is reused), each `steps` steps, `rounds` times taking turns (the machine's speed drifts:
-    each candidate's runs are spread over the whole verification), or with `slurm`
-    (training/slurm.SlurmSettings) as Slurm jobs through the sweep's Slurm executor; predicted against
-    measured, the median of a candidate's runs."""
+    run there is reused), each `steps` steps, `rounds` times taking turns here (the machine's speed
+    drifts: each candidate's runs are spread over the whole verification), or with `slurm`
+    (training/slurm.SlurmSettings) as Slurm jobs through the sweep's Slurm executor, all at once;
+    predicted against measured, the median of a candidate's runs."""
     from training.runner import Runner
     from training.sweep import PlannedRun
 
@@ -441,19 +444,20 @@ def verify(rows: list[dict], k: int, train_argv: list[str], world: int, runs_dir
 
 
 def _measured(row: dict, runs: list, runs_dir: Path, rank: int) -> dict:
-    """A verified candidate from its runs: ok only if every run was; samples/s the median of its runs;
-    the spread from the lowest lower quartile of their timed steps to the highest upper one (two
-    candidates whose spreads overlap are a tie); the peak the highest."""
+    """A verified candidate from its runs: ok only if every run was; samples/s the median of its ok
+    runs; its spread (two candidates whose spreads overlap are a tie): one run's, the quartiles of its
+    timed steps; several runs', from the slowest run to the fastest (the machine's speed drifts
+    between runs more than within one); the peak the highest, an oom run's too (its record keeps it)."""
     ok = [o.summary for _, o in runs if o.status == "ok" and o.summary.samples_per_s]
     status = next((o.status for _, o in runs if o.status != "ok"), "ok")
-    low = [s.samples_per_s_p25 for s in ok]
-    high = [s.samples_per_s_p75 for s in ok]
-    peaks = [s.mem_peak_bytes for s in ok if s.mem_peak_bytes]
+    if len(ok) > 1:
+        spread = [min(s.samples_per_s for s in ok), max(s.samples_per_s for s in ok)]
+    else:
+        spread = [ok[0].samples_per_s_p25, ok[0].samples_per_s_p75] if ok else [None, None]
+    peaks = [o.summary.mem_peak_bytes for _, o in runs if o.summary.mem_peak_bytes]
     out = {"command": row["command"], "record": str(runs_dir / runs[0][0].name), "status": status,
            "measured_samples_per_s": statistics.median(s.samples_per_s for s in ok) if ok else None,
-           "pred_samples_per_s": row["pred_samples_per_s"],
-           "measured_spread": [min(low) if ok and None not in low else None,
-                               max(high) if ok and None not in high else None],
+           "pred_samples_per_s": row["pred_samples_per_s"], "measured_spread": spread,
            "measured_peak_gb": max(peaks) / GiB if peaks else None, "est_peak_gb": row["est_peak_gb"], "rank": rank}
     if len(runs) > 1:
         out["records"] = [str(runs_dir / run.name) for run, _ in runs]
@@ -552,7 +556,7 @@ def main(argv=None) -> int:
                    "last, profiled for memory, are not timed)")
     p.add_argument("--verify_rounds", type=int, default=1, metavar="R",
                    help="run each verified candidate R times, taking turns (every candidate once, then again): its "
-                        "samples/s is the median of its runs, its spread covers them all (this machine's speed "
+                        "samples/s is the median of its runs, its spread their range (this machine's speed "
                         "drifts between runs more than within one)")
     p.add_argument("--runs_dir", default="runs/plan", help="where verifying runs are recorded")
     p.add_argument("--timeout_s", type=float, default=900, help="each verifying run's limit")
@@ -572,6 +576,8 @@ def main(argv=None) -> int:
                     "ds_configs/*.json file (relative to the repository)")
     if args.verify and args.gpu != "here":
         p.error("--verify runs the candidates on this machine: it needs --gpu here")
+    if args.verify_rounds != 1 and not args.verify:
+        p.error("--verify_rounds: it repeats the runs of --verify K; give --verify too")
     if args.verify < 0 or args.verify_steps < 4 or args.verify_rounds < 1:
         p.error("--verify must be >= 0, --verify_rounds >= 1 and --verify_steps >= 4 (2 warm-up steps and the "
                 "profiled last one are not timed)")
@@ -600,7 +606,7 @@ def main(argv=None) -> int:
                 print("calibrating this machine (the model's step timed; the link between its ranks probed) ...",
                       file=sys.stderr, flush=True)
             device = here_device(train_argv, args.world, per_node, args.overlap,
-                                 calibration_points([c.micro_batch for c in asked]))
+                                 sorted({c.micro_batch for c in asked}))
         else:
             device = named_device(args.gpu, args.network, args.mfu, args.overlap, given.precision)
         rows = plan(train_argv, args.world, per_node, args.mem_budget_gb, args.global_batch, device, configs, ckpt,
@@ -660,14 +666,14 @@ def _print_verified(verified: list[dict], fitted: dict | None, fitting: list[dic
     if "measured_runs" in table:  # each run's samples/s, in the order they ran
         table["measured_runs"] = ["/".join("-" if x is None else f"{x:.3g}" for x in runs)
                                   for runs in table["measured_runs"]]
-    # The timed steps' interquartile range of samples/s over their median.
+    # The spread over the median: one run's timed steps' interquartile range, or its runs' range.
     table.insert(table.columns.get_loc("measured_samples_per_s") + 1, "spread",
                  [(v["measured_spread"][1] - v["measured_spread"][0]) / v["measured_samples_per_s"]
                   if v["measured_samples_per_s"] and None not in v["measured_spread"] else None for v in verified])
     print(table.to_string(index=False, float_format=lambda v: f"{v:,.4g}"))
     if fitted:
         overhead = ", ".join(f"{c} x {o:.3g}" for c, o in fitted["overhead"].items())
-        print(f"\nrefitted on {fitted['runs']} runs: compute x {fitted['compute_factor']:.3g}, overlap "
+        print(f"\nrefitted on {fitted['runs']} verified candidates: compute x {fitted['compute_factor']:.3g}, overlap "
               f"{fitted['overlap']:.2f}; each verified configuration's overhead: {overhead}; re-ranked, "
               f"the top {min(5, len(fitting))}:")
         again = sorted(fitting, key=lambda r: -r["refit_samples_per_s"])[:5]
@@ -675,7 +681,7 @@ def _print_verified(verified: list[dict], fitted: dict | None, fitting: list[dic
                                    "refit_samples_per_s"]].to_string(index=False, float_format=lambda v: f"{v:,.4g}"))
     print("\npick (fastest measured within the budget):", pick or "none of the verified runs")
     for command in ties:
-        print(f"  a tie, not a win: {command} (its timed steps' interquartile range overlaps the pick's)")
+        print(f"  a tie, not a win: {command} (its spread overlaps the pick's)")
 
 
 def frontier(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -749,8 +755,9 @@ def write_out(out: Path, rows: list[dict], fitting: list[dict], device: Device, 
 
 
 def _ties(best: dict | None, within: list[dict]) -> list[str]:
-    """The commands of the verified runs within the budget whose measured spread (the timed steps'
-    quartiles of samples/s) overlaps the pick's: as fast as the pick within the noise of one run each."""
+    """The commands of the verified runs within the budget whose measured spread (one run's timed
+    steps' quartiles of samples/s, or its runs' range: _measured) overlaps the pick's: as fast as the
+    pick within the noise of the measurement."""
     from analysis.tables import within_spread
 
     if best is None:

@@ -162,15 +162,16 @@ def test_this_machine_is_calibrated_on_the_real_model_and_link():
     assert row["comm_ms"] > 0 and row["pred_samples_per_s"] == pytest.approx(16 / (row["step_ms"] / 1e3))
 
 
-def test_here_is_calibrated_at_the_smallest_and_largest_micro_batch_compared(monkeypatch, capsys):
-    """--gpu here fits its fixed + per-sample line between the micro-batches the candidates use
-    (--micro_batches narrows them): from micro-batch 1, a launch-bound GPU step overstated the fixed
-    cost of a micro-step threefold (runs/reference/nvidia-h200); but at least 8 apart: between 4 and 8
-    the line's intercept is 2 t(4) - t(8), and the noise of t(4) twice over."""
+def test_here_is_calibrated_where_the_candidates_run(monkeypatch, capsys):
+    """--gpu here calibrates with the micro-batches the candidates use (--micro_batches narrows them):
+    on a GPU the smallest and largest (from micro-batch 1, a launch-bound GPU step overstated the fixed
+    cost of a micro-step threefold: runs/reference/nvidia-h200); on a CPU the largest and the smallest
+    but at most an eighth of it (between 4 and 8 the line's intercept is 2 t(4) - t(8), twice the
+    noise of t(4): it put 238 ms on every micro-step of GPT-lite small here, 1 and 8 none)."""
     asked = []
 
     def here(train_argv, world, per_node, overlap, micro_batches):
-        asked.append(micro_batches)
+        asked.append(tuple(micro_batches))
         return plan.Device("here (stub)", plan.Link(1.0, 1.0, "stub"), plan.Link(1.0, 1.0, "stub"),
                            micro_step_s=0.01, sample_s=0.001)
 
@@ -180,10 +181,13 @@ def test_here_is_calibrated_at_the_smallest_and_largest_micro_batch_compared(mon
     assert plan.main([*question, "--micro_batches", "2", "8"]) == 0
     assert plan.main(question) == 0
     assert plan.main([*question, "--micro_batches", "4"]) == 0
-    assert plan.main([*question, "--global_batch", "64", "--micro_batches", "16", "32", "64"]) == 0
     capsys.readouterr()
-    assert asked == [(1, 8), (1, 16), (1, 4), (8, 64)]
-    assert plan.calibration_points([1]) == (1, 2) and plan.calibration_points([8, 32, 64]) == (8, 64)
+    assert asked == [(2, 8), (1, 2, 4, 8, 16), (4,)]
+    points = plan.calibration_points
+    assert [points([4, 8], False), points([4, 8], True)] == [(1, 8), (4, 8)]
+    assert [points([16, 32], False), points([16, 32], True)] == [(4, 32), (16, 32)]
+    assert points([8, 16, 32, 64], False) == points([8, 16, 32, 64], True) == (8, 64)
+    assert [points([4], False), points([4], True), points([1], False)] == [(1, 4), (4, 8), (1, 2)]
 
 
 def test_to_verify_takes_the_top_and_two_from_further_down():
@@ -202,7 +206,7 @@ def test_verify_rounds_take_turns_and_take_each_candidates_median(tmp_path, monk
 
     import training.runner
 
-    speeds = {"a": [9.0, 6.0, 8.0], "b": [7.0, 7.5, 7.2], "c": [5.0, None, 5.2]}  # None: a failed run
+    speeds = {"a": [9.0, 6.0, 8.0], "b": [7.0, 7.5, 7.2], "c": [5.0, None, 5.2]}  # None: out of memory at 7 GiB
     ran = []
 
     class Runner:
@@ -217,8 +221,8 @@ def test_verify_rounds_take_turns_and_take_each_candidates_median(tmp_path, monk
             config = planned.name.split("-")[1]
             rate = speeds[config][sum(n.split("-")[1] == config for n in ran) - 1]
             summary = SimpleNamespace(samples_per_s=rate, samples_per_s_p25=rate and rate * 0.95,
-                                      samples_per_s_p75=rate and rate * 1.05, mem_peak_bytes=rate and rate * 2**30)
-            return SimpleNamespace(status="ok" if rate else "failed", summary=summary, line=lambda: planned.name)
+                                      samples_per_s_p75=rate and rate * 1.05, mem_peak_bytes=(rate or 7.0) * 2**30)
+            return SimpleNamespace(status="ok" if rate else "oom", summary=summary, line=lambda: planned.name)
 
     monkeypatch.setattr(training.runner, "Runner", Runner)
     rows = [{"candidate": plan.Candidate(c, 4, 2, "none"), "backend": "ddp", "command": f"run {c}", "fits": True,
@@ -227,12 +231,18 @@ def test_verify_rounds_take_turns_and_take_each_candidates_median(tmp_path, monk
     assert ran == [f"plan-{c}-mb4x2-none{r}" for r in ("", "-r1", "-r2") for c in "abc"]
     a, b, c = verified
     assert a["measured_samples_per_s"] == 8.0 and a["measured_runs"] == [9.0, 6.0, 8.0]
-    assert a["measured_spread"] == pytest.approx([6.0 * 0.95, 9.0 * 1.05]) and a["measured_peak_gb"] == 9.0
+    # several runs: the spread is their range (one run's: its timed steps' quartiles)
+    assert a["measured_spread"] == [6.0, 9.0] and a["measured_peak_gb"] == 9.0
     assert a["records"] == [str(tmp_path / f"plan-a-mb4x2-none{r}") for r in ("", "-r1", "-r2")]
     assert a["status"] == b["status"] == "ok" and b["measured_samples_per_s"] == 7.2
-    assert c["status"] == "failed" and c["measured_runs"] == [5.0, None, 5.2]
-    # the spreads of a (5.7 to 9.45) and b overlap: a tie, not a win
-    assert plan._ties(a, [a, b]) == ["run b"]
+    assert c["status"] == "oom" and c["measured_runs"] == [5.0, None, 5.2]
+    assert c["measured_samples_per_s"] == 5.1 and c["measured_spread"] == [5.0, 5.2]
+    assert c["measured_peak_gb"] == 7.0  # the out-of-memory run's peak, from its record
+    # the spreads of a (6 to 9) and b (7 to 7.5) overlap: a tie, not a win; c's (5 to 5.2) does not
+    assert plan._ties(a, [a, b, c]) == ["run b"]
+    ran.clear()
+    one = plan.verify(rows, 1, TINY, 2, tmp_path / "one", 8, 60)  # one round: a run's timed steps' quartiles
+    assert one[0]["measured_spread"] == pytest.approx([9.0 * 0.95, 9.0 * 1.05]) and "records" not in one[0]
 
 
 @pytest.mark.distributed
@@ -248,7 +258,7 @@ def test_verify_runs_the_top_candidate_and_two_more_and_picks_the_fastest_measur
     verified = out["verified"]
     # --out holds the verification too: predicted against measured, the refit, and the pick.
     text = (tmp_path / "plan" / "plan.md").read_text()
-    assert "predicted against measured" in text and "refitted on 3 runs" in text
+    assert "predicted against measured" in text and "refitted on 3 verified candidates" in text
     assert f"pick (fastest measured within the budget): {out['pick']}" in text
     assert set(out["refit"]["overhead"]) == {"ddp"}
     assert len(verified) == 3 and verified[0]["rank"] == 1 and len({v["command"] for v in verified}) == 3
