@@ -84,7 +84,10 @@ def test_runs_killed_at_random_moments_never_leave_truncated_json(tmp_path):
         files = [p for d in (tmp_path / name, tmp_path / "ck" / name) if d.exists() for p in d.rglob("*") if p.is_file()]
         for path in files:
             if path.name.startswith("."):  # a temporary that was never renamed into place
-                assert re.fullmatch(r"\.[a-z0-9_.]+\.json(l)?\.\w+\.tmp", path.name), path
+                assert re.fullmatch(r"\.([a-z0-9_.]+\.jsonl?|latest)\.\w+\.tmp", path.name), path
+            elif path.name == "latest":  # the pointer names a checkpoint that finished writing
+                assert path.read_text().endswith("\n"), path
+                json.loads((path.parent / path.read_text().strip() / "meta.json").read_text())
             elif path.suffix == ".jsonl":
                 assert path.read_text().endswith("\n") or not path.read_text()
                 [json.loads(line) for line in path.read_text().splitlines()]
