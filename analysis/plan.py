@@ -20,10 +20,18 @@ model whose parts are printed:
               step timed, and the recompute of full and selective checkpointing timed as a share of a
               micro-step's time
     comm      each backend's collectives by theory (Backend.comm_theory) over alpha-beta links
-              (hardware.yaml for a named GPU; --gpu here: all_reduce timed between W local processes)
+              (hardware.yaml for a named GPU; --gpu here: all_reduce timed between W local processes),
+              cut into the calls the configuration's bucket sizes make (Backend.comm_schedule: each
+              call pays the link's latency)
+    wait      the share of comm nothing overlaps (Backend.comm_schedule): DeepSpeed stage 0's all-reduce
+              after backward, ZeRO-1/2's gather in the optimizer step and reductions without
+              overlap_comm, ZeRO-3's gathers with stage3_prefetch_bucket_size 0, FSDP's backward
+              gathers with backward_prefetch null; on the critical path, never hidden
     offload   host<->device bytes / PCIe and the CPU optimizer's time (a named GPU only)
-    step      compute + (1 - overlap) x comm + offload;  samples/s = global batch / step
+    step      compute + (1 - overlap) x comm + wait + offload;  samples/s = global batch / step
 
+--variants DIR adds the variants of the compared files that change speed or memory (bucket sizes,
+prefetching: variants()), written into DIR as the files their commands name.
 The answer is ranked by predicted samples/s, with each candidate's exact launch command.
 --verify K runs the top K and two further down (here, or as Slurm jobs with --executor slurm;
 --verify_rounds R runs each R times, taking turns), refits the step model on them and picks the
@@ -73,6 +81,7 @@ class Candidate:
     micro_batch: int
     grad_accum: int
     ckpt: str  # none, full/k, selective/k
+    base: str | None = None  # the configuration a --variants file varies (it shares its refitted overhead)
 
     def __post_init__(self):
         policy, _, k = self.ckpt.partition("/")
@@ -100,8 +109,89 @@ def configurations(world: int, per_node: int) -> list[str]:
     return [c for c in shipped() if not ("hybrid" in c and world <= per_node)]
 
 
+def variants(config: str) -> list[tuple[str, dict]]:
+    """(name, changed keys) of the variants of one fsdp_configs/ or ds_configs/ file that change speed
+    or memory in ways the step model prices and the estimator reads (all but FSDP's backward
+    prefetch: that variant's peak is estimated as its file's, over): DeepSpeed ZeRO-1/2's
+    reduce_bucket_size a quarter and four times the file's (more calls, or a larger bucket
+    allocated); ZeRO-3 without prefetching (forward's gathers wait; no prefetch in flight); FSDP
+    resharding after forward without backward prefetch (backward's gathers wait). A larger ZeRO-3
+    prefetch, or its persistence threshold, would change how much of the gathering overlaps, which
+    the step model does not resolve: not planned. A file that does not parse has none (its own
+    candidates say why train.py refuses it)."""
+    source = _source(config)
+    try:
+        if config.endswith(".json"):
+            from backends.deepspeed_config import read
+
+            zero = read(str(source)).get("zero_optimization") or {}
+            if zero.get("stage", 0) in (1, 2):
+                size = int(float(zero.get("reduce_bucket_size", 5e8)))
+                return [(f"buckets_{name}", {"zero_optimization": {"reduce_bucket_size": max(2, int(size * f) // 2 * 2)}})
+                        for name, f in (("quarter", 0.25), ("x4", 4))]
+            if zero.get("stage") == 3 and float(zero.get("stage3_prefetch_bucket_size", 5e7)) > 0:
+                return [("no_prefetch", {"zero_optimization": {"stage3_prefetch_bucket_size": 0}})]
+            return []
+        options = yaml.safe_load(source.read_text()) or {}
+        if options.get("backend", "fsdp") == "fsdp" and options.get("sharding_strategy", "FULL_SHARD") in (
+                "FULL_SHARD", "HYBRID_SHARD") and options.get("backward_prefetch", "BACKWARD_PRE") is not None:
+            return [("no_backward_prefetch", {"backward_prefetch": None})]
+    except (ConfigError, OSError, yaml.YAMLError, ValueError, TypeError, AttributeError):
+        return []
+    return []
+
+
+def _source(config: str) -> Path:
+    """A configuration file as named: from here, else from the repository (the shipped ones)."""
+    return Path(config) if Path(config).is_file() else REPO / config
+
+
+def write_variants(configs: list[str], directory: str) -> dict[str, str]:
+    """Every variant of `configs` (variants()) written into `directory` as <file>.<variant>.<ext>:
+    {its absolute path: the configuration it varies}. A file already there with other contents is
+    refused, not rewritten; so are the shipped folders (the planner would list the variants as
+    shipped configurations)."""
+    from training.preflight import writable_dir
+
+    writable_dir("--variants", directory)
+    target = Path(directory).resolve()
+    if target in ((REPO / "ds_configs").resolve(), (REPO / "fsdp_configs").resolve()):
+        raise ConfigError(f"--variants {directory}: the shipped configurations' folder; give another directory")
+    written: dict[Path, tuple[str, str]] = {}
+    for config in configs:
+        if not config.endswith((".json", ".yaml")):
+            continue
+        source = _source(config)
+        for name, changes in variants(config):
+            if config.endswith(".json"):
+                from backends.deepspeed_config import read
+
+                data = read(str(source))
+                data["zero_optimization"] = {**data.get("zero_optimization", {}), **changes["zero_optimization"]}
+                text = json.dumps(data, indent=2) + "\n"
+            else:
+                text = (f"# {config} with {name.replace('_', ' ')} (python -m analysis.plan --variants)\n"
+                        + yaml.safe_dump({**(yaml.safe_load(source.read_text()) or {}), **changes}, sort_keys=False))
+            path = target / f"{source.stem}.{name}{source.suffix}"
+            if path in written and written[path] != (config, text):
+                raise ConfigError(f"--variants: {written[path][0]} and {config} would both write {path.name}; "
+                                  "compare them in two plans")
+            if path.exists() and path.read_text() != text:
+                raise ConfigError(f"--variants {directory}: {path.name} exists with other contents; the planner "
+                                  "does not rewrite it (another directory, or remove it)")
+            written[path] = (config, text)
+    try:  # everything checked first: a refusal writes nothing
+        target.mkdir(parents=True, exist_ok=True)
+        for path, (_, text) in written.items():
+            if not path.exists():
+                path.write_text(text)
+    except OSError as e:
+        raise ConfigError(f"--variants {directory}: cannot write there ({e.strerror or e})") from None
+    return {str(path): config for path, (config, _) in written.items()}
+
+
 def candidates(configs: list[str], world: int, global_batch: int, ckpt: tuple[str, ...] = CKPT,
-               micro_batches: list[int] | None = None) -> list[Candidate]:
+               micro_batches: list[int] | None = None, bases: dict[str, str] | None = None) -> list[Candidate]:
     """Every configuration x micro-batch x accumulation (micro x accumulation x world = global batch)
     x checkpointing."""
     if global_batch % world:
@@ -112,7 +202,7 @@ def candidates(configs: list[str], world: int, global_batch: int, ckpt: tuple[st
     if not micros:
         raise ConfigError(f"micro_batches {micro_batches}: none divides the {per_rank} samples per rank "
                           f"(global_batch {global_batch} / world {world})")
-    return [Candidate(c, m, per_rank // m, k) for c in configs for m in micros for k in ckpt]
+    return [Candidate(c, m, per_rank // m, k, (bases or {}).get(c)) for c in configs for m in micros for k in ckpt]
 
 
 @dataclass
@@ -291,7 +381,7 @@ def evaluate(cand: Candidate, train_argv: list[str], world: int, per_node: int, 
     from training.describe import MODEL_FIELDS, resolve_flags
 
     row = {"config": cand.config, "micro x accum": f"{cand.micro_batch}x{cand.grad_accum}", "ckpt": cand.ckpt,
-           "candidate": cand}
+           "candidate": cand, **({"base": cand.base} if cand.base else {})}
     gpu = device.flops_per_s is not None
     flags = [*train_argv, *cand.flags(), *(["--device", "cuda"] if gpu else [])]
     try:
@@ -324,17 +414,25 @@ def evaluate(cand: Candidate, train_argv: list[str], world: int, per_node: int, 
             share = device.recompute.get(cfg.ckpt_policy, 0.0) * (checkpointed / n if n else 1.0)
         compute = (cand.grad_accum * device.micro_step_s + samples * device.sample_s) * (1 + share) \
             + device.optimizer_s
-    theory = resolved.build(setup.env).comm_theory(setup.n_params)
-    comm = comm_seconds(theory_traffic(theory, bucket_mib), per_node, (device.inside.gb_s, device.inside.latency_us),
-                        (device.between.gb_s, device.between.latency_us))
+    backend = resolved.build(setup.env)
+    schedule = backend.comm_schedule()
+    traffic = theory_traffic(backend.comm_theory(setup.n_params), bucket_mib,
+                             {kind: size for kind, (size, _) in schedule.items()})
+    comm = wait = 0.0
+    for kind, term in traffic.items():  # a kind's waiting share is on the critical path, the rest may overlap
+        seconds = comm_seconds({kind: term}, per_node, (device.inside.gb_s, device.inside.latency_us),
+                               (device.between.gb_s, device.between.latency_us))
+        waits = schedule.get(kind, (None, 0.0))[1]
+        comm, wait = comm + (1 - waits) * seconds, wait + waits * seconds
     offload = 0.0
     if device.pcie_gb_s is not None:
         from analysis.project import Assumptions
 
         offload = _offload_seconds(resolved, setup.n_params, world, {"pcie_gb_s": device.pcie_gb_s},
                                    Assumptions(cpu_adam_gparams_s=device.cpu_adam_gparams_s))
-    step = compute + (1 - device.overlap) * comm + offload
-    row.update(backend=cfg.backend, compute_ms=compute * 1e3, comm_ms=comm * 1e3, offload_ms=offload * 1e3,
+    step = compute + (1 - device.overlap) * comm + wait + offload
+    row.update(backend=cfg.backend, compute_ms=compute * 1e3, comm_ms=comm * 1e3, wait_ms=wait * 1e3,
+               offload_ms=offload * 1e3,
                step_ms=step * 1e3, pred_samples_per_s=setup.layout.global_batch / step,
                command=command(flags, cfg.backend, world, per_node))
     return row
@@ -355,10 +453,10 @@ def command(flags: list[str], backend: str, world: int, per_node: int) -> str:
 
 def plan(train_argv: list[str], world: int, per_node: int, budget_gb: float, global_batch: int, device: Device,
          configs: list[str] | None = None, ckpt: tuple[str, ...] = CKPT, micro_batches: list[int] | None = None,
-         progress: bool = False) -> list[dict]:
+         progress: bool = False, bases: dict[str, str] | None = None) -> list[dict]:
     """Every candidate evaluated; the ones that fit ranked by predicted samples/s first, then those
-    over the budget, then those train.py refuses."""
-    cands = candidates(configs or configurations(world, per_node), world, global_batch, ckpt, micro_batches)
+    over the budget, then those train.py refuses. `bases`: {a variant file: the configuration it varies}."""
+    cands = candidates(configs or configurations(world, per_node), world, global_batch, ckpt, micro_batches, bases)
     rows = []
     iterator = cands
     if progress:
@@ -377,12 +475,23 @@ def rank(rows: list[dict]) -> list[dict]:
 
 
 def to_verify(rows: list[dict], k: int) -> list[dict]:
-    """The top `k` fitting candidates, and two from further down the fitting ones (a third and two
-    thirds of the way), to test the ranking."""
+    """The top `k` fitting candidates, and two from further down the fitting ones, to test the
+    ranking: the best-ranked of each configuration the top `k` leave out (the model's largest errors
+    are a configuration's own overhead, which the refit learns only from a run of it: on GPT-lite
+    small here DDP's best ran 33% above ZeRO-2's and FSDP's with the same batch and checkpointing,
+    predicted within 1%), else a third and two thirds of the way down."""
     fitting = [r for r in rows if r.get("fits")]
-    rest = fitting[k:]
+    top, rest = fitting[:k], fitting[k:]
+    seen = {r.get("base") or r.get("config") for r in top}
+    extra = []
+    for r in rest:
+        family = r.get("base") or r.get("config")
+        if family not in seen and len(extra) < 2:
+            seen.add(family)
+            extra.append(r)
+    rest = [r for r in rest if not any(r is e for e in extra)]
     lower = sorted({len(rest) // 3, (2 * len(rest)) // 3}) if len(rest) > 1 else list(range(len(rest)))
-    return fitting[:k] + [rest[i] for i in lower]
+    return top + extra + [rest[i] for i in lower][:2 - len(extra)]
 
 
 def flag_pairs(argv: list[str]) -> tuple[tuple[str, object], ...]:
@@ -482,7 +591,7 @@ def refit(rows: list[dict], verified: list[dict], global_batch: int) -> dict | N
     (1 - overlap, within [0, 1]), least squares on the step time; then each verified configuration's
     own overhead, the median of its runs' measured step over the refitted one (a wrapper's hooks, a
     ZeRO-3 gather the byte count does not price), applied to its every candidate (1 for a
-    configuration not verified). Each candidate's `refit_samples_per_s` is then the refitted
+    configuration not verified; a --variants file counts as the configuration it varies). Each candidate's `refit_samples_per_s` is then the refitted
     prediction, and the fitting candidates are re-ranked by it. None with fewer than 2 measured runs."""
     import numpy as np
 
@@ -492,7 +601,7 @@ def refit(rows: list[dict], verified: list[dict], global_batch: int) -> dict | N
     if len(points) < 2:
         return None
     a = np.array([[r["compute_ms"] / 1e3, r["comm_ms"] / 1e3] for r, _ in points])
-    b = np.array([step - r["offload_ms"] / 1e3 for r, step in points])
+    b = np.array([step - (r["offload_ms"] + r.get("wait_ms", 0.0)) / 1e3 for r, step in points])
     (factor, exposed), *_ = np.linalg.lstsq(a, b, rcond=None)
     if not 0 <= exposed <= 1:  # the exposed share at its bound, the compute factor fitted alone
         exposed = min(max(exposed, 0.0), 1.0)
@@ -500,15 +609,16 @@ def refit(rows: list[dict], verified: list[dict], global_batch: int) -> dict | N
     factor = max(float(factor), 1e-6)
 
     def step_of(r: dict) -> float:
-        return factor * r["compute_ms"] / 1e3 + exposed * r["comm_ms"] / 1e3 + r["offload_ms"] / 1e3
+        waiting = r["offload_ms"] + r.get("wait_ms", 0.0)  # neither overlaps compute
+        return factor * r["compute_ms"] / 1e3 + exposed * r["comm_ms"] / 1e3 + waiting / 1e3
 
     ratios: dict[str, list[float]] = {}
-    for r, step in points:
-        ratios.setdefault(r.get("config"), []).append(step / step_of(r))
+    for r, step in points:  # a variant shares the overhead of the configuration it varies
+        ratios.setdefault(r.get("base") or r.get("config"), []).append(step / step_of(r))
     overhead = {config: statistics.median(x) for config, x in ratios.items()}
     for r in rows:
         if "compute_ms" in r:
-            r["refit_samples_per_s"] = global_batch / (step_of(r) * overhead.get(r.get("config"), 1.0))
+            r["refit_samples_per_s"] = global_batch / (step_of(r) * overhead.get(r.get("base") or r.get("config"), 1.0))
     for v in verified:
         v["refit_samples_per_s"] = by_command[v["command"]].get("refit_samples_per_s")
     return {"compute_factor": factor, "overlap": 1 - float(exposed), "overhead": overhead, "runs": len(points)}
@@ -522,7 +632,7 @@ def main(argv=None) -> int:
     p = OneLineParser(prog="python -m analysis.plan", description=__doc__.splitlines()[0], allow_abbrev=False,
                       formatter_class=argparse.RawDescriptionHelpFormatter,
                       usage="python -m analysis.plan --world W --mem_budget_gb M --global_batch B [--gpu GPU|here] "
-                            "[--configs C ...] [--ckpt P ...] [--top N] [--json] [train.py's model flags]",
+                            "[--configs C ...] [--variants DIR] [--ckpt P ...] [--top N] [--json] [train.py's model flags]",
                       epilog="Every other flag is train.py's, with train.py's names and defaults (the model: --model, "
                              "--preset, --model_args, --block_size, --precision, --attention, ...: python train.py "
                              "--help). What the planner chooses (the backend and its file, --micro_batch, "
@@ -538,6 +648,10 @@ def main(argv=None) -> int:
                    help="samples per optimizer step, fixed as a recipe fixes it: micro x accumulation x world")
     p.add_argument("--configs", nargs="+", default=None, metavar="CONFIG",
                    help="single, ddp, fsdp, fsdp2, or fsdp_configs/ and ds_configs/ files (default: all shipped)")
+    p.add_argument("--variants", default=None, metavar="DIR",
+                   help="also plan the variants of the configurations that change speed or memory, written into DIR "
+                        "as files the commands name: DeepSpeed ZeRO-1/2 reduce buckets a quarter and 4x the file's, ZeRO-3 "
+                        "without prefetch, FSDP FULL_SHARD/HYBRID_SHARD without backward prefetch")
     p.add_argument("--ckpt", nargs="+", default=list(CKPT), metavar="P",
                    help="checkpointing candidates: none, full/K, selective/K (every K-th block)")
     p.add_argument("--micro_batches", type=int, nargs="+", default=None, help="only these micro-batches")
@@ -601,6 +715,13 @@ def main(argv=None) -> int:
         ckpt = tuple(Candidate("ddp", 1, 1, k).ckpt for k in args.ckpt)
         configs = args.configs or configurations(args.world, per_node)
         asked = candidates(configs, args.world, args.global_batch, ckpt, args.micro_batches)  # the question checked first
+        slurm = None
+        if args.verify and args.executor == "slurm":  # checked before anything is written or run
+            from training.slurm import SlurmSettings, settings_from
+
+            slurm = settings_from(SlurmSettings(), args, skip=SLURM_OWN)
+        bases = write_variants(configs, args.variants) if args.variants else {}
+        configs = [*configs, *bases]
         if args.gpu == "here":
             if not args.json:
                 print("calibrating this machine (the model's step timed; the link between its ranks probed) ...",
@@ -610,7 +731,7 @@ def main(argv=None) -> int:
         else:
             device = named_device(args.gpu, args.network, args.mfu, args.overlap, given.precision)
         rows = plan(train_argv, args.world, per_node, args.mem_budget_gb, args.global_batch, device, configs, ckpt,
-                    args.micro_batches, progress=not args.json)
+                    args.micro_batches, progress=not args.json, bases=bases)
         fitting = [r for r in rows if r.get("fits")]
         verified, fitted = [], None
         if args.verify and fitting:
@@ -619,11 +740,6 @@ def main(argv=None) -> int:
                 rounds = f", {args.verify_rounds} rounds" if args.verify_rounds > 1 else ""
                 print(f"\nverifying: the top {args.verify} and two further down, {args.verify_steps} steps each"
                       f"{rounds}, into {args.runs_dir}", flush=True)
-            slurm = None
-            if args.executor == "slurm":
-                from training.slurm import SlurmSettings, settings_from
-
-                slurm = settings_from(SlurmSettings(), args, skip=SLURM_OWN)
             verified = verify(rows, args.verify, train_argv, args.world, Path(args.runs_dir).resolve(), args.verify_steps,
                               args.timeout_s, slurm, args.verify_rounds)
             fitted = refit(rows, verified, args.global_batch)
@@ -777,8 +893,8 @@ def _print_table(rows: list[dict], fitting: list[dict], device: Device, args, fi
     if fitting:
         import pandas as pd
 
-        columns = ["config", "micro x accum", "ckpt", "est_peak_gb", "margin_gb", "compute_ms", "comm_ms", "offload_ms",
-                   "step_ms", "pred_samples_per_s"]
+        columns = ["config", "micro x accum", "ckpt", "est_peak_gb", "margin_gb", "compute_ms", "comm_ms", "wait_ms",
+                   "offload_ms", "step_ms", "pred_samples_per_s"]
         table = pd.DataFrame(fitting[:args.top])[columns]
         print(table.to_string(index=False, float_format=lambda v: f"{v:,.4g}"))
         print("\npredicted pick:" if args.verify else "\npick:", fitting[0]["command"])

@@ -159,9 +159,12 @@ def project(entry: str, train_argv: list[str], world: int, gpu: dict, net: dict,
             "offload ms": offload_s * 1e3, "step ms": step_s * 1e3, "samples/s": world * samples / step_s}
 
 
-def theory_traffic(theory: dict, bucket_mib: float) -> dict:
-    """{kind: (group size, bus bytes, calls)} of a backend's comm_theory, its bytes cut into buckets."""
-    return {kind: (term["group_size"], term["bus_bytes"], max(1, math.ceil(term["bytes"] / (bucket_mib * 2**20))))
+def theory_traffic(theory: dict, bucket_mib: float, messages: dict | None = None) -> dict:
+    """{kind: (group size, bus bytes, calls)} of a backend's comm_theory, its bytes cut into buckets:
+    `messages` {kind: bytes per call} where the configuration says (Backend.comm_schedule), else
+    bucket_mib."""
+    sizes = {kind: (messages or {}).get(kind) or bucket_mib * 2**20 for kind in theory["by_kind"]}
+    return {kind: (term["group_size"], term["bus_bytes"], max(1, math.ceil(term["bytes"] / sizes[kind])))
             for kind, term in theory["by_kind"].items()}
 
 

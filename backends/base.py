@@ -203,6 +203,14 @@ class Backend(ABC):
         from the parameter count: core.comm.theory. Nothing to communicate by default."""
         return comm.theory("none: one replica, nothing to synchronise", {}, self.env.world_size)
 
+    def comm_schedule(self) -> dict[str, tuple[float | None, float]]:
+        """How comm_theory's collectives run, by kind: (the bytes each call carries, from the
+        configuration's bucket sizes, or None where the configuration does not say; the share of
+        the kind's bytes that waits on the critical path, nothing prefetching it). The planner's
+        step-time model prices the calls' latency and the waiting share from it. Empty by default:
+        the projection's bucket size, and everything may overlap compute."""
+        return {}
+
     def teardown(self) -> None:
         """Release what setup built (hooks, engines, background threads)."""
 

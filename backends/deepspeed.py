@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 from datetime import timedelta
 from pathlib import Path
 
@@ -176,6 +177,30 @@ class DeepSpeedBackend(Backend):
         return comm.theory("all-gather for forward and backward, reduce-scatter: 3 Psi (N-1)/N",
                            {"all_gather": (2 * accum * n_params, weights, n),
                             "reduce_scatter": (accum * n_params, grads, n)}, n)
+
+    def comm_schedule(self) -> dict[str, tuple[float | None, float]]:
+        """What DeepSpeed 0.19 does with comm_theory's collectives (elements; its defaults where the
+        file is silent). Stage 0 all-reduces the engine's fixed 5e8 elements at a time
+        (MEMORY_OPT_ALLREDUCE_SIZE) after backward: it waits. Stages 1-2 reduce reduce_bucket_size at
+        a time, overlapping backward only with overlap_comm (off by default below stage 3), and
+        all-gather the updated parameters in the optimizer step, one call per parameter group
+        (all_gather_into_tensor: allgather_bucket_size is not read): it waits. Stage 3 gathers each
+        module's parameters as it is used, with the next modules' up to stage3_prefetch_bucket_size
+        fetched ahead; with a prefetch bucket of 0 nothing is fetched ahead and forward's gathers
+        wait (backward's mostly find the parameters still gathered: stage3_max_reuse_distance).
+        Its calls follow the modules, not a bucket size: the projection's bucket size prices them."""
+        plan = self.plan
+        zero = plan.config.get("zero_optimization") or {}
+        c = 2 if plan.precision in ("bf16", "fp16") else 4
+        reduce_bytes = 0.5 if plan.stage == 3 and zero.get("zero_quantized_gradients") else c  # qgZ: int4
+        reduction = reduce_bytes * float(zero.get("reduce_bucket_size", 5e8))
+        overlapped = plan.stage == 3 if zero.get("overlap_comm") is None else bool(zero["overlap_comm"])
+        if plan.stage == 0:
+            return {"all_reduce": (c * 5e8, 1.0)}
+        if plan.stage in (1, 2):
+            return {"reduce_scatter": (reduction, 0.0 if overlapped else 1.0), "all_gather": (math.inf, 1.0)}
+        prefetch = float(zero.get("stage3_prefetch_bucket_size", 5e7))
+        return {"reduce_scatter": (reduction, 0.0 if overlapped else 1.0), "all_gather": (None, 0.0 if prefetch else 0.5)}
 
     def describe(self) -> dict:
         plan = self.plan

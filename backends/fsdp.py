@@ -141,6 +141,15 @@ class FSDPBackend(DCPCheckpointMixin, TorchBackend):
         return comm.theory(formula[gathers] + (" within shard groups, all-reduce of the shards across replicas"
                                                if shard < n else ""), terms, n)
 
+    def comm_schedule(self) -> dict[str, tuple[float | None, float]]:
+        """Resharded after forward (FULL_SHARD, HYBRID_SHARD), a unit is gathered again in backward:
+        half the gathered bytes, less the root's (never resharded). With backward_prefetch null
+        nothing issues the next unit's gather ahead and those wait: counted as the half, an upper
+        bound. Calls follow the units, not a bucket size: the projection's bucket size prices them."""
+        o = self.plan
+        waits = 0.5 if o.sharding_strategy in ("FULL_SHARD", "HYBRID_SHARD") and o.backward_prefetch is None else 0.0
+        return {"all_gather": (None, waits)}
+
     def describe(self) -> dict:
         o = self.options
         mp = o.mixed_precision

@@ -140,6 +140,7 @@ def test_the_frontier_keeps_what_nothing_beats_on_both_memory_and_speed():
     (["--configs", "ds_configs/nope.json"], "--configs ds_configs/nope.json: must be"),
     (["--ckpt", "every/2"], "ckpt 'every/2'"),
     (["--global_batch", "15"], "global_batch 15 must be a multiple of world 2"),
+    (["--variants", "/proc/version", "--configs", "ds_configs/z3.json"], "--variants: /proc/version exists and is not a"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message):
     base = {"--world": "2", "--gpu": "H100-SXM", "--mem_budget_gb": "1", "--global_batch": "16"}
@@ -191,9 +192,15 @@ def test_here_is_calibrated_where_the_candidates_run(monkeypatch, capsys):
 
 
 def test_to_verify_takes_the_top_and_two_from_further_down():
-    rows = [{"fits": True, "i": i} for i in range(10)] + [{"fits": False, "i": 10}]
+    """Two further down: the best of each configuration the top leaves out (a variant counts as its
+    configuration), else a third and two thirds of the way down."""
+    rows = [{"fits": True, "i": i, "config": "ddp"} for i in range(10)] + [{"fits": False, "i": 10, "config": "z2"}]
     assert [r["i"] for r in plan.to_verify(rows, 3)] == [0, 1, 2, 3 + 7 // 3, 3 + 14 // 3]
     assert [r["i"] for r in plan.to_verify(rows[:2], 1)] == [0, 1]
+    configs = ["a", "b", "a", "b", "v", "c", "a", "d", "c"]
+    rows = [{"fits": True, "i": i, "config": c, **({"base": "a"} if c == "v" else {})} for i, c in enumerate(configs)]
+    assert [r["i"] for r in plan.to_verify(rows, 2)] == [0, 1, 5, 7]  # c and d: v is a's
+    assert [r["i"] for r in plan.to_verify(rows[:6], 3)] == [0, 1, 2, 5, 3]  # c, then a third of the way down
     assert plan.flag_pairs(["--preset", "tiny", "--compile", "--steps", "3"]) == (
         ("preset", "tiny"), ("compile", True), ("steps", "3"))
 
@@ -317,3 +324,99 @@ def test_the_refit_gives_each_verified_configuration_its_own_overhead():
     assert rows[3]["refit_samples_per_s"] == pytest.approx(measured(rows[3]), rel=0.05)
     assert rows[4]["refit_samples_per_s"] == pytest.approx(
         8 / ((fitted["compute_factor"] * 110 + (1 - fitted["overlap"]) * 30) / 1e3))
+
+
+VARIED = ["ds_configs/z2.json", "ds_configs/z3.json", "fsdp_configs/full_shard.yaml", "fsdp_configs/fsdp2.yaml", "ddp"]
+
+
+def test_variants_are_written_as_files_train_py_resolves_and_priced_by_what_they_change(tmp_path):
+    """--variants: ZeRO-2's smaller buckets cost more calls and less memory, larger ones the reverse;
+    ZeRO-3 without prefetch and FSDP without backward prefetch put gathers on the critical path
+    (wait), the same bytes; a variant shares its configuration's refitted overhead."""
+    bases = plan.write_variants(VARIED, str(tmp_path / "v"))
+    names = sorted(Path(v).name for v in bases)
+    assert names == ["full_shard.no_backward_prefetch.yaml", "z2.buckets_quarter.json", "z2.buckets_x4.json",
+                     "z3.no_prefetch.json"]  # fsdp2 and ddp: no variant file
+    rows = plan.plan(["--preset", "small"], 8, 8, 10.0, 64, h100(), [*VARIED, *bases], ("none",), [8], bases=bases)
+    by = {Path(r["config"]).name: r for r in rows}
+    assert all("refused" not in r for r in rows), [r.get("refused") for r in rows]
+    quarter, x4, z2 = by["z2.buckets_quarter.json"], by["z2.buckets_x4.json"], by["z2.json"]
+    assert quarter["comm_ms"] > z2["comm_ms"] > x4["comm_ms"]  # latency per call: 4x the calls, a quarter
+    assert quarter["est_peak_gb"] < z2["est_peak_gb"] < x4["est_peak_gb"]  # the buckets are allocated whole
+    for variant, base in (("z3.no_prefetch.json", "z3.json"), ("full_shard.no_backward_prefetch.yaml", "full_shard.yaml")):
+        assert by[base]["wait_ms"] == 0 < by[variant]["wait_ms"]
+        assert by[variant]["pred_samples_per_s"] < by[base]["pred_samples_per_s"]
+        assert by[variant]["base"] == f"{'ds_configs' if base.endswith('json') else 'fsdp_configs'}/{base}"
+    assert by["z3.no_prefetch.json"]["comm_ms"] + by["z3.no_prefetch.json"]["wait_ms"] == pytest.approx(
+        by["z3.json"]["comm_ms"])  # the same bytes and calls
+    assert by["z3.no_prefetch.json"]["est_peak_gb"] <= by["z3.json"]["est_peak_gb"]
+    command = shlex.split(by["z3.no_prefetch.json"]["command"])
+    assert command[command.index("--deepspeed_config") + 1] == str(tmp_path / "v" / "z3.no_prefetch.json")
+    ran = dry_run(["--preset", "small", *by["z3.no_prefetch.json"]["candidate"].flags()], 8)
+    assert ran["plan"]["config"]["zero_optimization"]["stage3_prefetch_bucket_size"] == 0
+
+
+def test_variants_are_not_rewritten(tmp_path):
+    """The same variants again reuse the files; a file of that name with other contents is refused
+    before anything is written."""
+    first = plan.write_variants(["ds_configs/z3.json"], str(tmp_path))
+    mtimes = {p: Path(p).stat().st_mtime_ns for p in first}
+    assert plan.write_variants(["ds_configs/z3.json"], str(tmp_path)) == first
+    assert {p: Path(p).stat().st_mtime_ns for p in first} == mtimes
+    (tmp_path / "z2.buckets_x4.json").write_text("{}\n")
+    with pytest.raises(ConfigError, match="z2.buckets_x4.json exists with other contents"):
+        plan.write_variants(["ds_configs/z2.json"], str(tmp_path))
+    assert not (tmp_path / "z2.buckets_quarter.json").exists()
+    assert (tmp_path / "z2.buckets_x4.json").read_text() == "{}\n"
+
+
+def _schedule(*flags: str) -> dict:
+    from training.describe import resolve_flags
+
+    setup = resolve_flags([*TINY, *flags], 2, 2)
+    return setup.resolved.build(setup.env).comm_schedule()
+
+
+def test_each_backend_says_how_its_collectives_run(tmp_path):
+    """DeepSpeed: stage 0's fixed bucket after backward, stage 1-2 reductions by reduce_bucket_size
+    (waiting without overlap_comm) and one gather in the optimizer step, ZeRO-3's forward gathers
+    waiting without prefetch, ZeRO++'s int4 gradients (on a GPU: on a CPU they are not applied); FSDP's backward gathers without backward
+    prefetch; DDP and FSDP2 say nothing (the projection's bucket, all overlappable)."""
+    import math
+
+    assert _schedule("--deepspeed_config", "ds_configs/z0.json") == {"all_reduce": (4 * 5e8, 1.0)}
+    assert _schedule("--deepspeed_config", "ds_configs/z2.json") == {"reduce_scatter": (4 * 400000, 0.0),
+                                                                    "all_gather": (math.inf, 1.0)}
+    serial = json.loads((REPO / "ds_configs/z1.json").read_text())
+    serial["zero_optimization"]["overlap_comm"] = False
+    (tmp_path / "z1_serial.json").write_text(json.dumps(serial))
+    assert _schedule("--deepspeed_config", str(tmp_path / "z1_serial.json"))["reduce_scatter"] == (4 * 400000, 1.0)
+    assert _schedule("--deepspeed_config", "ds_configs/z3.json") == {"reduce_scatter": (4 * 400000, 0.0),
+                                                                    "all_gather": (None, 0.0)}
+    varied = plan.write_variants(["ds_configs/z3.json", "fsdp_configs/full_shard.yaml"], str(tmp_path / "v"))
+    by = {Path(v).name: v for v in varied}
+    assert _schedule("--deepspeed_config", by["z3.no_prefetch.json"])["all_gather"] == (None, 0.5)
+    assert _schedule("--deepspeed_config", "ds_configs/zeropp.json", "--device", "cuda")["reduce_scatter"] == (0.5 * 400000, 0.0)
+    assert _schedule("--fsdp_config", "fsdp_configs/full_shard.yaml") == {"all_gather": (None, 0.0)}
+    assert _schedule("--fsdp_config", by["full_shard.no_backward_prefetch.yaml"]) == {"all_gather": (None, 0.5)}
+    assert _schedule("--backend", "ddp") == {} and _schedule("--fsdp_config", "fsdp_configs/fsdp2.yaml") == {}
+
+
+def test_the_refit_leaves_waiting_communication_unscaled_and_counts_a_variant_as_its_configuration():
+    """Runs measured as exactly 1.5 x compute + 0.5 x comm + wait, one of them a variant with waiting
+    gathers: the refit recovers the factor and overlap (with the waiting part scaled, three runs
+    would not fit two parameters exactly), the variant's runs count toward its configuration's
+    overhead (no overhead of its own), and its other candidates are predicted as measured."""
+    costs = [("ddp", None, 100, 20, 0), ("ddp", None, 150, 60, 0), ("ddp.v", "ddp", 100, 40, 20),
+             ("ddp.v", "ddp", 130, 10, 20)]
+    rows = [{"command": f"c{i}", "config": c, **({"base": b} if b else {}), "compute_ms": t, "comm_ms": m,
+             "wait_ms": w, "offload_ms": 0.0, "fits": True} for i, (c, b, t, m, w) in enumerate(costs)]
+
+    def measured(r):
+        return 8 / ((1.5 * r["compute_ms"] + 0.5 * r["comm_ms"] + r["wait_ms"]) / 1e3)
+
+    verified = [{"command": r["command"], "status": "ok", "measured_samples_per_s": measured(r)} for r in rows[:3]]
+    fitted = plan.refit(rows, verified, 8)
+    assert fitted["compute_factor"] == pytest.approx(1.5) and fitted["overlap"] == pytest.approx(0.5)
+    assert fitted["overhead"] == {"ddp": pytest.approx(1.0)}
+    assert rows[3]["refit_samples_per_s"] == pytest.approx(measured(rows[3]))
