@@ -176,7 +176,11 @@ def write_variants(configs: list[str], directory: str) -> dict[str, str]:
             if path in written and written[path] != (config, text):
                 raise ConfigError(f"--variants: {written[path][0]} and {config} would both write {path.name}; "
                                   "compare them in two plans")
-            if path.exists() and path.read_text() != text:
+            try:
+                other = path.exists() and path.read_text() != text
+            except (OSError, ValueError):  # a directory, unreadable, not text
+                other = True
+            if other:
                 raise ConfigError(f"--variants {directory}: {path.name} exists with other contents; the planner "
                                   "does not rewrite it (another directory, or remove it)")
             written[path] = (config, text)
@@ -476,19 +480,19 @@ def rank(rows: list[dict]) -> list[dict]:
 
 def to_verify(rows: list[dict], k: int) -> list[dict]:
     """The top `k` fitting candidates, and two from further down the fitting ones, to test the
-    ranking: the best-ranked of each configuration the top `k` leave out (the model's largest errors
-    are a configuration's own overhead, which the refit learns only from a run of it: on GPT-lite
-    small here DDP's best ran 33% above ZeRO-2's and FSDP's with the same batch and checkpointing,
-    predicted within 1%), else a third and two thirds of the way down."""
+    ranking: the best-ranked of each backend the top `k` leave out, then of each configuration
+    (the model's largest errors are a configuration's own overhead, which the refit learns only
+    from a run of it: on GPT-lite small here DDP's best ran 33% above ZeRO-2's and FSDP's with the
+    same batch and checkpointing, predicted within 1%), else a third and two thirds of the way down."""
     fitting = [r for r in rows if r.get("fits")]
     top, rest = fitting[:k], fitting[k:]
-    seen = {r.get("base") or r.get("config") for r in top}
-    extra = []
-    for r in rest:
-        family = r.get("base") or r.get("config")
-        if family not in seen and len(extra) < 2:
-            seen.add(family)
-            extra.append(r)
+    extra: list[dict] = []
+    for family in (lambda r: r.get("backend"), lambda r: r.get("base") or r.get("config")):
+        seen = {family(r) for r in top + extra}
+        for r in rest:
+            if len(extra) < 2 and family(r) not in seen and not any(r is e for e in extra):
+                seen.add(family(r))
+                extra.append(r)
     rest = [r for r in rest if not any(r is e for e in extra)]
     lower = sorted({len(rest) // 3, (2 * len(rest)) // 3}) if len(rest) > 1 else list(range(len(rest)))
     return top + extra + [rest[i] for i in lower][:2 - len(extra)]

@@ -192,8 +192,8 @@ def test_here_is_calibrated_where_the_candidates_run(monkeypatch, capsys):
 
 
 def test_to_verify_takes_the_top_and_two_from_further_down():
-    """Two further down: the best of each configuration the top leaves out (a variant counts as its
-    configuration), else a third and two thirds of the way down."""
+    """Two further down: the best of each backend the top leaves out, then of each configuration (a
+    variant counts as its configuration), else a third and two thirds of the way down."""
     rows = [{"fits": True, "i": i, "config": "ddp"} for i in range(10)] + [{"fits": False, "i": 10, "config": "z2"}]
     assert [r["i"] for r in plan.to_verify(rows, 3)] == [0, 1, 2, 3 + 7 // 3, 3 + 14 // 3]
     assert [r["i"] for r in plan.to_verify(rows[:2], 1)] == [0, 1]
@@ -201,6 +201,9 @@ def test_to_verify_takes_the_top_and_two_from_further_down():
     rows = [{"fits": True, "i": i, "config": c, **({"base": "a"} if c == "v" else {})} for i, c in enumerate(configs)]
     assert [r["i"] for r in plan.to_verify(rows, 2)] == [0, 1, 5, 7]  # c and d: v is a's
     assert [r["i"] for r in plan.to_verify(rows[:6], 3)] == [0, 1, 2, 5, 3]  # c, then a third of the way down
+    backends = {"a": "fsdp", "b": "fsdp", "v": "fsdp", "c": "fsdp", "d": "ddp"}
+    rows = [{**r, "backend": backends[r["config"]]} for r in rows]
+    assert [r["i"] for r in plan.to_verify(rows, 2)] == [0, 1, 7, 5]  # ddp (d) first, then the file c
     assert plan.flag_pairs(["--preset", "tiny", "--compile", "--steps", "3"]) == (
         ("preset", "tiny"), ("compile", True), ("steps", "3"))
 
@@ -363,6 +366,10 @@ def test_variants_are_not_rewritten(tmp_path):
     mtimes = {p: Path(p).stat().st_mtime_ns for p in first}
     assert plan.write_variants(["ds_configs/z3.json"], str(tmp_path)) == first
     assert {p: Path(p).stat().st_mtime_ns for p in first} == mtimes
+    (tmp_path / "z2.buckets_quarter.json").mkdir()  # not a file: refused too, in one line
+    with pytest.raises(ConfigError, match="z2.buckets_quarter.json exists with other contents"):
+        plan.write_variants(["ds_configs/z2.json"], str(tmp_path))
+    (tmp_path / "z2.buckets_quarter.json").rmdir()
     (tmp_path / "z2.buckets_x4.json").write_text("{}\n")
     with pytest.raises(ConfigError, match="z2.buckets_x4.json exists with other contents"):
         plan.write_variants(["ds_configs/z2.json"], str(tmp_path))
