@@ -11,6 +11,8 @@ The grid is the planner's own candidates (analysis.plan.plan with the same quest
 RUNS_DIR/grid (rounds in turn; samples/s is the median over rounds). The verification is a separate
 `python -m analysis.plan ... --verify K --json --out RUNS_DIR/plan` into RUNS_DIR/verify, so its runs
 are measured on their own (its plan.md and plan.png in RUNS_DIR/plan, its JSON in RUNS_DIR/plan.json).
+A grid record already in RUNS_DIR/grid is kept, not run again (the sweep runner's rule), so `--grid_only`
+then the same command without it splits the work in two (a lent GPU's per-call limit).
 Prints the table (candidate, predicted, refitted, measured), the best measured candidate, the pick,
 regret = 1 - pick's grid samples/s / best's, how many runs the planner made against the grid, and
 whether any picked or verified run went over the budget. A benchmark, not a test: run it on an
@@ -44,6 +46,9 @@ def main() -> None:
     p.add_argument("--verify_rounds", type=int, default=1, help="analysis.plan's: each verified candidate run R times")
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--grid_only", action="store_true",
+                   help="measure the grid and stop; a later run with the same RUNS_DIR keeps its records (a lent "
+                        "GPU's call limit can split the two)")
     p.add_argument("train_argv", nargs="*", help="train.py's model flags, after --")
     args = p.parse_args()
 
@@ -82,6 +87,8 @@ def main() -> None:
             if outcome.status == "ok" and outcome.summary.samples_per_s:
                 measured.setdefault(key, []).append(outcome.summary.samples_per_s)
                 peaks[key] = max(peaks.get(key, 0.0), (outcome.summary.mem_peak_bytes or 0) / 2**30)
+    if args.grid_only:
+        return
     proc = subprocess.run([sys.executable, "-m", "analysis.plan", *question, "--verify", str(args.verify),
                            "--verify_rounds", str(args.verify_rounds),
                            "--verify_steps", str(args.steps), "--runs_dir", str(runs / "verify"), "--json",
