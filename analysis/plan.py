@@ -45,6 +45,7 @@ import argparse
 import builtins
 import dataclasses
 import functools
+import gc
 import json
 import math
 import shlex
@@ -68,6 +69,8 @@ CKPT = ("none", "full/1", "full/2", "full/4", "selective/1", "selective/2")
 # grids' records (GPT-lite small twice, an HF Llama twice: 153 runs) are estimated within 11.2%
 # (FSDP2 at 4 x 2: a reduce-scatter in flight on gloo's thread, 8.7% and 11.2% in identical runs).
 MARGIN = 0.15
+# Seconds a GPU runs the calibration's largest micro-batch before any is timed (calibrate).
+WARM_S = 2.0
 # train.py flags the planner chooses: a user gives the question (model, budget, batch), not the answer.
 CHOSEN_FLAGS = ("backend", "fsdp_config", "deepspeed_config", "deepspeed", "accelerate_plugin", "micro_batch",
                 "grad_accum", "ckpt_interval", "ckpt_policy", "ckpt_plan", "mem_budget_gb")
@@ -253,8 +256,9 @@ def named_device(name: str, network: str, mfu: float, overlap: float, precision:
 def calibrate(workload, block_class: str | None, micro_batches: tuple[int, int], device: str, save_ops,
               reps: int = 3, precision: str = "fp32") -> dict:
     """This machine's device, measured on the real model (seed 0) in the run's `precision`: a
-    micro-step's forward and backward at two micro-batches (median of `reps` after a warm-up) fitted as
-    fixed + per-sample seconds; the optimizer's step (AdamW); and what full and selective checkpointing
+    micro-step's forward and backward at two micro-batches (each shape's first call untimed, a GPU
+    warmed up on the larger, then the two taking turns, the median of `reps` each) fitted as fixed +
+    per-sample seconds; the optimizer's step (AdamW); and what full and selective checkpointing
     of every block add, as a share of the larger micro-batch's time (ckpt_plan.measured_costs)."""
     import torch
 
@@ -263,13 +267,27 @@ def calibrate(workload, block_class: str | None, micro_batches: tuple[int, int],
     dev = torch.device(device)
     model = workload.build(0).to(dev)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    seconds = {}
-    for m in micro_batches:
-        x, y = (t.to(dev) for t in workload.example(m))
-        with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
-            times = [seconds_of(dev, lambda: forward_backward(model, x, y, precision))
-                     for _ in range(reps + 1)][1:]  # after a warm-up
-        seconds[m] = statistics.median(times)
+    batches = {m: tuple(t.to(dev) for t in workload.example(m)) for m in micro_batches}
+
+    def timed(m: int) -> float:
+        return seconds_of(dev, lambda: forward_backward(model, *batches[m], precision))
+
+    times: dict[int, list[float]] = {m: [] for m in micro_batches}
+    with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
+        for m in micro_batches:  # each shape's first call (kernel choice, allocation) is not timed
+            timed(m)
+        # The first micro-batch timed on a GPU read slow: on an H100, micro-batch 8 at 59.3 ms where the
+        # grid's own runs say 43 (8x8 against 32x2, runs/reference/nvidia-h100-80gb-hbm3-plan), which
+        # put 26 ms on every micro-step where they say 6.5; on an H200, micro-batch 1 timed first, 19 against
+        # 6.5. So a GPU runs the largest for WARM_S first (a GPU from idle raises its clocks under load;
+        # the cause is not established), and the points take turns, each rep timing both.
+        started = time.perf_counter()
+        while dev.type == "cuda" and time.perf_counter() - started < WARM_S:
+            timed(max(micro_batches))
+        for _ in range(reps):
+            for m in micro_batches:
+                times[m].append(timed(m))
+    seconds = {m: statistics.median(t) for m, t in times.items()}
     step = statistics.median([seconds_of(dev, optimizer.step) for _ in range(reps + 1)][1:])
     small, large = micro_batches
     per_sample = max(0.0, (seconds[large] - seconds[small]) / (large - small))
@@ -282,8 +300,9 @@ def calibrate(workload, block_class: str | None, micro_batches: tuple[int, int],
 
 def calibration_points(micro_batches: list[int], gpu: bool) -> tuple[int, int]:
     """The two micro-batches the calibration times to fit its fixed + per-sample line: the smallest
-    and largest compared (from micro-batch 1, a launch-bound GPU step put 19 ms on each micro-step on
-    an H200 where the candidates' own 8 and 32 say 6.5: runs/reference/nvidia-h200/README.md); on a
+    and largest compared (from micro-batch 1, the calibration put 19 ms on each micro-step on an H200
+    where the candidates' own 8 and 32 say 6.5: runs/reference/nvidia-h200/README.md; from 8, 26 ms on
+    an H100, so the first point timed, not micro-batch 1, read slow: see calibrate); on a
     CPU, the smallest but at most an eighth of the largest. The fixed part is the line's intercept,
     2 t(4) - t(8) between 4 and 8, twice the noise of t(4): on this machine (GPT-lite small,
     2026-11-26) it read 238 ms per micro-step where 1 and 8 read none, and the planner ranked every
@@ -359,6 +378,12 @@ def here_device(train_argv: list[str], world: int, per_node: int, overlap: float
                       precision=cfg.precision)
     finally:
         torch.set_num_threads(threads)
+        # The verifying runs are other processes on the same GPU: what the calibration's caching allocator
+        # keeps (46 GiB for the paper preset at micro-batch 64 on an H100) is missing from theirs, and put
+        # out of memory a candidate the budget admits (2026-11-26, runs/reference/nvidia-h100-80gb-hbm3-plan/).
+        if torch.cuda.is_initialized():
+            gc.collect()
+            torch.cuda.empty_cache()
     inside = probe_link(world) if world > 1 else Link(math.inf, 0.0, "one rank: nothing to communicate")
     timed = ", ".join(f"micro-batch {m}: {s * 1e3:.1f} ms" for m, s in c["timed"].items())
     return Device(f"here ({setup.env.device})", inside, inside, micro_step_s=c["micro_step_s"],
@@ -416,8 +441,8 @@ def evaluate(cand: Candidate, train_argv: list[str], world: int, per_node: int, 
             n = len(est.activations.full) if est.activations is not None else 0
             checkpointed = sum(c != "none" for c in interval_choices(n, cfg.ckpt_interval))
             share = device.recompute.get(cfg.ckpt_policy, 0.0) * (checkpointed / n if n else 1.0)
-        compute = (cand.grad_accum * device.micro_step_s + samples * device.sample_s) * (1 + share) \
-            + device.optimizer_s
+        micro_steps = cand.grad_accum * device.micro_step_s * (1 + share)  # refit apart when accumulations differ
+        compute = micro_steps + samples * device.sample_s * (1 + share) + device.optimizer_s
     backend = resolved.build(setup.env)
     schedule = backend.comm_schedule()
     traffic = theory_traffic(backend.comm_theory(setup.n_params), bucket_mib,
@@ -435,7 +460,8 @@ def evaluate(cand: Candidate, train_argv: list[str], world: int, per_node: int, 
         offload = _offload_seconds(resolved, setup.n_params, world, {"pcie_gb_s": device.pcie_gb_s},
                                    Assumptions(cpu_adam_gparams_s=device.cpu_adam_gparams_s))
     step = compute + (1 - device.overlap) * comm + wait + offload
-    row.update(backend=cfg.backend, compute_ms=compute * 1e3, comm_ms=comm * 1e3, wait_ms=wait * 1e3,
+    row.update(backend=cfg.backend, compute_ms=compute * 1e3, micro_steps_ms=(0.0 if gpu else micro_steps) * 1e3,
+               comm_ms=comm * 1e3, wait_ms=wait * 1e3,
                offload_ms=offload * 1e3,
                step_ms=step * 1e3, pred_samples_per_s=setup.layout.global_batch / step,
                command=command(flags, cfg.backend, world, per_node))
@@ -589,14 +615,41 @@ def _on_slurm(planned: list, runs_dir: Path, timeout_s: float, settings) -> dict
     return {o.run.name: o for o in outcomes}
 
 
+def _bounded_lstsq(a, b, lower, upper):
+    """min |a x - b| over lower <= x <= upper, exactly, for the few unknowns of a refit: each unknown
+    free or held at one of its bounds, the free ones solved by least squares, the best feasible kept
+    (the first of equals: a column of zeros, one rank's communication, is solved to 0)."""
+    import itertools
+
+    import numpy as np
+
+    best = None
+    for states in itertools.product((None, 0, 1), repeat=a.shape[1]):
+        x = np.array([0.0 if s is None else (lower, upper)[s][i] for i, s in enumerate(states)])
+        if not np.all(np.isfinite(x)):
+            continue
+        free = [i for i, s in enumerate(states) if s is None]
+        if free:
+            x[free] = np.linalg.lstsq(a[:, free], b - a @ x, rcond=None)[0]
+        if np.all(x >= np.array(lower) - 1e-12) and np.all(x <= np.array(upper) + 1e-12):
+            residual = float(np.sum((a @ x - b) ** 2))
+            if best is None or residual < best[0] * (1 - 1e-9) - 1e-30:
+                best = (residual, x)
+    return best[1]
+
+
 def refit(rows: list[dict], verified: list[dict], global_batch: int) -> dict | None:
     """The step-time model's free parameters refitted on the verified runs: a factor on compute (the
     calibration ran alone; ranks share the machine) and the share of communication not hidden
-    (1 - overlap, within [0, 1]), least squares on the step time; then each verified configuration's
-    own overhead, the median of its runs' measured step over the refitted one (a wrapper's hooks, a
-    ZeRO-3 gather the byte count does not price), applied to its every candidate (1 for a
-    configuration not verified; a --variants file counts as the configuration it varies). Each candidate's `refit_samples_per_s` is then the refitted
-    prediction, and the fitting candidates are re-ranked by it. None with fewer than 2 measured runs."""
+    (1 - overlap, within [0, 1]), least squares on the step time; where the verified runs accumulate
+    differently, the calibrated micro-steps' fixed cost (`micro_steps_ms`) gets a factor of its own (an
+    H100's calibration put 26 ms on each where the runs said 6.5, and the one factor left 8 x 8 26%
+    under: runs/reference/nvidia-h100-80gb-hbm3-plan); then each verified configuration's own overhead,
+    the median of its runs' measured step over the refitted one (a wrapper's hooks, a ZeRO-3 gather the
+    byte count does not price), applied to its every candidate (1 for a configuration not verified; a
+    --variants file counts as the configuration it varies). Each candidate's `refit_samples_per_s` is
+    then the refitted prediction, and the fitting candidates are re-ranked by it. None with fewer than
+    2 measured runs."""
     import numpy as np
 
     by_command = {r["command"]: r for r in rows if "command" in r}
@@ -604,17 +657,22 @@ def refit(rows: list[dict], verified: list[dict], global_batch: int) -> dict | N
               if v["status"] == "ok" and v.get("measured_samples_per_s")]
     if len(points) < 2:
         return None
-    a = np.array([[r["compute_ms"] / 1e3, r["comm_ms"] / 1e3] for r, _ in points])
+    split = (len({r.get("micro x accum", "").partition("x")[2] for r, _ in points}) > 1
+             and any(r.get("micro_steps_ms") for r, _ in points))
+
+    def columns(r: dict) -> list[float]:  # compute (less its micro-steps' fixed cost, where split), comm
+        fixed = r.get("micro_steps_ms", 0.0) if split else 0.0
+        return [(r["compute_ms"] - fixed) / 1e3, r["comm_ms"] / 1e3, *([fixed / 1e3] if split else [])]
+
+    a = np.array([columns(r) for r, _ in points])
     b = np.array([step - (r["offload_ms"] + r.get("wait_ms", 0.0)) / 1e3 for r, step in points])
-    (factor, exposed), *_ = np.linalg.lstsq(a, b, rcond=None)
-    if not 0 <= exposed <= 1:  # the exposed share at its bound, the compute factor fitted alone
-        exposed = min(max(exposed, 0.0), 1.0)
-        factor = float(np.dot(a[:, 0], b - exposed * a[:, 1]) / np.dot(a[:, 0], a[:, 0]))
-    factor = max(float(factor), 1e-6)
+    x = _bounded_lstsq(a, b, [1e-6, 0.0, *([0.0] if split else [])], [np.inf, 1.0, *([np.inf] if split else [])])
+    factor, exposed = float(x[0]), float(x[1])
+    fixed_factor = float(x[2]) if split else factor
 
     def step_of(r: dict) -> float:
         waiting = r["offload_ms"] + r.get("wait_ms", 0.0)  # neither overlaps compute
-        return factor * r["compute_ms"] / 1e3 + exposed * r["comm_ms"] / 1e3 + waiting / 1e3
+        return float(np.dot([factor, exposed, *([fixed_factor] if split else [])], columns(r))) + waiting / 1e3
 
     ratios: dict[str, list[float]] = {}
     for r, step in points:  # a variant shares the overhead of the configuration it varies
@@ -625,7 +683,8 @@ def refit(rows: list[dict], verified: list[dict], global_batch: int) -> dict | N
             r["refit_samples_per_s"] = global_batch / (step_of(r) * overhead.get(r.get("base") or r.get("config"), 1.0))
     for v in verified:
         v["refit_samples_per_s"] = by_command[v["command"]].get("refit_samples_per_s")
-    return {"compute_factor": factor, "overlap": 1 - float(exposed), "overhead": overhead, "runs": len(points)}
+    return {"compute_factor": factor, "overlap": 1 - exposed, "overhead": overhead, "runs": len(points),
+            **({"micro_step_factor": fixed_factor} if split else {})}
 
 
 def main(argv=None) -> int:
@@ -793,7 +852,9 @@ def _print_verified(verified: list[dict], fitted: dict | None, fitting: list[dic
     print(table.to_string(index=False, float_format=lambda v: f"{v:,.4g}"))
     if fitted:
         overhead = ", ".join(f"{c} x {o:.3g}" for c, o in fitted["overhead"].items())
-        print(f"\nrefitted on {fitted['runs']} verified candidates: compute x {fitted['compute_factor']:.3g}, overlap "
+        steps = (f" (its micro-steps' fixed cost x {fitted['micro_step_factor']:.3g})"
+                 if "micro_step_factor" in fitted else "")
+        print(f"\nrefitted on {fitted['runs']} verified candidates: compute x {fitted['compute_factor']:.3g}{steps}, overlap "
               f"{fitted['overlap']:.2f}; each verified configuration's overhead: {overhead}; re-ranked, "
               f"the top {min(5, len(fitting))}:")
         again = sorted(fitting, key=lambda r: -r["refit_samples_per_s"])[:5]
