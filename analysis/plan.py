@@ -404,7 +404,7 @@ def evaluate(cand: Candidate, train_argv: list[str], world: int, per_node: int, 
     """One candidate: resolved as train.py would (refused: `refused` says why), its peak estimated
     against the budget, its step time predicted part by part."""
     from analysis.estimate import estimate_from_record
-    from analysis.project import _offload_seconds, comm_seconds, theory_traffic
+    from analysis.project import _offload_seconds, comm_and_wait, theory_traffic
     from core.config import interval_choices
     from core.flops import sample_flops
     from training.describe import MODEL_FIELDS, resolve_flags
@@ -447,12 +447,8 @@ def evaluate(cand: Candidate, train_argv: list[str], world: int, per_node: int, 
     schedule = backend.comm_schedule()
     traffic = theory_traffic(backend.comm_theory(setup.n_params), bucket_mib,
                              {kind: size for kind, (size, _) in schedule.items()})
-    comm = wait = 0.0
-    for kind, term in traffic.items():  # a kind's waiting share is on the critical path, the rest may overlap
-        seconds = comm_seconds({kind: term}, per_node, (device.inside.gb_s, device.inside.latency_us),
+    comm, wait = comm_and_wait(traffic, schedule, per_node, (device.inside.gb_s, device.inside.latency_us),
                                (device.between.gb_s, device.between.latency_us))
-        waits = schedule.get(kind, (None, 0.0))[1]
-        comm, wait = comm + (1 - waits) * seconds, wait + waits * seconds
     offload = 0.0
     if device.pcie_gb_s is not None:
         from analysis.project import Assumptions
@@ -635,21 +631,22 @@ def _bounded_lstsq(a, b, lower, upper):
             residual = float(np.sum((a @ x - b) ** 2))
             if best is None or residual < best[0] * (1 - 1e-9) - 1e-30:
                 best = (residual, x)
-    return best[1]
+    return np.clip(best[1], lower, upper)
 
 
 def refit(rows: list[dict], verified: list[dict], global_batch: int) -> dict | None:
     """The step-time model's free parameters refitted on the verified runs: a factor on compute (the
     calibration ran alone; ranks share the machine) and the share of communication not hidden
     (1 - overlap, within [0, 1]), least squares on the step time; where the verified runs accumulate
-    differently, the calibrated micro-steps' fixed cost (`micro_steps_ms`) gets a factor of its own (an
-    H100's calibration put 26 ms on each where the runs said 6.5, and the one factor left 8 x 8 26%
-    under: runs/reference/nvidia-h100-80gb-hbm3-plan); then each verified configuration's own overhead,
-    the median of its runs' measured step over the refitted one (a wrapper's hooks, a ZeRO-3 gather the
-    byte count does not price), applied to its every candidate (1 for a configuration not verified; a
-    --variants file counts as the configuration it varies). Each candidate's `refit_samples_per_s` is
-    then the refitted prediction, and the fitting candidates are re-ranked by it. None with fewer than
-    2 measured runs."""
+    differently and determine it with a run to spare, the calibrated micro-steps' fixed cost
+    (`micro_steps_ms`) gets a factor of its own (an H100's calibration put 26 ms on each where the
+    runs said 6.5, and the one factor left 8 x 8 26% under:
+    runs/reference/nvidia-h100-80gb-hbm3-plan); then each verified configuration's own overhead, the
+    median of its runs' measured step over the refitted one (a wrapper's hooks, a ZeRO-3 gather the
+    byte count does not price), applied to its every candidate (1 for a configuration not verified;
+    a --variants file counts as the configuration it varies). Each candidate's `refit_samples_per_s`
+    is then the refitted prediction, and the fitting candidates are re-ranked by it. None with fewer
+    than 2 measured runs."""
     import numpy as np
 
     by_command = {r["command"]: r for r in rows if "command" in r}
@@ -657,14 +654,19 @@ def refit(rows: list[dict], verified: list[dict], global_batch: int) -> dict | N
               if v["status"] == "ok" and v.get("measured_samples_per_s")]
     if len(points) < 2:
         return None
-    split = (len({r.get("micro x accum", "").partition("x")[2] for r, _ in points}) > 1
-             and any(r.get("micro_steps_ms") for r, _ in points))
-
-    def columns(r: dict) -> list[float]:  # compute (less its micro-steps' fixed cost, where split), comm
+    def columns(r: dict, split: bool) -> list[float]:  # compute (less its micro-steps' fixed cost), comm
         fixed = r.get("micro_steps_ms", 0.0) if split else 0.0
         return [(r["compute_ms"] - fixed) / 1e3, r["comm_ms"] / 1e3, *([fixed / 1e3] if split else [])]
 
-    a = np.array([columns(r) for r, _ in points])
+    # The split only where the runs determine it, with a run to spare: they accumulate differently, and
+    # the parts they have (one rank has no communication) are not proportional across them (every run
+    # DDP without checkpointing: the rest of compute and comm both constant).
+    a = np.array([columns(r, True) for r, _ in points])
+    used = np.abs(a).max(axis=0) > 0
+    scaled = a[:, used] / np.abs(a[:, used]).max(axis=0)
+    split = bool(used[2] and len({r.get("micro x accum", "").partition("x")[2] for r, _ in points}) > 1
+                 and np.linalg.matrix_rank(scaled, tol=1e-6 * len(points)) == used.sum() < len(points))
+    a = np.array([columns(r, split) for r, _ in points])
     b = np.array([step - (r["offload_ms"] + r.get("wait_ms", 0.0)) / 1e3 for r, step in points])
     x = _bounded_lstsq(a, b, [1e-6, 0.0, *([0.0] if split else [])], [np.inf, 1.0, *([np.inf] if split else [])])
     factor, exposed = float(x[0]), float(x[1])
@@ -672,7 +674,7 @@ def refit(rows: list[dict], verified: list[dict], global_batch: int) -> dict | N
 
     def step_of(r: dict) -> float:
         waiting = r["offload_ms"] + r.get("wait_ms", 0.0)  # neither overlaps compute
-        return float(np.dot([factor, exposed, *([fixed_factor] if split else [])], columns(r))) + waiting / 1e3
+        return float(np.dot([factor, exposed, *([fixed_factor] if split else [])], columns(r, split))) + waiting / 1e3
 
     ratios: dict[str, list[float]] = {}
     for r, step in points:  # a variant shares the overhead of the configuration it varies

@@ -20,9 +20,13 @@ and a step time:
                 checkpointing recomputes) x samples per rank / (peak of the precision x MFU)
     comm      = per kind: alpha x ring steps x calls + bus bytes / bandwidth of the slowest link
                 (NVLink when the kind's group fits in a node, else the network's share per GPU)
+                cut into calls by the configuration's own bucket sizes where it names them; the share
+                each backend's schedule puts on the critical path (Backend.comm_schedule: a collective
+                after backward or in the optimizer step, a gather nothing prefetches) is `wait`, the
+                rest `comm`
     offload   = host<->device bytes / PCIe bandwidth + the CPU optimizer's time (ZeRO-Offload, FSDP
                 CPU offload)
-    step      = compute + (1 - overlap) x comm + offload
+    step      = compute + (1 - overlap) x comm + wait + offload
 
 samples/s = global batch / step. Every assumption (MFU, overlap, bucket size, CPU Adam speed, the
 hardware table analysis/hardware.yaml, datasheet figures) is printed with the result: this is a
@@ -124,7 +128,8 @@ def project(entry: str, train_argv: list[str], world: int, gpu: dict, net: dict,
     setup = resolve_entry(entry, train_argv, world, per_node)
     resolved, cfg = setup.resolved, setup.cfg
     n_params = setup.n_params
-    theory = resolved.build(setup.env).comm_theory(n_params)
+    backend = resolved.build(setup.env)
+    theory, schedule = backend.comm_theory(n_params), backend.comm_schedule()
     memory = estimate_from_record({**setup.record(), "environment": {"device": str(setup.env.device)}})
     # Hardware FLOPs per sample: the model's (GPT-lite's formula, any other model counted on fake
     # tensors) and what checkpointing runs again.
@@ -143,11 +148,11 @@ def project(entry: str, train_argv: list[str], world: int, gpu: dict, net: dict,
         traffic = {kind: (groups.get(kind, world), v["bus_bytes"], v["calls"])
                    for kind, v in counted["comm"]["collectives"].items()}
     else:
-        traffic = theory_traffic(theory, a.bucket_mib)
-    comm_s = comm_seconds(traffic, per_node, (gpu["nvlink_gb_s"], nvlink_latency_us),
-                          (net["gb_s_per_gpu"], net["latency_us"]))
+        traffic = theory_traffic(theory, a.bucket_mib, {kind: size for kind, (size, _) in schedule.items()})
+    comm_s, wait_s = comm_and_wait(traffic, schedule, per_node, (gpu["nvlink_gb_s"], nvlink_latency_us),
+                                   (net["gb_s_per_gpu"], net["latency_us"]))
     offload_s = _offload_seconds(resolved, n_params, world, gpu, a)
-    step_s = compute_s + (1 - a.overlap) * comm_s + offload_s
+    step_s = compute_s + (1 - a.overlap) * comm_s + wait_s + offload_s
     label = config_label(cfg.backend, cfg.fsdp_config, cfg.deepspeed_config)
     return {"config": label, "gpus": world, "nodes": math.ceil(world / per_node),
             "micro x accum": f"{cfg.micro_batch}x{samples // cfg.micro_batch}", "precision": cfg.precision,
@@ -155,7 +160,7 @@ def project(entry: str, train_argv: list[str], world: int, gpu: dict, net: dict,
             "comm GiB/step": sum(bus for _, bus, _ in traffic.values()) / 2**30,
             "bytes": "counted" if counted is not None else "theory",
             **({"counted peak GiB": counted["mem_peak_bytes"] / 2**30} if counted is not None else {}),
-            "compute ms": compute_s * 1e3, "comm ms": comm_s * 1e3,
+            "compute ms": compute_s * 1e3, "comm ms": comm_s * 1e3, "wait ms": wait_s * 1e3,
             "offload ms": offload_s * 1e3, "step ms": step_s * 1e3, "samples/s": world * samples / step_s}
 
 
@@ -180,6 +185,20 @@ def comm_seconds(traffic: dict, per_node: int, inside: tuple[float, float], betw
         seconds += latency_us * 1e-6 * RING_STEPS.get(kind.split("_secondary")[0], 1) * (group - 1) * calls
         seconds += bus_bytes / (gb_s * 1e9)
     return seconds
+
+
+def comm_and_wait(traffic: dict, schedule: dict, per_node: int, inside: tuple[float, float],
+                  between: tuple[float, float]) -> tuple[float, float]:
+    """Seconds of `traffic` (comm_seconds) that may overlap compute and that wait on the critical path:
+    each kind's waiting share from the backend's schedule (Backend.comm_schedule: DeepSpeed stage 0's
+    all-reduce after backward, ZeRO-1/2's gather in the optimizer step, gathers nothing prefetches);
+    a hierarchical group's secondary kind waits as its primary does."""
+    comm = wait = 0.0
+    for kind, term in traffic.items():
+        seconds = comm_seconds({kind: term}, per_node, inside, between)
+        waits = schedule.get(kind, schedule.get(kind.split("_secondary")[0], (None, 0.0)))[1]
+        comm, wait = comm + (1 - waits) * seconds, wait + waits * seconds
+    return comm, wait
 
 
 def _offload_seconds(resolved, n_params: int, world: int, gpu: dict, a: Assumptions) -> float:
@@ -295,7 +314,8 @@ def main(argv=None) -> int:
         return 1
     bytes_from = ("counted: each backend's real collectives at W under the fake process group; memory peak "
                   "as measured there on this machine's device" if args.counted else
-                  f"each backend's theory (comm_theory), cut into {a.bucket_mib} MiB buckets")
+                  f"each backend's theory (comm_theory), cut into the configuration's buckets where it names "
+                  f"them, else {a.bucket_mib} MiB")
     what = f"{given.preset} preset" if given.model == "gptlite" else given.model
     lines = [f"{what} on {args.gpu} x W over {args.network}; the run: train.py {' '.join(train_argv) or '(defaults)'}",
              f"assumptions: MFU {a.mfu}, overlap {a.overlap}, CPU Adam {a.cpu_adam_gparams_s} G params/s per GPU, "
