@@ -31,6 +31,11 @@ from core.memory import MemoryAccounting
 from gptlite.errors import ConfigError
 
 
+def _element_bytes(precision: str) -> int:
+    """Bytes of an element DeepSpeed communicates: its 16-bit precisions' 2, fp32's 4."""
+    return 2 if precision in ("bf16", "fp16") else 4
+
+
 class DeepSpeedAccounting(MemoryAccounting):
     """The engine's fp32 master partitions and Adam state, its gradient buffers, and the module's
     (ZeRO-3: partitioned) parameters."""
@@ -165,7 +170,7 @@ class DeepSpeedBackend(Backend):
         if n == 1:
             return super().comm_theory(n_params)
         zero = plan.config.get("zero_optimization") or {}
-        c = 2 if plan.precision in ("bf16", "fp16") else 4
+        c = _element_bytes(plan.precision)
         weights = 1 if zero.get("zero_quantized_weights") else c
         grads = 0.5 if zero.get("zero_quantized_gradients") else c
         if plan.stage == 0:
@@ -191,12 +196,12 @@ class DeepSpeedBackend(Backend):
         Its calls follow the modules, not a bucket size: the projection's bucket size prices them."""
         plan = self.plan
         zero = plan.config.get("zero_optimization") or {}
-        c = 2 if plan.precision in ("bf16", "fp16") else 4
+        c = _element_bytes(plan.precision)
+        if plan.stage == 0:
+            return {"all_reduce": (c * 5e8, 1.0)}
         reduce_bytes = 0.5 if plan.stage == 3 and zero.get("zero_quantized_gradients") else c  # qgZ: int4
         reduction = reduce_bytes * float(zero.get("reduce_bucket_size", 5e8))
         overlapped = plan.stage == 3 if zero.get("overlap_comm") is None else bool(zero["overlap_comm"])
-        if plan.stage == 0:
-            return {"all_reduce": (c * 5e8, 1.0)}
         if plan.stage in (1, 2):
             return {"reduce_scatter": (reduction, 0.0 if overlapped else 1.0), "all_gather": (math.inf, 1.0)}
         prefetch = float(zero.get("stage3_prefetch_bucket_size", 5e7))
