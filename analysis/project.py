@@ -57,7 +57,7 @@ ARTICLE = {"ddp": 11.45, "deepspeed.z1": 11.07, "deepspeed.z2": 10.44, "deepspee
 class Assumptions:
     mfu: float = 0.4  # measured 0.26-0.40 on one H100 for the paper preset (runs/reference/)
     overlap: float = 0.5  # share of communication hidden behind compute
-    bucket_mib: float = 25.0  # message size collectives are cut into (DDP's bucket_cap_mb)
+    bucket_mib: float = 25.0  # message size where the configuration names none (DDP's bucket_cap_mb)
     cpu_adam_gparams_s: float = 1.0  # billions of parameters a CPU Adam steps per second per GPU
 
 
@@ -118,8 +118,9 @@ def project(entry: str, train_argv: list[str], world: int, gpu: dict, net: dict,
             a: Assumptions, counted: dict | None = None) -> dict:
     """One configuration of the run train.py's flags `train_argv` describe, on `world` GPUs: memory,
     bytes, step time and samples/s. With `counted` (a fake-process-group run, count()), the bytes and
-    calls are the backend's real ones at that world size; otherwise its theory's, cut into buckets
-    of a.bucket_mib."""
+    calls are the backend's real ones at that world size; otherwise its theory's, cut into calls by
+    the configuration's own bucket sizes where it names them (Backend.comm_schedule), else
+    a.bucket_mib; either way the share its schedule puts on the critical path is `wait ms`."""
     from analysis.estimate import estimate_from_record
     from analysis.runs import config_label
     from core.flops import planned_sample_flops, sample_flops
@@ -192,11 +193,11 @@ def comm_and_wait(traffic: dict, schedule: dict, per_node: int, inside: tuple[fl
     """Seconds of `traffic` (comm_seconds) that may overlap compute and that wait on the critical path:
     each kind's waiting share from the backend's schedule (Backend.comm_schedule: DeepSpeed stage 0's
     all-reduce after backward, ZeRO-1/2's gather in the optimizer step, gathers nothing prefetches);
-    a hierarchical group's secondary kind waits as its primary does."""
+    a kind the schedule does not name overlaps."""
     comm = wait = 0.0
     for kind, term in traffic.items():
         seconds = comm_seconds({kind: term}, per_node, inside, between)
-        waits = schedule.get(kind, schedule.get(kind.split("_secondary")[0], (None, 0.0)))[1]
+        waits = schedule.get(kind, (None, 0.0))[1]
         comm, wait = comm + (1 - waits) * seconds, wait + waits * seconds
     return comm, wait
 

@@ -202,8 +202,9 @@ class DeepSpeedBackend(Backend):
         reduce_bytes = 0.5 if plan.stage == 3 and zero.get("zero_quantized_gradients") else c  # qgZ: int4
         reduction = reduce_bytes * float(zero.get("reduce_bucket_size", 5e8))
         overlapped = plan.stage == 3 if zero.get("overlap_comm") is None else bool(zero["overlap_comm"])
-        if plan.stage in (1, 2):
-            return {"reduce_scatter": (reduction, 0.0 if overlapped else 1.0), "all_gather": (math.inf, 1.0)}
+        if plan.stage in (1, 2):  # 0.19's reduction is counted as all-reduce (use_multi_rank_bucket_allreduce)
+            reducing = (reduction, 0.0 if overlapped else 1.0)
+            return {"reduce_scatter": reducing, "all_reduce": reducing, "all_gather": (math.inf, 1.0)}
         prefetch = float(zero.get("stage3_prefetch_bucket_size", 5e7))
         return {"reduce_scatter": (reduction, 0.0 if overlapped else 1.0), "all_gather": (None, 0.0 if prefetch else 0.5)}
 

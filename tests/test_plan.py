@@ -207,9 +207,9 @@ def test_the_calibration_times_its_two_micro_batches_taking_turns(monkeypatch):
 
     monkeypatch.setattr(ckpt_plan, "forward_backward", recorded)
     setup = resolve_flags([*TINY, "--backend", "single"], 1)
-    c = plan.calibrate(setup.workload, setup.cfg.block_class, (2, 8), "cpu", setup.cfg.save_ops(), reps=3)
-    assert order[:8] == [2, 8, 2, 8, 2, 8, 2, 8], order
-    assert max(c["timed"].values()) < 1.0, c["timed"]
+    c = plan.calibrate(setup.workload, setup.cfg.block_class, (2, 8), "cpu", setup.cfg.save_ops(), reps=1)
+    assert order[:4] == [2, 8, 2, 8], order
+    assert max(c["timed"].values()) < 1.0, c["timed"]  # one timed call each: not the slow first
 
 
 def test_here_is_calibrated_where_the_candidates_run(monkeypatch, capsys):
@@ -466,13 +466,20 @@ def test_each_backend_says_how_its_collectives_run(tmp_path):
     prefetch; DDP and FSDP2 say nothing (the projection's bucket, all overlappable)."""
     import math
 
+    from analysis.project import comm_and_wait
+
     assert _schedule("--deepspeed_config", "ds_configs/z0.json") == {"all_reduce": (4 * 5e8, 1.0)}
     assert _schedule("--deepspeed_config", "ds_configs/z2.json") == {"reduce_scatter": (4 * 400000, 0.0),
+                                                                    "all_reduce": (4 * 400000, 0.0),
                                                                     "all_gather": (math.inf, 1.0)}
     serial = json.loads((REPO / "ds_configs/z1.json").read_text())
     serial["zero_optimization"]["overlap_comm"] = False
     (tmp_path / "z1_serial.json").write_text(json.dumps(serial))
-    assert _schedule("--deepspeed_config", str(tmp_path / "z1_serial.json"))["reduce_scatter"] == (4 * 400000, 1.0)
+    schedule = _schedule("--deepspeed_config", str(tmp_path / "z1_serial.json"))
+    assert schedule["reduce_scatter"] == schedule["all_reduce"] == (4 * 400000, 1.0)
+    # --counted: DeepSpeed 0.19 reduces ZeRO-1/2's gradients by all-reduce; without overlap_comm it waits
+    comm, wait = comm_and_wait({"all_reduce": (2, 1e6, 3)}, schedule, 8, (100.0, 1.0), (10.0, 5.0))
+    assert comm == 0 < wait
     assert _schedule("--deepspeed_config", "ds_configs/z3.json") == {"reduce_scatter": (4 * 400000, 0.0),
                                                                     "all_gather": (None, 0.0)}
     varied = plan.write_variants(["ds_configs/z3.json", "fsdp_configs/full_shard.yaml"], str(tmp_path / "v"))
