@@ -428,6 +428,7 @@ def evaluate(cand: Candidate, train_argv: list[str], world: int, per_node: int, 
                **({} if est.total_bytes <= limit else {"breaks": f"{breaks} {parts[breaks] / GiB:.3g} GiB of "
                                                               f"{est.total_bytes / GiB:.3g} GiB"}))
     samples = setup.layout.global_batch // world
+    micro_steps = 0.0  # the calibrated fixed cost of the micro-steps (a named GPU's compute has none apart)
     if gpu:
         key = (tuple(getattr(cfg, f) for f in MODEL_FIELDS), cfg.ckpt_interval, cfg.ckpt_policy)
         if key not in _FLOPS:
@@ -445,8 +446,7 @@ def evaluate(cand: Candidate, train_argv: list[str], world: int, per_node: int, 
         compute = micro_steps + samples * device.sample_s * (1 + share) + device.optimizer_s
     backend = resolved.build(setup.env)
     schedule = backend.comm_schedule()
-    traffic = theory_traffic(backend.comm_theory(setup.n_params), bucket_mib,
-                             {kind: size for kind, (size, _) in schedule.items()})
+    traffic = theory_traffic(backend.comm_theory(setup.n_params), bucket_mib, schedule)
     comm, wait = comm_and_wait(traffic, schedule, per_node, (device.inside.gb_s, device.inside.latency_us),
                                (device.between.gb_s, device.between.latency_us))
     offload = 0.0
@@ -456,7 +456,7 @@ def evaluate(cand: Candidate, train_argv: list[str], world: int, per_node: int, 
         offload = _offload_seconds(resolved, setup.n_params, world, {"pcie_gb_s": device.pcie_gb_s},
                                    Assumptions(cpu_adam_gparams_s=device.cpu_adam_gparams_s))
     step = compute + (1 - device.overlap) * comm + wait + offload
-    row.update(backend=cfg.backend, compute_ms=compute * 1e3, micro_steps_ms=(0.0 if gpu else micro_steps) * 1e3,
+    row.update(backend=cfg.backend, compute_ms=compute * 1e3, micro_steps_ms=micro_steps * 1e3,
                comm_ms=comm * 1e3, wait_ms=wait * 1e3,
                offload_ms=offload * 1e3,
                step_ms=step * 1e3, pred_samples_per_s=setup.layout.global_batch / step,

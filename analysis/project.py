@@ -149,7 +149,7 @@ def project(entry: str, train_argv: list[str], world: int, gpu: dict, net: dict,
         traffic = {kind: (groups.get(kind, world), v["bus_bytes"], v["calls"])
                    for kind, v in counted["comm"]["collectives"].items()}
     else:
-        traffic = theory_traffic(theory, a.bucket_mib, {kind: size for kind, (size, _) in schedule.items()})
+        traffic = theory_traffic(theory, a.bucket_mib, schedule)
     comm_s, wait_s = comm_and_wait(traffic, schedule, per_node, (gpu["nvlink_gb_s"], nvlink_latency_us),
                                    (net["gb_s_per_gpu"], net["latency_us"]))
     offload_s = _offload_seconds(resolved, n_params, world, gpu, a)
@@ -165,11 +165,10 @@ def project(entry: str, train_argv: list[str], world: int, gpu: dict, net: dict,
             "offload ms": offload_s * 1e3, "step ms": step_s * 1e3, "samples/s": world * samples / step_s}
 
 
-def theory_traffic(theory: dict, bucket_mib: float, messages: dict | None = None) -> dict:
-    """{kind: (group size, bus bytes, calls)} of a backend's comm_theory, its bytes cut into buckets:
-    `messages` {kind: bytes per call} where the configuration says (Backend.comm_schedule), else
-    bucket_mib."""
-    sizes = {kind: (messages or {}).get(kind) or bucket_mib * 2**20 for kind in theory["by_kind"]}
+def theory_traffic(theory: dict, bucket_mib: float, schedule: dict | None = None) -> dict:
+    """{kind: (group size, bus bytes, calls)} of a backend's comm_theory, its bytes cut into calls of
+    the bytes its `schedule` (Backend.comm_schedule) gives a kind, else of bucket_mib."""
+    sizes = {kind: (schedule or {}).get(kind, (None, 0.0))[0] or bucket_mib * 2**20 for kind in theory["by_kind"]}
     return {kind: (term["group_size"], term["bus_bytes"], max(1, math.ceil(term["bytes"] / sizes[kind])))
             for kind, term in theory["by_kind"].items()}
 
