@@ -521,8 +521,8 @@ def main(argv=None) -> int:
     interval = int(run.get("ckpt_interval") or 0)
     ckpt = (f"checkpoint interval {interval}" + (f" ({run['ckpt_policy']})" if run["ckpt_policy"] != "full" else "")
             if interval else f"checkpointing plan {run['ckpt_plan']}" if run.get("ckpt_plan") else "no checkpointing")
-    print(f"{what}, {config_label(run['backend'], run['fsdp_config'], run['deepspeed_config'])}"
-          f", {args.world} rank(s), micro-batch {run['micro_batch']}, {run['precision']}, {ckpt}, on "
+    label = config_label(run["backend"], run["fsdp_config"], run["deepspeed_config"], run.get("ddp_bucket_cap_mb"))
+    print(f"{what}, {label}, {args.world} rank(s), micro-batch {run['micro_batch']}, {run['precision']}, {ckpt}, on "
           f"{config['environment']['device']}, per rank:")
     if plan:
         from core.config import describe_plan as describe_choices

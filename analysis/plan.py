@@ -26,12 +26,13 @@ model whose parts are printed:
     wait      the share of comm nothing overlaps (Backend.comm_schedule): DeepSpeed stage 0's all-reduce
               after backward, ZeRO-1/2's gather in the optimizer step and reductions without
               overlap_comm, ZeRO-3's gathers with stage3_prefetch_bucket_size 0, FSDP's backward
-              gathers with backward_prefetch null; on the critical path, never hidden
+              gathers with backward_prefetch null, DDP's last bucket (ready when backward ends); on
+              the critical path, never hidden
     offload   host<->device bytes / PCIe and the CPU optimizer's time (a named GPU only)
     step      compute + (1 - overlap) x comm + wait + offload;  samples/s = global batch / step
 
---variants DIR adds the variants of the compared files that change speed or memory (bucket sizes,
-prefetching: variants()), written into DIR as the files their commands name.
+--variants DIR adds the variants of the compared configurations that change speed or memory (bucket
+sizes, prefetching: variants()), written into DIR as the files their commands name (DDP's are flags).
 The answer is ranked by predicted samples/s, with each candidate's exact launch command.
 --verify K runs the top K and two further down (here, or as Slurm jobs with --executor slurm;
 --verify_rounds R runs each R times, taking turns), refits the step model on them and picks the
@@ -73,14 +74,16 @@ MARGIN = 0.15
 WARM_S = 2.0
 # train.py flags the planner chooses: a user gives the question (model, budget, batch), not the answer.
 CHOSEN_FLAGS = ("backend", "fsdp_config", "deepspeed_config", "deepspeed", "accelerate_plugin", "micro_batch",
-                "grad_accum", "ckpt_interval", "ckpt_policy", "ckpt_plan", "mem_budget_gb")
+                "grad_accum", "ckpt_interval", "ckpt_policy", "ckpt_plan", "mem_budget_gb", "ddp_bucket_cap_mb")
 
 
 @dataclass(frozen=True)
 class Candidate:
     """One configuration of the run: a backend configuration, micro-batch x accumulation, checkpointing."""
 
-    config: str  # single, ddp, fsdp, fsdp2, or an fsdp_configs/ or ds_configs/ file (relative to the repository)
+    # single, ddp, fsdp, fsdp2, or an fsdp_configs/ or ds_configs/ file (relative to the repository); a
+    # variant set by flags (DDP's buckets: variants()) follows with them, "ddp --ddp_bucket_cap_mb 100"
+    config: str
     micro_batch: int
     grad_accum: int
     ckpt: str  # none, full/k, selective/k
@@ -95,12 +98,26 @@ class Candidate:
         """train.py's flags for this candidate (besides the model's)."""
         from analysis.project import config_flags
 
-        flags = [*config_flags(self.config), "--micro_batch", str(self.micro_batch),
+        entry, options = self.config, []
+        if not entry.endswith((".yaml", ".json")):  # a backend's name, with a variant's flags
+            entry, *options = entry.split(" ")
+        flags = [*config_flags(entry), *options, "--micro_batch", str(self.micro_batch),
                  "--grad_accum", str(self.grad_accum)]
         if self.ckpt != "none":
             policy, k = self.ckpt.split("/")
             flags += ["--ckpt_interval", k] + (["--ckpt_policy", "selective"] if policy == "selective" else [])
         return flags
+
+    @property
+    def file(self) -> str | None:
+        """The configuration's file, if it has one."""
+        return self.config if self.config.endswith((".yaml", ".json")) else None
+
+    def run_name(self) -> str:
+        """A run's name for it: plan-z2-mb4x2-full2, plan-ddp-ddp_bucket_cap_mb-100-mb8x1-none."""
+        entry, *options = [self.config] if self.file else self.config.split(" ")
+        label = "-".join([Path(entry).stem, *(o.lstrip("-") for o in options)])
+        return f"{label}-mb{self.micro_batch}x{self.grad_accum}-{self.ckpt.replace('/', '')}"
 
 
 def configurations(world: int, per_node: int) -> list[str]:
@@ -113,15 +130,24 @@ def configurations(world: int, per_node: int) -> list[str]:
 
 
 def variants(config: str) -> list[tuple[str, dict]]:
-    """(name, changed keys) of the variants of one fsdp_configs/ or ds_configs/ file that change speed
-    or memory in ways the step model prices and the estimator reads (all but FSDP's backward
-    prefetch: that variant's peak is estimated as its file's, over): DeepSpeed ZeRO-1/2's
+    """(name, changed keys) of the variants of DDP (train.py flags) or of one fsdp_configs/ or
+    ds_configs/ file (the file's keys) that change speed or memory in ways the step model prices and
+    the estimator reads (all but FSDP's backward prefetch: that variant's peak is estimated as its
+    file's, over): DDP's buckets a quarter and four times its default (more calls and less waiting
+    after backward, or fewer and more: DDPBackend.comm_schedule); DeepSpeed ZeRO-1/2's
     reduce_bucket_size a quarter and four times the file's (more calls, or a larger bucket
     allocated); ZeRO-3 without prefetching (forward's gathers wait; no prefetch in flight); FSDP
     resharding after forward without backward prefetch (backward's gathers wait). A larger ZeRO-3
     prefetch, or its persistence threshold, would change how much of the gathering overlaps, which
     the step model does not resolve: not planned. A file that does not parse has none (its own
     candidates say why train.py refuses it)."""
+    if config == "ddp":
+        from backends.ddp import DEFAULT_BUCKET_MIB
+
+        return [(f"buckets_{name}", {"ddp_bucket_cap_mb": DEFAULT_BUCKET_MIB * f}) for name, f in (("quarter", 0.25),
+                                                                                                 ("x4", 4))]
+    if not config.endswith((".json", ".yaml")):
+        return []
     source = _source(config)
     try:
         if config.endswith(".json"):
@@ -151,9 +177,9 @@ def _source(config: str) -> Path:
 
 def write_variants(configs: list[str], directory: str) -> dict[str, str]:
     """Every variant of `configs` (variants()) written into `directory` as <file>.<variant>.<ext>:
-    {its absolute path: the configuration it varies}. A file already there with other contents is
-    refused, not rewritten; so are the shipped folders (the planner would list the variants as
-    shipped configurations)."""
+    {its absolute path: the configuration it varies}; DDP's, set by flags, as {"ddp --flag value":
+    "ddp"}. A file already there with other contents is refused, not rewritten; so are the shipped
+    folders (the planner would list the variants as shipped configurations)."""
     from training.preflight import writable_dir
 
     writable_dir("--variants", directory)
@@ -161,6 +187,8 @@ def write_variants(configs: list[str], directory: str) -> dict[str, str]:
     if target in ((REPO / "ds_configs").resolve(), (REPO / "fsdp_configs").resolve()):
         raise ConfigError(f"--variants {directory}: the shipped configurations' folder; give another directory")
     written: dict[Path, tuple[str, str]] = {}
+    flagged = {" ".join([config, *(f"--{k} {v:g}" for k, v in changes.items())]): config
+               for config in configs if not config.endswith((".json", ".yaml")) for _, changes in variants(config)}
     for config in configs:
         if not config.endswith((".json", ".yaml")):
             continue
@@ -194,7 +222,7 @@ def write_variants(configs: list[str], directory: str) -> dict[str, str]:
                 path.write_text(text)
     except OSError as e:
         raise ConfigError(f"--variants {directory}: cannot write there ({e.strerror or e})") from None
-    return {str(path): config for path, (config, _) in written.items()}
+    return {**{str(path): config for path, (config, _) in written.items()}, **flagged}
 
 
 def candidates(configs: list[str], world: int, global_batch: int, ckpt: tuple[str, ...] = CKPT,
@@ -445,7 +473,7 @@ def evaluate(cand: Candidate, train_argv: list[str], world: int, per_node: int, 
         micro_steps = cand.grad_accum * device.micro_step_s * (1 + share)  # refit apart when accumulations differ
         compute = micro_steps + samples * device.sample_s * (1 + share) + device.optimizer_s
     backend = resolved.build(setup.env)
-    schedule = backend.comm_schedule()
+    schedule = backend.comm_schedule(setup.n_params)
     traffic = theory_traffic(backend.comm_theory(setup.n_params), bucket_mib, schedule)
     comm, wait = comm_and_wait(traffic, schedule, per_node, (device.inside.gb_s, device.inside.latency_us),
                                (device.between.gb_s, device.between.latency_us))
@@ -558,9 +586,8 @@ def verify(rows: list[dict], k: int, train_argv: list[str], world: int, runs_dir
             cand = row["candidate"]
             pairs = flag_pairs([*train_argv, *cand.flags()[2:], "--steps", str(steps), "--warmup_steps", "2",
                                 "--mem_profile_steps", "1", "--eval_batches", "1"])
-            file = cand.config if cand.config.endswith((".yaml", ".json")) else None
-            name = f"plan-{Path(cand.config).stem}-mb{cand.micro_batch}x{cand.grad_accum}-{cand.ckpt.replace('/', '')}"
-            planned.append((row, PlannedRun(name + (f"-r{rnd}" if rnd else ""), row["backend"], file, world, pairs)))
+            name = f"plan-{cand.run_name()}" + (f"-r{rnd}" if rnd else "")
+            planned.append((row, PlannedRun(name, row["backend"], cand.file, world, pairs)))
     runner = Runner(runs_dir, timeout_s)
     runner.hold_directory()
     try:
@@ -715,7 +742,8 @@ def main(argv=None) -> int:
                    help="single, ddp, fsdp, fsdp2, or fsdp_configs/ and ds_configs/ files (default: all shipped)")
     p.add_argument("--variants", default=None, metavar="DIR",
                    help="also plan the variants of the configurations that change speed or memory, written into DIR "
-                        "as files the commands name: DeepSpeed ZeRO-1/2 reduce buckets a quarter and 4x the file's, ZeRO-3 "
+                        "as files the commands name: DDP's buckets a quarter and 4x its 25 MiB (--ddp_bucket_cap_mb: "
+                        "flags, no file), DeepSpeed ZeRO-1/2 reduce buckets a quarter and 4x the file's, ZeRO-3 "
                         "without prefetch, FSDP FULL_SHARD/HYBRID_SHARD without backward prefetch")
     p.add_argument("--ckpt", nargs="+", default=list(CKPT), metavar="P",
                    help="checkpointing candidates: none, full/K, selective/K (every K-th block)")

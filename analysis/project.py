@@ -130,7 +130,7 @@ def project(entry: str, train_argv: list[str], world: int, gpu: dict, net: dict,
     resolved, cfg = setup.resolved, setup.cfg
     n_params = setup.n_params
     backend = resolved.build(setup.env)
-    theory, schedule = backend.comm_theory(n_params), backend.comm_schedule()
+    theory, schedule = backend.comm_theory(n_params), backend.comm_schedule(n_params)
     memory = estimate_from_record({**setup.record(), "environment": {"device": str(setup.env.device)}})
     # Hardware FLOPs per sample: the model's (GPT-lite's formula, any other model counted on fake
     # tensors) and what checkpointing runs again.
@@ -154,7 +154,7 @@ def project(entry: str, train_argv: list[str], world: int, gpu: dict, net: dict,
                                    (net["gb_s_per_gpu"], net["latency_us"]))
     offload_s = _offload_seconds(resolved, n_params, world, gpu, a)
     step_s = compute_s + (1 - a.overlap) * comm_s + wait_s + offload_s
-    label = config_label(cfg.backend, cfg.fsdp_config, cfg.deepspeed_config)
+    label = config_label(cfg.backend, cfg.fsdp_config, cfg.deepspeed_config, cfg.ddp_bucket_cap_mb)
     return {"config": label, "gpus": world, "nodes": math.ceil(world / per_node),
             "micro x accum": f"{cfg.micro_batch}x{samples // cfg.micro_batch}", "precision": cfg.precision,
             "memory GiB": memory.total_bytes / 2**30, "fits": memory.total_bytes <= gpu["memory_gib"] * 2**30,

@@ -31,8 +31,11 @@ def run_dirs(path: str | Path) -> list[Path]:
     return sorted(p.parent for p in root.rglob("summary.json"))
 
 
-def config_label(backend: str, fsdp_config: str | None = None, deepspeed_config: str | None = None) -> str:
-    """A backend configuration's short name: "ddp", "fsdp.full_shard", "deepspeed.z3", ..."""
+def config_label(backend: str, fsdp_config: str | None = None, deepspeed_config: str | None = None,
+                 ddp_bucket_cap_mb: float | None = None) -> str:
+    """A backend configuration's short name: "ddp", "ddp.bucket_100mb", "fsdp.full_shard", "deepspeed.z3", ..."""
+    if backend == "ddp" and isinstance(ddp_bucket_cap_mb, (int, float)) and ddp_bucket_cap_mb == ddp_bucket_cap_mb:
+        return f"ddp.bucket_{ddp_bucket_cap_mb:g}mb"  # (a record without the flag reads NaN in a frame)
     path = deepspeed_config or fsdp_config
     if isinstance(deepspeed_config, str) and deepspeed_config and inline(deepspeed_config) is not None:
         return f"{backend}.inline"  # a base64-encoded config (DeepSpeed's autotuner passes them)
@@ -103,7 +106,7 @@ def load_runs(path: str | Path) -> pd.DataFrame:
             print(f"skipped {run_dir}: not a readable run record ({type(e).__name__})", file=sys.stderr)
             continue
         row["label"] = config_label(row.get("backend", "?"), row.get("config.run.fsdp_config"),
-                                    row.get("config.run.deepspeed_config"))
+                                    row.get("config.run.deepspeed_config"), row.get("config.run.ddp_bucket_cap_mb"))
         row["ckpt"] = ckpt_label(row)
         row["compile"] = row.get("config.run.compile_backend", "?") if row.get("config.run.compile") else "none"
         row["model"] = model_key(row)

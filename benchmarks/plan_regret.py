@@ -76,11 +76,10 @@ def main() -> None:
     for rnd in range(args.rounds):
         for i, row in enumerate(grid):
             cand = row["candidate"]
-            name = f"{Path(cand.config).stem}-mb{cand.micro_batch}x{cand.grad_accum}-{cand.ckpt.replace('/', '')}-r{rnd}"
+            name = f"{cand.run_name()}-r{rnd}"
             pairs = plan.flag_pairs([*args.train_argv, *cand.flags()[2:], "--steps", str(args.steps),
                                      "--warmup_steps", "2", "--mem_profile_steps", "1", "--eval_batches", "1"])
-            file = cand.config if cand.config.endswith((".yaml", ".json")) else None
-            outcome = runner.run(PlannedRun(name, row["backend"], file, args.world, pairs))
+            outcome = runner.run(PlannedRun(name, row["backend"], cand.file, args.world, pairs))
             print(f"round {rnd + 1}/{args.rounds} [{i + 1}/{len(grid)}] {outcome.line()}", flush=True)
             key = " ".join(cand.flags())
             names[key] = row

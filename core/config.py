@@ -69,6 +69,12 @@ class RunConfig:
         "YAML file of FSDP or FSDP2 options (fsdp_configs/). Default for --backend fsdp: FULL_SHARD, "
         "fp32; for fsdp2: reshard after forward, fp32.", None, group="backend", metavar="YAML",
         backends=("fsdp", "fsdp2"))
+    ddp_bucket_cap_mb: float | None = _flag(
+        "DistributedDataParallel's gradient bucket size in MiB (its bucket_cap_mb): gradients are all-reduced a "
+        "bucket at a time as backward fills them, so smaller buckets start sooner and leave less to wait for after "
+        "backward, at more calls. Default: DDP's own, 25 MiB after a first bucket of 1 MiB (given, every bucket "
+        "is this size, the first too); the planner's --variants tries a quarter and four times 25.", None,
+        group="backend", metavar="MIB", backends=("ddp",))
     ckpt_interval: int = _flag(
         "Activation checkpointing of every k-th transformer block (block index %% k == 0); 0: off. "
         "--activation_checkpoint_interval is the same flag, by the article's name.",
@@ -372,7 +378,7 @@ class RunConfig:
         self._check_ckpt_policy()
         if self.ckpt_offload and not self.ckpt_interval:
             raise ConfigError("ckpt_offload requires ckpt_interval > 0 (it offloads the checkpointed blocks' inputs)")
-        for name in ("mem_budget_gb", "grad_clip", "lr", "dist_timeout_s"):
+        for name in ("mem_budget_gb", "grad_clip", "lr", "dist_timeout_s", "ddp_bucket_cap_mb"):
             value = getattr(self, name)
             if value is not None and not math.isfinite(value):
                 raise ConfigError(f"{name} must be a finite number (got {value})")
@@ -382,6 +388,8 @@ class RunConfig:
             raise ConfigError(f"grad_clip must be >= 0 (got {self.grad_clip}); 0 turns clipping off")
         if self.lr is not None and not self.lr > 0:
             raise ConfigError(f"lr must be > 0 (got {self.lr})")
+        if self.ddp_bucket_cap_mb is not None and not self.ddp_bucket_cap_mb > 0:
+            raise ConfigError(f"ddp_bucket_cap_mb must be > 0 (got {self.ddp_bucket_cap_mb})")
         if not self.dist_timeout_s > 0:
             raise ConfigError(f"dist_timeout_s must be > 0 (got {self.dist_timeout_s})")
         if self.seed > MAX_SEED:

@@ -30,6 +30,15 @@ def mixed(quick_sweep, tmp_path_factory):
     return root
 
 
+def test_a_ddp_run_with_its_own_buckets_is_labelled_apart_from_ddp():
+    from analysis.runs import config_label
+
+    assert config_label("ddp") == "ddp"
+    assert config_label("ddp", ddp_bucket_cap_mb=6.25) == "ddp.bucket_6.25mb"
+    assert config_label("ddp", ddp_bucket_cap_mb=float("nan")) == "ddp"  # a record from before the flag, in a frame
+    assert config_label("fsdp", "fsdp_configs/full_shard.yaml") == "fsdp.full_shard"
+
+
 def test_load_runs_keeps_every_status(mixed):
     runs = load_runs(mixed)
     counts = runs["status"].value_counts().to_dict()

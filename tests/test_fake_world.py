@@ -72,6 +72,23 @@ def test_fake_world_at_2_matches_every_real_2_rank_run(quick_sweep, tmp_path):
 
 
 @pytest.mark.distributed
+def test_ddp_all_reduces_in_the_buckets_its_flag_sets(tmp_path):
+    """DDP's gradients, 846848 bytes for the tiny preset: one all-reduce in DDP's own 1 MiB first
+    bucket by default; with --ddp_bucket_cap_mb 0.1, a call per bucket, each bucket closed once it
+    holds 0.1 MiB (a parameter is never split: at most the planner's ceil(bytes / cap), 9, and more
+    than the 8 full buckets' worth less the largest parameters' overshoot)."""
+    calls = {}
+    for cap in (None, "0.1"):
+        flags = ["--preset", "tiny", "--backend", "ddp", *(["--ddp_bucket_cap_mb", cap] if cap else [])]
+        (tmp_path / str(cap)).mkdir()
+        comm = _fake_world(2, flags, tmp_path / str(cap))["comm"]
+        assert comm["collectives"]["all_reduce"]["bytes"] == 846848
+        calls[cap] = comm["collectives"]["all_reduce"]["calls"]
+    assert calls[None] == 1
+    assert 2 < calls["0.1"] <= 9, calls
+
+
+@pytest.mark.distributed
 def test_hybrid_shard_across_two_nodes_splits_its_traffic(tmp_path):
     """At 4 ranks in nodes of 2, HYBRID_SHARD gathers and reduce-scatters inside a node and
     all-reduces shards across the 2 nodes: the measured bytes follow its theory (the root unit is

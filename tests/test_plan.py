@@ -26,7 +26,8 @@ def h100():
 def test_the_planner_on_a_named_gpu_and_the_projection_price_a_configuration_alike():
     """One tool's prediction of a run is the other's: analysis.plan on --gpu H100-SXM and analysis.project
     give each configuration the same compute, overlappable and waiting communication (the configuration's
-    buckets and schedule: ZeRO-0's all-reduce after backward, ZeRO-2's gather in the optimizer step),
+    buckets and schedule: ZeRO-0's all-reduce after backward, ZeRO-2's gather in the optimizer step, DDP's
+    last bucket),
     offload and step, on one node and on two."""
     from analysis.project import HARDWARE, Assumptions, project
 
@@ -42,7 +43,7 @@ def test_the_planner_on_a_named_gpu_and_the_projection_price_a_configuration_ali
                                 world, gpu, net, hw["nvlink_latency_us"], Assumptions(mfu=0.4, overlap=0.5))
             for part in ("compute", "comm", "wait", "offload", "step"):
                 assert row[f"{part}_ms"] == pytest.approx(projected[f"{part} ms"]), (config, world, part)
-            assert (row["wait_ms"] > 0) == (config in ("ds_configs/z0.json", "ds_configs/z2.json",
+            assert (row["wait_ms"] > 0) == (config in ("ddp", "ds_configs/z0.json", "ds_configs/z2.json",
                                                        "ds_configs/z2_offload.json")), (config, world)
 
 
@@ -161,6 +162,7 @@ def test_the_frontier_keeps_what_nothing_beats_on_both_memory_and_speed():
     (["--out", "/proc/version"], "--out: /proc/version exists and is not a directory"),
     (["--micro_batch", "4"], "--micro_batch: the planner chooses it"),
     (["--deepspeed_config", "ds_configs/z3.json"], "--deepspeed_config: the planner chooses it"),
+    (["--ddp_bucket_cap_mb", "50"], "--ddp_bucket_cap_mb: the planner chooses it"),
     (["--configs", "ds_configs/nope.json"], "--configs ds_configs/nope.json: must be"),
     (["--ckpt", "every/2"], "ckpt 'every/2'"),
     (["--global_batch", "15"], "global_batch 15 must be a multiple of world 2"),
@@ -410,11 +412,15 @@ VARIED = ["ds_configs/z2.json", "ds_configs/z3.json", "fsdp_configs/full_shard.y
 def test_variants_are_written_as_files_train_py_resolves_and_priced_by_what_they_change(tmp_path):
     """--variants: ZeRO-2's smaller buckets cost more calls and less memory, larger ones the reverse;
     ZeRO-3 without prefetch and FSDP without backward prefetch put gathers on the critical path
-    (wait), the same bytes; a variant shares its configuration's refitted overhead."""
+    (wait), the same bytes; DDP's buckets are flags (no file): smaller ones more calls and less
+    waiting after backward; a variant shares its configuration's refitted overhead."""
     bases = plan.write_variants(VARIED, str(tmp_path / "v"))
-    names = sorted(Path(v).name for v in bases)
+    names = sorted(Path(v).name for v in bases if v.endswith((".json", ".yaml")))
     assert names == ["full_shard.no_backward_prefetch.yaml", "z2.buckets_quarter.json", "z2.buckets_x4.json",
-                     "z3.no_prefetch.json"]  # fsdp2 and ddp: no variant file
+                     "z3.no_prefetch.json"]  # fsdp2: none; ddp: flags
+    assert sorted(p.name for p in (tmp_path / "v").iterdir()) == names
+    assert {v: b for v, b in bases.items() if b == "ddp"} == {"ddp --ddp_bucket_cap_mb 6.25": "ddp",
+                                                              "ddp --ddp_bucket_cap_mb 100": "ddp"}
     rows = plan.plan(["--preset", "small"], 8, 8, 10.0, 64, h100(), [*VARIED, *bases], ("none",), [8], bases=bases)
     by = {Path(r["config"]).name: r for r in rows}
     assert all("refused" not in r for r in rows), [r.get("refused") for r in rows]
@@ -432,6 +438,21 @@ def test_variants_are_written_as_files_train_py_resolves_and_priced_by_what_they
     assert command[command.index("--deepspeed_config") + 1] == str(tmp_path / "v" / "z3.no_prefetch.json")
     ran = dry_run(["--preset", "small", *by["z3.no_prefetch.json"]["candidate"].flags()], 8)
     assert ran["plan"]["config"]["zero_optimization"]["stage3_prefetch_bucket_size"] == 0
+    # DDP of GPT-lite small (10.5 MiB of fp32 gradients): 25 MiB after a first bucket of 1 MiB leaves all
+    # but that first MiB to wait after backward; 6.25 MiB buckets, the second, 4.2 MiB; 100, all of it
+    quarter, x4, ddp = by["ddp --ddp_bucket_cap_mb 6.25"], by["ddp --ddp_bucket_cap_mb 100"], by["ddp"]
+    assert quarter["base"] == x4["base"] == "ddp"
+    total = 2740224 * 4
+    for row, waits in ((ddp, (total - 2**20) / total), (quarter, (total - 6.25 * 2**20) / total), (x4, 1.0)):
+        assert row["wait_ms"] / (row["comm_ms"] + row["wait_ms"]) == pytest.approx(waits)
+    assert quarter["comm_ms"] + quarter["wait_ms"] > ddp["comm_ms"] + ddp["wait_ms"]  # two calls, not one
+    assert ddp["pred_samples_per_s"] > x4["pred_samples_per_s"]  # the same one call, more of it waiting
+    assert quarter["est_peak_gb"] == ddp["est_peak_gb"] == x4["est_peak_gb"]
+    flags = quarter["candidate"].flags()
+    assert flags[:4] == ["--backend", "ddp", "--ddp_bucket_cap_mb", "6.25"]
+    assert quarter["candidate"].run_name() == "ddp-ddp_bucket_cap_mb-6.25-mb8x1-none"
+    ran = dry_run(["--preset", "small", *flags], 8)
+    assert ran["run"]["ddp_bucket_cap_mb"] == 6.25 and ran["run"]["backend"] == "ddp"
 
 
 def test_variants_are_not_rewritten(tmp_path):
@@ -456,7 +477,7 @@ def _schedule(*flags: str) -> dict:
     from training.describe import resolve_flags
 
     setup = resolve_flags([*TINY, *flags], 2, 2)
-    return setup.resolved.build(setup.env).comm_schedule()
+    return setup.resolved.build(setup.env).comm_schedule(setup.n_params)
 
 
 def test_each_backend_says_how_its_collectives_run(tmp_path):
@@ -488,7 +509,12 @@ def test_each_backend_says_how_its_collectives_run(tmp_path):
     assert _schedule("--deepspeed_config", "ds_configs/zeropp.json", "--device", "cuda")["reduce_scatter"] == (0.5 * 400000, 0.0)
     assert _schedule("--fsdp_config", "fsdp_configs/full_shard.yaml") == {"all_gather": (None, 0.0)}
     assert _schedule("--fsdp_config", by["full_shard.no_backward_prefetch.yaml"]) == {"all_gather": (None, 0.5)}
-    assert _schedule("--backend", "ddp") == {} and _schedule("--fsdp_config", "fsdp_configs/fsdp2.yaml") == {}
+    assert _schedule("--fsdp_config", "fsdp_configs/fsdp2.yaml") == {}
+    # DDP: its buckets; what is left after the first bucket and the full ones waits (the tiny preset's
+    # 846848 gradient bytes: all of it in DDP's own 1 MiB first bucket; 0.1 MiB: 8 full, 7987 bytes after)
+    assert _schedule("--backend", "ddp") == {"all_reduce": (25 * 2**20, 1.0)}
+    assert _schedule("--backend", "ddp", "--ddp_bucket_cap_mb", "0.1") == {
+        "all_reduce": (0.1 * 2**20, pytest.approx((846848 - 8 * 0.1 * 2**20) / 846848))}
 
 
 def test_the_refit_leaves_waiting_communication_unscaled_and_counts_a_variant_as_its_configuration():
