@@ -22,7 +22,8 @@ model whose parts are printed:
     comm      each backend's collectives by theory (Backend.comm_theory) over alpha-beta links
               (hardware.yaml for a named GPU; --gpu here: all_reduce timed between W local processes),
               cut into the calls the configuration's bucket sizes make (Backend.comm_schedule: each
-              call pays the link's latency)
+              call pays the link's latency); with --counted, the calls and bytes counted by running
+              the candidate as rank 0 of W under the fake process group (training.fake_world)
     wait      the share of comm nothing overlaps (Backend.comm_schedule): DeepSpeed stage 0's all-reduce
               after backward, ZeRO-1/2's gather in the optimizer step and reductions without
               overlap_comm, ZeRO-3's gathers with stage3_prefetch_bucket_size 0, FSDP's backward
@@ -428,11 +429,12 @@ _FLOPS: dict[tuple, dict] = {}
 
 
 def evaluate(cand: Candidate, train_argv: list[str], world: int, per_node: int, budget_gb: float,
-             device: Device, bucket_mib: float = 25.0) -> dict:
+             device: Device, bucket_mib: float = 25.0, counted: dict | None = None) -> dict:
     """One candidate: resolved as train.py would (refused: `refused` says why), its peak estimated
-    against the budget, its step time predicted part by part."""
+    against the budget, its step time predicted part by part; its communication the theory's bytes cut
+    by its buckets, or with `counted` (analysis.project.count_flags) the calls and bytes counted."""
     from analysis.estimate import estimate_from_record
-    from analysis.project import _offload_seconds, comm_and_wait, theory_traffic
+    from analysis.project import _offload_seconds, comm_and_wait, counted_traffic, theory_traffic
     from core.config import interval_choices
     from core.flops import sample_flops
     from training.describe import MODEL_FIELDS, resolve_flags
@@ -474,7 +476,8 @@ def evaluate(cand: Candidate, train_argv: list[str], world: int, per_node: int, 
         compute = micro_steps + samples * device.sample_s * (1 + share) + device.optimizer_s
     backend = resolved.build(setup.env)
     schedule = backend.comm_schedule(setup.n_params)
-    traffic = theory_traffic(backend.comm_theory(setup.n_params), bucket_mib, schedule)
+    theory = backend.comm_theory(setup.n_params)
+    traffic = counted_traffic(counted, theory, world) if counted else theory_traffic(theory, bucket_mib, schedule)
     comm, wait = comm_and_wait(traffic, schedule, per_node, (device.inside.gb_s, device.inside.latency_us),
                                (device.between.gb_s, device.between.latency_us))
     offload = 0.0
@@ -484,7 +487,8 @@ def evaluate(cand: Candidate, train_argv: list[str], world: int, per_node: int, 
         offload = _offload_seconds(resolved, setup.n_params, world, {"pcie_gb_s": device.pcie_gb_s},
                                    Assumptions(cpu_adam_gparams_s=device.cpu_adam_gparams_s))
     step = compute + (1 - device.overlap) * comm + wait + offload
-    row.update(backend=cfg.backend, compute_ms=compute * 1e3, micro_steps_ms=micro_steps * 1e3,
+    row.update(backend=cfg.backend, bytes="counted" if counted else "theory", calls=sum(t[2] for t in traffic.values()),
+               compute_ms=compute * 1e3, micro_steps_ms=micro_steps * 1e3,
                comm_ms=comm * 1e3, wait_ms=wait * 1e3,
                offload_ms=offload * 1e3,
                step_ms=step * 1e3, pred_samples_per_s=setup.layout.global_batch / step,
@@ -507,18 +511,41 @@ def command(flags: list[str], backend: str, world: int, per_node: int) -> str:
 
 def plan(train_argv: list[str], world: int, per_node: int, budget_gb: float, global_batch: int, device: Device,
          configs: list[str] | None = None, ckpt: tuple[str, ...] = CKPT, micro_batches: list[int] | None = None,
-         progress: bool = False, bases: dict[str, str] | None = None) -> list[dict]:
+         progress: bool = False, bases: dict[str, str] | None = None, counted: bool = False) -> list[dict]:
     """Every candidate evaluated; the ones that fit ranked by predicted samples/s first, then those
-    over the budget, then those train.py refuses. `bases`: {a variant file: the configuration it varies}."""
+    over the budget, then those train.py refuses. `bases`: {a variant file: the configuration it varies}.
+    `counted`: each fitting candidate's collectives counted as rank 0 of `world` under the fake process
+    group (analysis.project.count_flags, a few seconds each), once per configuration, accumulation and
+    checkpointing (the micro-batch changes no collective: the smallest is run); a count that fails
+    leaves that candidate on the theory's bytes, saying why (`bytes`)."""
+    from analysis.project import count_flags
+
     cands = candidates(configs or configurations(world, per_node), world, global_batch, ckpt, micro_batches, bases)
     rows = []
+    counts: dict[tuple, dict | str] = {}
     iterator = cands
     if progress:
         from tqdm import tqdm
 
         iterator = tqdm(cands, desc="candidates", unit="", file=sys.stderr, leave=False)
     for cand in iterator:
-        rows.append(evaluate(cand, train_argv, world, per_node, budget_gb, device))
+        row = evaluate(cand, train_argv, world, per_node, budget_gb, device)
+        if counted and row.get("fits"):
+            key = (cand.config, cand.grad_accum, cand.ckpt)
+            if key not in counts:
+                if progress:
+                    iterator.set_description(f"counting {cand.run_name()}")
+                try:
+                    counts[key] = count_flags([*train_argv, *cand.flags()], world, per_node, cand.run_name())
+                except RuntimeError as e:
+                    counts[key] = str(e)
+                if progress:
+                    iterator.set_description("candidates")
+            if isinstance(counts[key], dict):
+                row = evaluate(cand, train_argv, world, per_node, budget_gb, device, counted=counts[key])
+            else:
+                row["bytes"] = f"theory ({counts[key]})"
+        rows.append(row)
     return rank(rows)
 
 
@@ -745,6 +772,11 @@ def main(argv=None) -> int:
                         "as files the commands name: DDP's buckets a quarter and 4x its 25 MiB (--ddp_bucket_cap_mb: "
                         "flags, no file), DeepSpeed ZeRO-1/2 reduce buckets a quarter and 4x the file's, ZeRO-3 "
                         "without prefetch, FSDP FULL_SHARD/HYBRID_SHARD without backward prefetch")
+    p.add_argument("--counted", action="store_true",
+                   help="price each fitting candidate's real collectives (calls and bytes), counted by running it as rank "
+                        "0 of --world under the fake process group (training.fake_world: a few seconds per configuration, "
+                        "accumulation and checkpointing), not the theory's bytes cut by the configuration's buckets: "
+                        "ZeRO-3's and FSDP's gathers go module by module")
     p.add_argument("--ckpt", nargs="+", default=list(CKPT), metavar="P",
                    help="checkpointing candidates: none, full/K, selective/K (every K-th block)")
     p.add_argument("--micro_batches", type=int, nargs="+", default=None, help="only these micro-batches")
@@ -824,7 +856,12 @@ def main(argv=None) -> int:
         else:
             device = named_device(args.gpu, args.network, args.mfu, args.overlap, given.precision)
         rows = plan(train_argv, args.world, per_node, args.mem_budget_gb, args.global_batch, device, configs, ckpt,
-                    args.micro_batches, progress=not args.json, bases=bases)
+                    args.micro_batches, progress=not args.json, bases=bases, counted=args.counted)
+        if args.counted:
+            failed = sorted({r["bytes"] for r in rows if r.get("bytes", "").startswith("theory (")})
+            device.notes.append(f"comm: the fitting candidates' collectives counted as rank 0 of {args.world} under "
+                                "the fake process group" + (f"; not counted, on the theory's bytes: {'; '.join(failed)}"
+                                                             if failed else ""))
         fitting = [r for r in rows if r.get("fits")]
         verified, fitted = [], None
         if args.verify and fitting:

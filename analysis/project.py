@@ -89,20 +89,33 @@ def run_flags(entry: str, train_argv: list[str]) -> list[str]:
 def count(entry: str, train_argv: list[str], world: int, gpus_per_node: int) -> dict:
     """The configuration run as rank 0 of `world` under the fake process group (training/fake_world.py):
     its real collectives at that world size, and its memory peak on this machine's device."""
+    return count_flags(run_flags(entry, train_argv), world, gpus_per_node, entry)
+
+
+def count_flags(flags: list[str], world: int, gpus_per_node: int, what: str) -> dict:
+    """train.py's `flags` run as rank 0 of `world` under the fake process group, on this machine's
+    device (the same collectives): training/fake_world.py's result. Failing, a RuntimeError naming `what`."""
     import json
     import subprocess
     import tempfile
 
-    flags = [*run_flags(entry, train_argv), "--device", "auto"]  # this machine's device: the same collectives
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "counted.json"
         proc = subprocess.run([sys.executable, "-m", "training.fake_world", "--world", str(world), "--gpus_per_node",
-                               str(gpus_per_node), "--out", str(out), "--", *flags],
+                               str(gpus_per_node), "--out", str(out), "--", *flags, "--device", "auto"],
                               cwd=REPO, capture_output=True, text=True)
         if proc.returncode != 0 or not out.exists():
             tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-            raise RuntimeError(f"{entry} at {world} ranks under the fake process group failed: {tail}")
+            raise RuntimeError(f"{what} at {world} ranks under the fake process group failed: {tail}")
         return json.loads(out.read_text())
+
+
+def counted_traffic(counted: dict, theory: dict, world: int) -> dict:
+    """{kind: (group size, bus bytes, calls)} of a count (count_flags), each kind in the group its
+    theory names (the whole world where the theory has no such kind)."""
+    groups = {kind: term["group_size"] for kind, term in theory["by_kind"].items()}
+    return {kind: (groups.get(kind, world), v["bus_bytes"], v["calls"])
+            for kind, v in counted["comm"]["collectives"].items()}
 
 
 def resolve_entry(entry: str, train_argv: list[str], world: int, per_node: int):
@@ -144,10 +157,8 @@ def project(entry: str, train_argv: list[str], world: int, gpu: dict, net: dict,
     samples = setup.layout.global_batch // world  # per rank per step: micro-batch x accumulation
     peak = gpu["fp32_tflops" if cfg.precision == "fp32" else "bf16_tflops"]
     compute_s = (flops["model"] + flops["recomputed"]) * samples / (peak * 1e12 * a.mfu)
-    groups = {kind: term["group_size"] for kind, term in theory["by_kind"].items()}
     if counted is not None:
-        traffic = {kind: (groups.get(kind, world), v["bus_bytes"], v["calls"])
-                   for kind, v in counted["comm"]["collectives"].items()}
+        traffic = counted_traffic(counted, theory, world)
     else:
         traffic = theory_traffic(theory, a.bucket_mib, schedule)
     comm_s, wait_s = comm_and_wait(traffic, schedule, per_node, (gpu["nvlink_gb_s"], nvlink_latency_us),

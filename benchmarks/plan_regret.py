@@ -46,6 +46,8 @@ def main() -> None:
     p.add_argument("--verify_rounds", type=int, default=1, help="analysis.plan's: each verified candidate run R times")
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--counted", action="store_true", help="analysis.plan's: price the collectives counted under the "
+                   "fake process group")
     p.add_argument("--grid_only", action="store_true",
                    help="measure the grid and stop; a later run with the same RUNS_DIR keeps its records (a lent "
                         "GPU's call limit can split the two)")
@@ -89,7 +91,7 @@ def main() -> None:
     if args.grid_only:
         return
     proc = subprocess.run([sys.executable, "-m", "analysis.plan", *question, "--verify", str(args.verify),
-                           "--verify_rounds", str(args.verify_rounds),
+                           "--verify_rounds", str(args.verify_rounds), *(["--counted"] if args.counted else []),
                            "--verify_steps", str(args.steps), "--runs_dir", str(runs / "verify"), "--json",
                            "--out", str(runs / "plan"),
                            *args.train_argv], cwd=REPO, stdout=subprocess.PIPE, text=True)  # its progress: stderr

@@ -47,6 +47,47 @@ def test_the_planner_on_a_named_gpu_and_the_projection_price_a_configuration_ali
                                                        "ds_configs/z2_offload.json")), (config, world)
 
 
+@pytest.mark.distributed  # fake-process-group runs, one process each (as tests/test_fake_world.py)
+def test_counted_candidates_are_priced_by_the_calls_their_runs_make(tmp_path, monkeypatch):
+    """--counted: each fitting candidate run as rank 0 of W under the fake process group, once per
+    configuration, accumulation and checkpointing; ZeRO-3 gathers module by module, so its counted
+    calls are many times the theory's 25 MiB buckets, and without prefetch the forward's half of
+    them waits; the price is analysis.project's for the same count. A count that fails leaves its
+    candidates on the theory, saying why."""
+    from analysis import project as projection
+
+    varied = plan.write_variants(["ds_configs/z3.json"], str(tmp_path))
+    configs = ["ds_configs/z3.json", *varied]
+    args = (TINY, 2, 2, 10.0, 8, h100(), configs, ("none",), [2, 4])
+    calls = []
+    real = projection.count_flags
+    monkeypatch.setattr(projection, "count_flags", lambda *a: calls.append(a[0]) or real(*a))
+    counted = {(Path(r["config"]).name, r["micro x accum"]): r for r in plan.plan(*args, bases=varied, counted=True)}
+    theory = {(Path(r["config"]).name, r["micro x accum"]): r for r in plan.plan(*args, bases=varied)}
+    assert len(calls) == 4  # two configurations x two accumulations, checkpointing none
+    assert all(r["bytes"] == "counted" for r in counted.values()) and all(r["bytes"] == "theory" for r in theory.values())
+    z3, bare = counted[("z3.json", "2x2")], counted[("z3.no_prefetch.json", "2x2")]
+    assert z3["calls"] > 10 * theory[("z3.json", "2x2")]["calls"]
+    assert z3["wait_ms"] == 0 < bare["wait_ms"]
+    assert (z3["step_ms"] - bare["step_ms"]) < (theory[("z3.json", "2x2")]["step_ms"]
+                                                - theory[("z3.no_prefetch.json", "2x2")]["step_ms"]) < 0
+    count = real([*TINY, *z3["candidate"].flags()], 2, 2, "z3")
+    hw = yaml.safe_load(projection.HARDWARE.read_text())
+    projected = projection.project("ds_configs/z3.json", [*TINY, "--micro_batch", "2", "--grad_accum", "2"], 2,
+                                   hw["gpus"]["H100-SXM"], hw["networks"]["infiniband-ndr"], hw["nvlink_latency_us"],
+                                   projection.Assumptions(mfu=0.4, overlap=0.5), count)
+    for part in ("comm", "wait", "step"):
+        assert z3[f"{part}_ms"] == pytest.approx(projected[f"{part} ms"]), part
+
+    def fails(*a):
+        raise RuntimeError("z3 at 2 ranks under the fake process group failed: no")
+
+    monkeypatch.setattr(projection, "count_flags", fails)
+    rows = plan.plan(TINY, 2, 2, 10.0, 8, h100(), ["ds_configs/z3.json"], ("none",), [4], counted=True)
+    assert rows[0]["bytes"] == "theory (z3 at 2 ranks under the fake process group failed: no)"
+    assert rows[0]["step_ms"] == pytest.approx(theory[("z3.json", "4x1")]["step_ms"])
+
+
 def test_candidates_cover_every_micro_batch_times_accumulation_that_makes_the_global_batch():
     cands = plan.candidates(["ddp", "ds_configs/z3.json"], 2, 16, ("none", "full/1"))
     assert {(c.micro_batch, c.grad_accum) for c in cands} == {(1, 8), (2, 4), (4, 2), (8, 1)}
@@ -186,7 +227,8 @@ def test_this_machine_is_calibrated_on_the_real_model_and_link():
     assert 0 < here.inside.gb_s < float("inf") and here.inside.latency_us > 0
     row = plan.evaluate(plan.Candidate("ddp", 4, 2, "none"), TINY, 2, 2, 10.0, here)
     assert row["compute_ms"] == pytest.approx((2 * here.micro_step_s + 8 * here.sample_s + here.optimizer_s) * 1e3)
-    assert row["comm_ms"] > 0 and row["pred_samples_per_s"] == pytest.approx(16 / (row["step_ms"] / 1e3))
+    # the tiny preset's gradients fit DDP's 1 MiB first bucket: all of the all-reduce waits after backward
+    assert row["comm_ms"] == 0 < row["wait_ms"] and row["pred_samples_per_s"] == pytest.approx(16 / (row["step_ms"] / 1e3))
 
 
 def test_the_calibration_times_its_two_micro_batches_taking_turns(monkeypatch):
