@@ -137,11 +137,14 @@ def variants(config: str) -> list[tuple[str, dict]]:
     file's, over): DDP's buckets a quarter and four times its default (more calls and less waiting
     after backward, or fewer and more: DDPBackend.comm_schedule); DeepSpeed ZeRO-1/2's
     reduce_bucket_size a quarter and four times the file's (more calls, or a larger bucket
-    allocated); ZeRO-3 without prefetching (forward's gathers wait; no prefetch in flight); FSDP
+    allocated); ZeRO-3 without prefetching (forward's gathers wait; no prefetch in flight) and with
+    a persistence threshold 100 times the file's (more parameters kept whole on every rank: fewer
+    bytes gathered, in DeepSpeed 0.19 in more calls; the estimator reads it; its speed is priced with
+    --counted only, as the theory's bytes do not see it); FSDP
     resharding after forward without backward prefetch (backward's gathers wait). A larger ZeRO-3
-    prefetch, or its persistence threshold, would change how much of the gathering overlaps, which
-    the step model does not resolve: not planned. A file that does not parse has none (its own
-    candidates say why train.py refuses it)."""
+    prefetch would change how much of the gathering overlaps, which the step model does not
+    resolve: not planned. A file that does not parse has none (its own candidates say why train.py
+    refuses it)."""
     if config == "ddp":
         from backends.ddp import DEFAULT_BUCKET_MIB
 
@@ -159,8 +162,14 @@ def variants(config: str) -> list[tuple[str, dict]]:
                 size = int(float(zero.get("reduce_bucket_size", 5e8)))
                 return [(f"buckets_{name}", {"zero_optimization": {"reduce_bucket_size": max(2, int(size * f) // 2 * 2)}})
                         for name, f in (("quarter", 0.25), ("x4", 4))]
-            if zero.get("stage") == 3 and float(zero.get("stage3_prefetch_bucket_size", 5e7)) > 0:
-                return [("no_prefetch", {"zero_optimization": {"stage3_prefetch_bucket_size": 0}})]
+            if zero.get("stage") == 3:
+                from analysis.memory_model import DS_PERSISTENCE
+
+                threshold = float(zero.get("stage3_param_persistence_threshold", DS_PERSISTENCE))
+                return ([("no_prefetch", {"zero_optimization": {"stage3_prefetch_bucket_size": 0}})]
+                        if float(zero.get("stage3_prefetch_bucket_size", 5e7)) > 0 else []) + (
+                    [("persistence_x100", {"zero_optimization": {"stage3_param_persistence_threshold": int(threshold * 100)}})]
+                    if threshold > 0 else [])
             return []
         options = yaml.safe_load(source.read_text()) or {}
         if options.get("backend", "fsdp") == "fsdp" and options.get("sharding_strategy", "FULL_SHARD") in (
@@ -488,6 +497,7 @@ def evaluate(cand: Candidate, train_argv: list[str], world: int, per_node: int, 
                                    Assumptions(cpu_adam_gparams_s=device.cpu_adam_gparams_s))
     step = compute + (1 - device.overlap) * comm + wait + offload
     row.update(backend=cfg.backend, bytes="counted" if counted else "theory", calls=sum(t[2] for t in traffic.values()),
+               comm_bus_bytes=sum(t[1] for t in traffic.values()),
                compute_ms=compute * 1e3, micro_steps_ms=micro_steps * 1e3,
                comm_ms=comm * 1e3, wait_ms=wait * 1e3,
                offload_ms=offload * 1e3,
@@ -771,7 +781,8 @@ def main(argv=None) -> int:
                    help="also plan the variants of the configurations that change speed or memory, written into DIR "
                         "as files the commands name: DDP's buckets a quarter and 4x its 25 MiB (--ddp_bucket_cap_mb: "
                         "flags, no file), DeepSpeed ZeRO-1/2 reduce buckets a quarter and 4x the file's, ZeRO-3 "
-                        "without prefetch, FSDP FULL_SHARD/HYBRID_SHARD without backward prefetch")
+                        "without prefetch and with 100x the file's persistence threshold (priced with --counted), "
+                        "FSDP FULL_SHARD/HYBRID_SHARD without backward prefetch")
     p.add_argument("--counted", action="store_true",
                    help="price each fitting candidate's real collectives (calls and bytes), counted by running it as rank "
                         "0 of --world under the fake process group (training.fake_world: a few seconds per configuration, "

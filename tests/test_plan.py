@@ -51,8 +51,8 @@ def test_the_planner_on_a_named_gpu_and_the_projection_price_a_configuration_ali
 def test_counted_candidates_are_priced_by_the_calls_their_runs_make(tmp_path, monkeypatch):
     """--counted: each fitting candidate run as rank 0 of W under the fake process group, once per
     configuration, accumulation and checkpointing; ZeRO-3 gathers module by module, so its counted
-    calls are many times the theory's 25 MiB buckets, and without prefetch the forward's half of
-    them waits; the price is analysis.project's for the same count. A count that fails leaves its
+    calls are many times the theory's 25 MiB buckets, without prefetch the forward's half of them
+    waits, and with more parameters persistent fewer bytes are gathered; the price is analysis.project's for the same count. A count that fails leaves its
     candidates on the theory, saying why."""
     from analysis import project as projection
 
@@ -64,11 +64,14 @@ def test_counted_candidates_are_priced_by_the_calls_their_runs_make(tmp_path, mo
     monkeypatch.setattr(projection, "count_flags", lambda *a: calls.append(a[0]) or real(*a))
     counted = {(Path(r["config"]).name, r["micro x accum"]): r for r in plan.plan(*args, bases=varied, counted=True)}
     theory = {(Path(r["config"]).name, r["micro x accum"]): r for r in plan.plan(*args, bases=varied)}
-    assert len(calls) == 4  # two configurations x two accumulations, checkpointing none
+    assert len(calls) == 6  # three configurations x two accumulations, checkpointing none
     assert all(r["bytes"] == "counted" for r in counted.values()) and all(r["bytes"] == "theory" for r in theory.values())
     z3, bare = counted[("z3.json", "2x2")], counted[("z3.no_prefetch.json", "2x2")]
     assert z3["calls"] > 10 * theory[("z3.json", "2x2")]["calls"]
     assert z3["wait_ms"] == 0 < bare["wait_ms"]
+    kept = counted[("z3.persistence_x100.json", "2x2")]  # the small ones are not gathered
+    assert kept["comm_bus_bytes"] < z3["comm_bus_bytes"]
+    assert theory[("z3.persistence_x100.json", "2x2")]["comm_bus_bytes"] == theory[("z3.json", "2x2")]["comm_bus_bytes"]
     assert (z3["step_ms"] - bare["step_ms"]) < (theory[("z3.json", "2x2")]["step_ms"]
                                                 - theory[("z3.no_prefetch.json", "2x2")]["step_ms"]) < 0
     count = real([*TINY, *z3["candidate"].flags()], 2, 2, "z3")
@@ -459,7 +462,7 @@ def test_variants_are_written_as_files_train_py_resolves_and_priced_by_what_they
     bases = plan.write_variants(VARIED, str(tmp_path / "v"))
     names = sorted(Path(v).name for v in bases if v.endswith((".json", ".yaml")))
     assert names == ["full_shard.no_backward_prefetch.yaml", "z2.buckets_quarter.json", "z2.buckets_x4.json",
-                     "z3.no_prefetch.json"]  # fsdp2: none; ddp: flags
+                     "z3.no_prefetch.json", "z3.persistence_x100.json"]  # fsdp2: none; ddp: flags
     assert sorted(p.name for p in (tmp_path / "v").iterdir()) == names
     assert {v: b for v, b in bases.items() if b == "ddp"} == {"ddp --ddp_bucket_cap_mb 6.25": "ddp",
                                                               "ddp --ddp_bucket_cap_mb 100": "ddp"}
@@ -476,6 +479,9 @@ def test_variants_are_written_as_files_train_py_resolves_and_priced_by_what_they
     assert by["z3.no_prefetch.json"]["comm_ms"] + by["z3.no_prefetch.json"]["wait_ms"] == pytest.approx(
         by["z3.json"]["comm_ms"])  # the same bytes and calls
     assert by["z3.no_prefetch.json"]["est_peak_gb"] <= by["z3.json"]["est_peak_gb"]
+    # more parameters kept whole: the estimator reads it; the theory's bytes do not (--counted does)
+    assert by["z3.persistence_x100.json"]["est_peak_gb"] != by["z3.json"]["est_peak_gb"]
+    assert by["z3.persistence_x100.json"]["step_ms"] == by["z3.json"]["step_ms"]
     command = shlex.split(by["z3.no_prefetch.json"]["command"])
     assert command[command.index("--deepspeed_config") + 1] == str(tmp_path / "v" / "z3.no_prefetch.json")
     ran = dry_run(["--preset", "small", *by["z3.no_prefetch.json"]["candidate"].flags()], 8)
