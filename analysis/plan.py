@@ -115,7 +115,7 @@ class Candidate:
         return self.config if self.config.endswith((".yaml", ".json")) else None
 
     def run_name(self) -> str:
-        """A run's name for it: plan-z2-mb4x2-full2, plan-ddp-ddp_bucket_cap_mb-100-mb8x1-none."""
+        """A name for its runs: z2-mb4x2-full2, ddp-ddp_bucket_cap_mb-100-mb8x1-none."""
         entry, *options = [self.config] if self.file else self.config.split(" ")
         label = "-".join([Path(entry).stem, *(o.lstrip("-") for o in options)])
         return f"{label}-mb{self.micro_batch}x{self.grad_accum}-{self.ckpt.replace('/', '')}"
@@ -165,11 +165,15 @@ def variants(config: str) -> list[tuple[str, dict]]:
             if zero.get("stage") == 3:
                 from analysis.memory_model import DS_PERSISTENCE
 
-                threshold = float(zero.get("stage3_param_persistence_threshold", DS_PERSISTENCE))
-                return ([("no_prefetch", {"zero_optimization": {"stage3_prefetch_bucket_size": 0}})]
-                        if float(zero.get("stage3_prefetch_bucket_size", 5e7)) > 0 else []) + (
-                    [("persistence_x100", {"zero_optimization": {"stage3_param_persistence_threshold": int(threshold * 100)}})]
-                    if threshold > 0 else [])
+                out = []
+                prefetch = _number(zero.get("stage3_prefetch_bucket_size", 5e7))
+                if prefetch is None or prefetch > 0:  # None: "auto", DeepSpeed's own (non-zero) choice
+                    out.append(("no_prefetch", {"zero_optimization": {"stage3_prefetch_bucket_size": 0}}))
+                threshold = _number(zero.get("stage3_param_persistence_threshold", DS_PERSISTENCE))
+                if threshold:
+                    persist = int(threshold * 100)
+                    out.append(("persistence_x100", {"zero_optimization": {"stage3_param_persistence_threshold": persist}}))
+                return out
             return []
         options = yaml.safe_load(source.read_text()) or {}
         if options.get("backend", "fsdp") == "fsdp" and options.get("sharding_strategy", "FULL_SHARD") in (
@@ -178,6 +182,14 @@ def variants(config: str) -> list[tuple[str, dict]]:
     except (ConfigError, OSError, yaml.YAMLError, ValueError, TypeError, AttributeError):
         return []
     return []
+
+
+def _number(value) -> float | None:
+    """A DeepSpeed setting as a number; None for "auto" (DeepSpeed chooses) or anything else."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
 
 
 def _source(config: str) -> Path:
@@ -484,7 +496,7 @@ def evaluate(cand: Candidate, train_argv: list[str], world: int, per_node: int, 
         micro_steps = cand.grad_accum * device.micro_step_s * (1 + share)  # refit apart when accumulations differ
         compute = micro_steps + samples * device.sample_s * (1 + share) + device.optimizer_s
     backend = resolved.build(setup.env)
-    schedule = backend.comm_schedule(setup.n_params)
+    schedule = backend.comm_schedule(setup.workload.param_sizes)
     theory = backend.comm_theory(setup.n_params)
     traffic = counted_traffic(counted, theory, world) if counted else theory_traffic(theory, bucket_mib, schedule)
     comm, wait = comm_and_wait(traffic, schedule, per_node, (device.inside.gb_s, device.inside.latency_us),
@@ -525,14 +537,13 @@ def plan(train_argv: list[str], world: int, per_node: int, budget_gb: float, glo
     """Every candidate evaluated; the ones that fit ranked by predicted samples/s first, then those
     over the budget, then those train.py refuses. `bases`: {a variant file: the configuration it varies}.
     `counted`: each fitting candidate's collectives counted as rank 0 of `world` under the fake process
-    group (analysis.project.count_flags, a few seconds each), once per configuration, accumulation and
-    checkpointing (the micro-batch changes no collective: the smallest is run); a count that fails
+    group (analysis.project.count_flags: a few seconds each, with its own flags); a count that fails
     leaves that candidate on the theory's bytes, saying why (`bytes`)."""
     from analysis.project import count_flags
+    from training.fake_world import DEFAULT_FLAGS as COUNT_FLAGS
 
     cands = candidates(configs or configurations(world, per_node), world, global_batch, ckpt, micro_batches, bases)
     rows = []
-    counts: dict[tuple, dict | str] = {}
     iterator = cands
     if progress:
         from tqdm import tqdm
@@ -541,20 +552,16 @@ def plan(train_argv: list[str], world: int, per_node: int, budget_gb: float, glo
     for cand in iterator:
         row = evaluate(cand, train_argv, world, per_node, budget_gb, device)
         if counted and row.get("fits"):
-            key = (cand.config, cand.grad_accum, cand.ckpt)
-            if key not in counts:
-                if progress:
-                    iterator.set_description(f"counting {cand.run_name()}")
-                try:
-                    counts[key] = count_flags([*train_argv, *cand.flags()], world, per_node, cand.run_name())
-                except RuntimeError as e:
-                    counts[key] = str(e)
-                if progress:
-                    iterator.set_description("candidates")
-            if isinstance(counts[key], dict):
-                row = evaluate(cand, train_argv, world, per_node, budget_gb, device, counted=counts[key])
-            else:
-                row["bytes"] = f"theory ({counts[key]})"
+            if progress:
+                iterator.set_description(f"counting {cand.run_name()}")
+            try:
+                # fake_world's own short run, whatever --steps the user's flags carry
+                count = count_flags([*train_argv, *cand.flags(), *COUNT_FLAGS], world, per_node, cand.run_name())
+                row = evaluate(cand, train_argv, world, per_node, budget_gb, device, counted=count)
+            except RuntimeError as e:
+                row["bytes"] = f"theory ({e})"
+            if progress:
+                iterator.set_description("candidates")
         rows.append(row)
     return rank(rows)
 
@@ -785,8 +792,8 @@ def main(argv=None) -> int:
                         "FSDP FULL_SHARD/HYBRID_SHARD without backward prefetch")
     p.add_argument("--counted", action="store_true",
                    help="price each fitting candidate's real collectives (calls and bytes), counted by running it as rank "
-                        "0 of --world under the fake process group (training.fake_world: a few seconds per configuration, "
-                        "accumulation and checkpointing), not the theory's bytes cut by the configuration's buckets: "
+                        "0 of --world under the fake process group (training.fake_world: a few seconds each), not the "
+                        "theory's bytes cut by the configuration's buckets: "
                         "ZeRO-3's and FSDP's gathers go module by module")
     p.add_argument("--ckpt", nargs="+", default=list(CKPT), metavar="P",
                    help="checkpointing candidates: none, full/K, selective/K (every K-th block)")

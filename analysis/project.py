@@ -57,7 +57,7 @@ ARTICLE = {"ddp": 11.45, "deepspeed.z1": 11.07, "deepspeed.z2": 10.44, "deepspee
 class Assumptions:
     mfu: float = 0.4  # measured 0.26-0.40 on one H100 for the paper preset (runs/reference/)
     overlap: float = 0.5  # share of communication hidden behind compute
-    bucket_mib: float = 25.0  # message size where the configuration names none (DDP's bucket_cap_mb)
+    bucket_mib: float = 25.0  # message size where the configuration names none (FSDP's units, ZeRO-3's modules)
     cpu_adam_gparams_s: float = 1.0  # billions of parameters a CPU Adam steps per second per GPU
 
 
@@ -143,7 +143,7 @@ def project(entry: str, train_argv: list[str], world: int, gpu: dict, net: dict,
     resolved, cfg = setup.resolved, setup.cfg
     n_params = setup.n_params
     backend = resolved.build(setup.env)
-    theory, schedule = backend.comm_theory(n_params), backend.comm_schedule(n_params)
+    theory, schedule = backend.comm_theory(n_params), backend.comm_schedule(setup.workload.param_sizes)
     memory = estimate_from_record({**setup.record(), "environment": {"device": str(setup.env.device)}})
     # Hardware FLOPs per sample: the model's (GPT-lite's formula, any other model counted on fake
     # tensors) and what checkpointing runs again.
@@ -180,7 +180,7 @@ def theory_traffic(theory: dict, bucket_mib: float, schedule: dict | None = None
     """{kind: (group size, bus bytes, calls)} of a backend's comm_theory, its bytes cut into calls of
     the bytes its `schedule` (Backend.comm_schedule) gives a kind, else of bucket_mib."""
     sizes = {kind: (schedule or {}).get(kind, (None, 0.0))[0] or bucket_mib * 2**20 for kind in theory["by_kind"]}
-    return {kind: (term["group_size"], term["bus_bytes"], max(1, math.ceil(term["bytes"] / sizes[kind])))
+    return {kind: (term["group_size"], term["bus_bytes"], max(1, math.ceil(term["bytes"] / sizes[kind] - 1e-9)))
             for kind, term in theory["by_kind"].items()}
 
 

@@ -203,8 +203,9 @@ class Backend(ABC):
         from the parameter count: core.comm.theory. Nothing to communicate by default."""
         return comm.theory("none: one replica, nothing to synchronise", {}, self.env.world_size)
 
-    def comm_schedule(self, n_params: int) -> dict[str, tuple[float | None, float]]:
-        """How comm_theory's collectives run, by kind: (the bytes each call carries, from the
+    def comm_schedule(self, param_sizes: list[int]) -> dict[str, tuple[float | None, float]]:
+        """How comm_theory's collectives run, by kind, for a model of `param_sizes` (the elements
+        of each trainable parameter tensor, in order): (the bytes each call carries, from the
         configuration's bucket sizes, or None where the configuration does not say; the share of
         the kind's bytes that waits on the critical path, nothing prefetching it). The planner's
         step-time model prices the calls' latency and the waiting share from it. Empty by default:

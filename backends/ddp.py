@@ -13,6 +13,22 @@ MiB = 2**20
 DEFAULT_BUCKET_MIB = 25  # DistributedDataParallel's bucket_cap_mb when none is given
 
 
+def buckets(sizes: list[int], first: float, cap: float) -> list[int]:
+    """The bytes of each of DDP's buckets, in the order they are all-reduced, for gradients of
+    `sizes` bytes in the model's order: taken in reverse (backward's order), a bucket closed once it
+    holds its limit or more, `first` for the first and `cap` for every later one; a tensor is never
+    split (torch's compute_bucket_assignment_by_size)."""
+    out, filling = [], 0
+    for size in reversed(sizes):
+        filling += size
+        if filling >= (cap if out else first):
+            out.append(filling)
+            filling = 0
+    if filling:
+        out.append(filling)
+    return out
+
+
 class DDPBackend(TorchBackend):
     name = "ddp"
 
@@ -36,19 +52,16 @@ class DDPBackend(TorchBackend):
             return float(dist._DEFAULT_FIRST_BUCKET_BYTES), DEFAULT_BUCKET_MIB * MiB
         return (self.cfg.ddp_bucket_cap_mb * MiB,) * 2
 
-    def comm_schedule(self, n_params: int) -> dict[str, tuple[float | None, float]]:
-        """Buckets fill in backward's order, the last layers' first, and each is all-reduced once full:
-        the last one, the first layers' gradients (what is left after the first bucket and the full
-        ones), is ready only when backward ends, and waits. Its share of the bytes, by the bytes (a
-        parameter is not split between buckets: a bound, not the exact cut)."""
-        theory = self.comm_theory(n_params)["by_kind"]
-        if "all_reduce" not in theory:
+    def comm_schedule(self, param_sizes: list[int]) -> dict[str, tuple[float | None, float]]:
+        """DDP's buckets (buckets()) over the gradients, fp32 (comm_theory): the bytes of a call are
+        their mean; the last bucket, the first layers' gradients, is ready only when backward ends
+        and waits (its share of the bytes). The buckets follow the parameters in reverse, the order
+        DDP assigns them in and, for a model whose layers run in order, the order its rebuild after
+        the first step finds their gradients ready in."""
+        if self.env.world_size == 1:
             return {}
-        total = theory["all_reduce"]["bytes"]
-        first, cap = self.buckets()
-        rest = total - first
-        last = total if rest <= 0 else (rest % cap or cap)
-        return {"all_reduce": (cap, min(1.0, last / total))}
+        sizes = buckets([4 * n for n in param_sizes], *self.buckets())
+        return {"all_reduce": (sum(sizes) / len(sizes), sizes[-1] / sum(sizes))} if sizes else {}
 
     def describe(self) -> dict:
         first, cap = self.buckets()

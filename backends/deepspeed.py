@@ -183,7 +183,7 @@ class DeepSpeedBackend(Backend):
                            {"all_gather": (2 * accum * n_params, weights, n),
                             "reduce_scatter": (accum * n_params, grads, n)}, n)
 
-    def comm_schedule(self, n_params: int) -> dict[str, tuple[float | None, float]]:
+    def comm_schedule(self, param_sizes: list[int]) -> dict[str, tuple[float | None, float]]:
         """What DeepSpeed 0.19 does with comm_theory's collectives (elements; its defaults where the
         file is silent). Stage 0 all-reduces the engine's fixed 5e8 elements at a time
         (MEMORY_OPT_ALLREDUCE_SIZE) after backward: it waits. Stages 1-2 reduce reduce_bucket_size at

@@ -141,7 +141,7 @@ class FSDPBackend(DCPCheckpointMixin, TorchBackend):
         return comm.theory(formula[gathers] + (" within shard groups, all-reduce of the shards across replicas"
                                                if shard < n else ""), terms, n)
 
-    def comm_schedule(self, n_params: int) -> dict[str, tuple[float | None, float]]:
+    def comm_schedule(self, param_sizes: list[int]) -> dict[str, tuple[float | None, float]]:
         """Resharded after forward (FULL_SHARD, HYBRID_SHARD), a unit is gathered again in backward:
         half the gathered bytes, less the root's (never resharded). With backward_prefetch null
         nothing issues the next unit's gather ahead and those wait: counted as the half, an upper

@@ -218,6 +218,11 @@ class Workload:
     def n_params(self) -> int:
         return sum(p.numel() for p in self.meta().parameters())
 
+    @cached_property
+    def param_sizes(self) -> list[int]:
+        """Elements of each trainable parameter tensor, in the model's order (DDP buckets them)."""
+        return [p.numel() for p in self.meta().parameters() if p.requires_grad]
+
     def example(self, batch: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
         """The first `batch` training samples of step 0 (x, y), for tracing and counting."""
         return self.data.batch("train", 0, 0, 0, batch, batch)

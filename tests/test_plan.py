@@ -486,15 +486,15 @@ def test_variants_are_written_as_files_train_py_resolves_and_priced_by_what_they
     assert command[command.index("--deepspeed_config") + 1] == str(tmp_path / "v" / "z3.no_prefetch.json")
     ran = dry_run(["--preset", "small", *by["z3.no_prefetch.json"]["candidate"].flags()], 8)
     assert ran["plan"]["config"]["zero_optimization"]["stage3_prefetch_bucket_size"] == 0
-    # DDP of GPT-lite small (10.5 MiB of fp32 gradients): 25 MiB after a first bucket of 1 MiB leaves all
-    # but that first MiB to wait after backward; 6.25 MiB buckets, the second, 4.2 MiB; 100, all of it
+    # DDP of GPT-lite small (10960896 bytes of fp32 gradients): by default a first bucket of 1234944 bytes
+    # (1 MiB or more) and the rest, 9725952, waiting after backward; 6.25 MiB buckets, 6566400 and
+    # 4394496 waiting; 100 MiB, one bucket, all of it waiting
     quarter, x4, ddp = by["ddp --ddp_bucket_cap_mb 6.25"], by["ddp --ddp_bucket_cap_mb 100"], by["ddp"]
     assert quarter["base"] == x4["base"] == "ddp"
     total = 2740224 * 4
-    for row, waits in ((ddp, (total - 2**20) / total), (quarter, (total - 6.25 * 2**20) / total), (x4, 1.0)):
+    for row, waits, calls in ((ddp, 9725952 / total, 2), (quarter, 4394496 / total, 2), (x4, 1.0, 1)):
         assert row["wait_ms"] / (row["comm_ms"] + row["wait_ms"]) == pytest.approx(waits)
-    assert quarter["comm_ms"] + quarter["wait_ms"] > ddp["comm_ms"] + ddp["wait_ms"]  # two calls, not one
-    assert ddp["pred_samples_per_s"] > x4["pred_samples_per_s"]  # the same one call, more of it waiting
+        assert row["calls"] == calls
     assert quarter["est_peak_gb"] == ddp["est_peak_gb"] == x4["est_peak_gb"]
     flags = quarter["candidate"].flags()
     assert flags[:4] == ["--backend", "ddp", "--ddp_bucket_cap_mb", "6.25"]
@@ -525,7 +525,7 @@ def _schedule(*flags: str) -> dict:
     from training.describe import resolve_flags
 
     setup = resolve_flags([*TINY, *flags], 2, 2)
-    return setup.resolved.build(setup.env).comm_schedule(setup.n_params)
+    return setup.resolved.build(setup.env).comm_schedule(setup.workload.param_sizes)
 
 
 def test_each_backend_says_how_its_collectives_run(tmp_path):
@@ -558,11 +558,11 @@ def test_each_backend_says_how_its_collectives_run(tmp_path):
     assert _schedule("--fsdp_config", "fsdp_configs/full_shard.yaml") == {"all_gather": (None, 0.0)}
     assert _schedule("--fsdp_config", by["full_shard.no_backward_prefetch.yaml"]) == {"all_gather": (None, 0.5)}
     assert _schedule("--fsdp_config", "fsdp_configs/fsdp2.yaml") == {}
-    # DDP: its buckets; what is left after the first bucket and the full ones waits (the tiny preset's
-    # 846848 gradient bytes: all of it in DDP's own 1 MiB first bucket; 0.1 MiB: 8 full, 7987 bytes after)
-    assert _schedule("--backend", "ddp") == {"all_reduce": (25 * 2**20, 1.0)}
+    # DDP: its buckets, a call each; the last waits (the tiny preset's 846848 gradient bytes: all in DDP's
+    # own 1 MiB first bucket; at 0.1 MiB, 7 buckets, each closed at 0.1 MiB or more, the last 49920 bytes)
+    assert _schedule("--backend", "ddp") == {"all_reduce": (846848, 1.0)}
     assert _schedule("--backend", "ddp", "--ddp_bucket_cap_mb", "0.1") == {
-        "all_reduce": (0.1 * 2**20, pytest.approx((846848 - 8 * 0.1 * 2**20) / 846848))}
+        "all_reduce": (pytest.approx(846848 / 7), pytest.approx(49920 / 846848))}
 
 
 def test_the_refit_leaves_waiting_communication_unscaled_and_counts_a_variant_as_its_configuration():
