@@ -55,9 +55,11 @@ class DDPBackend(TorchBackend):
     def comm_schedule(self, param_sizes: list[int]) -> dict[str, tuple[float | None, float]]:
         """DDP's buckets (buckets()) over the gradients, fp32 (comm_theory): the bytes of a call are
         their mean; the last bucket, the first layers' gradients, is ready only when backward ends
-        and waits (its share of the bytes). The buckets follow the parameters in reverse, the order
-        DDP assigns them in and, for a model whose layers run in order, the order its rebuild after
-        the first step finds their gradients ready in."""
+        and waits (its share of the bytes). These are the buckets of every step after the first:
+        torch 2.x reduces the first step's gradients as one bucket, then rebuilds its buckets in the
+        order the gradients became ready, for a model whose layers run in order the parameters in
+        reverse (checked equal to DDP's rebuilt buckets for GPT-lite tiny and small at 1+25, 0.1,
+        6.25 and 100 MiB, 2026-11-26)."""
         if self.env.world_size == 1:
             return {}
         sizes = buckets([4 * n for n in param_sizes], *self.buckets())
