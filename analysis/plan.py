@@ -99,9 +99,7 @@ class Candidate:
         """train.py's flags for this candidate (besides the model's)."""
         from analysis.project import config_flags
 
-        entry, options = self.config, []
-        if not entry.endswith((".yaml", ".json")):  # a backend's name, with a variant's flags
-            entry, *options = entry.split(" ")
+        entry, options = self.parts
         flags = [*config_flags(entry), *options, "--micro_batch", str(self.micro_batch),
                  "--grad_accum", str(self.grad_accum)]
         if self.ckpt != "none":
@@ -114,9 +112,17 @@ class Candidate:
         """The configuration's file, if it has one."""
         return self.config if self.config.endswith((".yaml", ".json")) else None
 
+    @property
+    def parts(self) -> tuple[str, list[str]]:
+        """(the file or backend's name, a flag variant's flags): a file's path may hold spaces."""
+        if self.file:
+            return self.config, []
+        entry, *options = self.config.split(" ")
+        return entry, options
+
     def run_name(self) -> str:
         """A name for its runs: z2-mb4x2-full2, ddp-ddp_bucket_cap_mb-100-mb8x1-none."""
-        entry, *options = [self.config] if self.file else self.config.split(" ")
+        entry, options = self.parts
         label = "-".join([Path(entry).stem, *(o.lstrip("-") for o in options)])
         return f"{label}-mb{self.micro_batch}x{self.grad_accum}-{self.ckpt.replace('/', '')}"
 
@@ -455,7 +461,7 @@ def evaluate(cand: Candidate, train_argv: list[str], world: int, per_node: int, 
     against the budget, its step time predicted part by part; its communication the theory's bytes cut
     by its buckets, or with `counted` (analysis.project.count_flags) the calls and bytes counted."""
     from analysis.estimate import estimate_from_record
-    from analysis.project import _offload_seconds, comm_and_wait, counted_traffic, theory_traffic
+    from analysis.project import _offload_seconds, price_comm
     from core.config import interval_choices
     from core.flops import sample_flops
     from training.describe import MODEL_FIELDS, resolve_flags
@@ -495,12 +501,8 @@ def evaluate(cand: Candidate, train_argv: list[str], world: int, per_node: int, 
             share = device.recompute.get(cfg.ckpt_policy, 0.0) * (checkpointed / n if n else 1.0)
         micro_steps = cand.grad_accum * device.micro_step_s * (1 + share)  # refit apart when accumulations differ
         compute = micro_steps + samples * device.sample_s * (1 + share) + device.optimizer_s
-    backend = resolved.build(setup.env)
-    schedule = backend.comm_schedule(setup.workload.param_sizes)
-    theory = backend.comm_theory(setup.n_params)
-    traffic = counted_traffic(counted, theory, world) if counted else theory_traffic(theory, bucket_mib, schedule)
-    comm, wait = comm_and_wait(traffic, schedule, per_node, (device.inside.gb_s, device.inside.latency_us),
-                               (device.between.gb_s, device.between.latency_us))
+    traffic, comm, wait = price_comm(setup, world, per_node, (device.inside.gb_s, device.inside.latency_us),
+                                     (device.between.gb_s, device.between.latency_us), bucket_mib, counted)
     offload = 0.0
     if device.pcie_gb_s is not None:
         from analysis.project import Assumptions
@@ -508,7 +510,7 @@ def evaluate(cand: Candidate, train_argv: list[str], world: int, per_node: int, 
         offload = _offload_seconds(resolved, setup.n_params, world, {"pcie_gb_s": device.pcie_gb_s},
                                    Assumptions(cpu_adam_gparams_s=device.cpu_adam_gparams_s))
     step = compute + (1 - device.overlap) * comm + wait + offload
-    row.update(backend=cfg.backend, bytes="counted" if counted else "theory", calls=sum(t[2] for t in traffic.values()),
+    row.update(backend=cfg.backend, bytes="counted" if counted is not None else "theory", calls=sum(t[2] for t in traffic.values()),
                comm_bus_bytes=sum(t[1] for t in traffic.values()),
                compute_ms=compute * 1e3, micro_steps_ms=micro_steps * 1e3,
                comm_ms=comm * 1e3, wait_ms=wait * 1e3,

@@ -142,8 +142,6 @@ def project(entry: str, train_argv: list[str], world: int, gpu: dict, net: dict,
     setup = resolve_entry(entry, train_argv, world, per_node)
     resolved, cfg = setup.resolved, setup.cfg
     n_params = setup.n_params
-    backend = resolved.build(setup.env)
-    theory, schedule = backend.comm_theory(n_params), backend.comm_schedule(setup.workload.param_sizes)
     memory = estimate_from_record({**setup.record(), "environment": {"device": str(setup.env.device)}})
     # Hardware FLOPs per sample: the model's (GPT-lite's formula, any other model counted on fake
     # tensors) and what checkpointing runs again.
@@ -157,12 +155,8 @@ def project(entry: str, train_argv: list[str], world: int, gpu: dict, net: dict,
     samples = setup.layout.global_batch // world  # per rank per step: micro-batch x accumulation
     peak = gpu["fp32_tflops" if cfg.precision == "fp32" else "bf16_tflops"]
     compute_s = (flops["model"] + flops["recomputed"]) * samples / (peak * 1e12 * a.mfu)
-    if counted is not None:
-        traffic = counted_traffic(counted, theory, world)
-    else:
-        traffic = theory_traffic(theory, a.bucket_mib, schedule)
-    comm_s, wait_s = comm_and_wait(traffic, schedule, per_node, (gpu["nvlink_gb_s"], nvlink_latency_us),
-                                   (net["gb_s_per_gpu"], net["latency_us"]))
+    traffic, comm_s, wait_s = price_comm(setup, world, per_node, (gpu["nvlink_gb_s"], nvlink_latency_us),
+                                         (net["gb_s_per_gpu"], net["latency_us"]), a.bucket_mib, counted)
     offload_s = _offload_seconds(resolved, n_params, world, gpu, a)
     step_s = compute_s + (1 - a.overlap) * comm_s + wait_s + offload_s
     label = config_label(cfg.backend, cfg.fsdp_config, cfg.deepspeed_config, cfg.ddp_bucket_cap_mb)
@@ -196,6 +190,21 @@ def comm_seconds(traffic: dict, per_node: int, inside: tuple[float, float], betw
         seconds += latency_us * 1e-6 * RING_STEPS.get(kind.split("_secondary")[0], 1) * (group - 1) * calls
         seconds += bus_bytes / (gb_s * 1e9)
     return seconds
+
+
+def price_comm(setup, world: int, per_node: int, inside: tuple[float, float], between: tuple[float, float],
+               bucket_mib: float, counted: dict | None = None) -> tuple[dict, float, float]:
+    """A resolved run's (training.run.Setup) communication priced: (traffic, seconds that may overlap
+    compute, seconds that wait), its collectives by theory cut by the configuration's buckets
+    (theory_traffic) or, with `counted` (count_flags), as counted; the waiting shares from its
+    backend's schedule (comm_and_wait). The projection and the planner both price a run by it."""
+    backend = setup.resolved.build(setup.env)
+    theory, schedule = backend.comm_theory(setup.n_params), backend.comm_schedule(setup.workload.param_sizes)
+    if counted is not None:
+        traffic = counted_traffic(counted, theory, world)
+    else:
+        traffic = theory_traffic(theory, bucket_mib, schedule)
+    return (traffic, *comm_and_wait(traffic, schedule, per_node, inside, between))
 
 
 def comm_and_wait(traffic: dict, schedule: dict, per_node: int, inside: tuple[float, float],

@@ -45,7 +45,7 @@ class DDPBackend(TorchBackend):
     def micro_step(self, sync: bool):
         return super().micro_step(sync) if sync else self.model.no_sync()
 
-    def buckets(self) -> tuple[float, float]:
+    def bucket_limits(self) -> tuple[float, float]:
         """(the first bucket's bytes, every later bucket's): DDP's 1 MiB then 25 MiB by default, else
         --ddp_bucket_cap_mb for all."""
         if self.cfg.ddp_bucket_cap_mb is None:
@@ -53,19 +53,17 @@ class DDPBackend(TorchBackend):
         return (self.cfg.ddp_bucket_cap_mb * MiB,) * 2
 
     def comm_schedule(self, param_sizes: list[int]) -> dict[str, tuple[float | None, float]]:
-        """DDP's buckets (buckets()) over the gradients, fp32 (comm_theory): the bytes of a call are
+        """DDP's buckets (buckets(), bucket_limits()) over the gradients, fp32 (comm_theory): the bytes of a call are
         their mean; the last bucket, the first layers' gradients, is ready only when backward ends
         and waits (its share of the bytes). These are the buckets of every step after the first:
         torch 2.x reduces the first step's gradients as one bucket, then rebuilds its buckets in the
         order the gradients became ready, for a model whose layers run in order the parameters in
         reverse (checked equal to DDP's rebuilt buckets for GPT-lite tiny and small at 1+25, 0.1,
         6.25 and 100 MiB, 2026-11-26)."""
-        if self.env.world_size == 1:
-            return {}
-        sizes = buckets([4 * n for n in param_sizes], *self.buckets())
+        sizes = buckets([4 * n for n in param_sizes], *self.bucket_limits())
         return {"all_reduce": (sum(sizes) / len(sizes), sizes[-1] / sum(sizes))} if sizes else {}
 
     def describe(self) -> dict:
-        first, cap = self.buckets()
+        first, cap = self.bucket_limits()
         return {**super().describe(), "wrapper": "DistributedDataParallel", "gradient_as_bucket_view": True,
                 "bucket_mib": cap / MiB, "first_bucket_mib": first / MiB}
