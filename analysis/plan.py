@@ -50,6 +50,7 @@ import functools
 import gc
 import json
 import math
+import re
 import shlex
 import statistics
 import sys
@@ -354,6 +355,16 @@ def calibrate(workload, block_class: str | None, micro_batches: tuple[int, int],
             "recompute": {k: v / seconds[large] for k, v in extra.items()}, "timed": seconds}
 
 
+def calibration_line(c: dict) -> str:
+    """The calibrated line as a plan prints it (its assumptions; replay reads it back from a plan
+    saved before --json carried `calibration`)."""
+    return (f"{c['micro_step_s'] * 1e3:.1f} ms per micro-step + {c['sample_s'] * 1e3:.2f} ms per sample, "
+            f"optimizer step {c['optimizer_s'] * 1e3:.1f} ms")
+
+
+CALIBRATION_LINE = re.compile(r"([\d.]+) ms per micro-step \+ ([\d.]+) ms per sample, optimizer step ([\d.]+) ms")
+
+
 def calibration_points(micro_batches: list[int], gpu: bool) -> tuple[int, int]:
     """The two micro-batches the calibration times to fit its fixed + per-sample line: the smallest
     and largest compared (from micro-batch 1, the calibration put 19 ms on each micro-step on an H200
@@ -445,8 +456,7 @@ def here_device(train_argv: list[str], world: int, per_node: int, overlap: float
     return Device(f"here ({setup.env.device})", inside, inside, micro_step_s=c["micro_step_s"],
                   sample_s=c["sample_s"], optimizer_s=c["optimizer_s"], recompute=c["recompute"], overlap=overlap,
                   notes=[f"compute calibrated on {setup.env.device}: forward and backward {timed}; "
-                         f"{c['micro_step_s'] * 1e3:.1f} ms per micro-step + {c['sample_s'] * 1e3:.2f} ms per sample, "
-                         f"optimizer step {c['optimizer_s'] * 1e3:.1f} ms; recompute of every block: "
+                         f"{calibration_line(c)}; recompute of every block: "
                          + ", ".join(f"{k} +{v:.0%}" for k, v in c["recompute"].items()),
                          f"link: {inside.source}: {inside.gb_s:.2f} GB/s, {inside.latency_us:.0f} us per ring step",
                          f"overlap {overlap}"])
@@ -762,6 +772,47 @@ def refit(rows: list[dict], verified: list[dict], global_batch: int) -> dict | N
             **({"micro_step_factor": fixed_factor} if split else {})}
 
 
+def replay(saved: dict) -> dict:
+    """A saved plan (--json's object, with its verified runs) refitted by this code's refit, without
+    running anything: each candidate's parts as the plan printed them, its verified runs as measured.
+    A plan saved before its candidates carried `micro_steps_ms` gets it rebuilt from its calibration
+    (`calibration`, or the line `assumptions` printed): a candidate's calibrated compute is (fixed x
+    accumulation + per sample x samples) x (1 + recompute) + the optimizer step, so its micro-steps'
+    share of the rest is fixed x accumulation over the bracket. Returns the refit's parameters and,
+    for each verified run, the prediction as the plan ran it, as this refit puts it, and measured."""
+    rows = [dict(c) for c in saved["candidates"]]
+    verified = [dict(v) for v in saved.get("verified", [])]
+    timed = [r for r in rows if r.get("step_ms")]
+    if not verified or not timed:
+        raise ValueError("the plan has no verified runs or no timed candidates to refit on")
+    # the question's global batch: every candidate's samples/s is it over its step
+    global_batch = round(timed[0]["pred_samples_per_s"] * timed[0]["step_ms"] / 1e3)
+    cal = saved.get("calibration")
+    if cal is None and any("micro_steps_ms" not in r for r in timed):
+        line = next((a for a in saved.get("assumptions", []) if "ms per micro-step" in a), "")
+        got = CALIBRATION_LINE.search(line)
+        cal = got and {"micro_step_s": float(got[1]) / 1e3, "sample_s": float(got[2]) / 1e3,
+                       "optimizer_s": float(got[3]) / 1e3}
+    for r in timed:
+        if "micro_steps_ms" in r:
+            continue
+        if not cal:  # a named GPU's compute has no fixed part apart
+            r["micro_steps_ms"] = 0.0
+            continue
+        micro, accum = (int(x) for x in r["micro x accum"].split("x"))
+        fixed, per_sample = accum * cal["micro_step_s"], micro * accum * cal["sample_s"]
+        bracket = fixed + per_sample
+        r["micro_steps_ms"] = (r["compute_ms"] - cal["optimizer_s"] * 1e3) * fixed / bracket if bracket else 0.0
+    as_ran = {v["command"]: v.get("refit_samples_per_s") for v in verified}
+    fitted = refit(rows, verified, global_batch)
+    runs = [{"command": v["command"], "pred_samples_per_s": v["pred_samples_per_s"],
+             "refit_as_ran": as_ran[v["command"]], "refit_samples_per_s": v.get("refit_samples_per_s"),
+             "measured_samples_per_s": v["measured_samples_per_s"]}
+            for v in verified if v["status"] == "ok" and v.get("measured_samples_per_s")]
+    return {"global_batch": global_batch, "refit": fitted, "refit_as_ran": saved.get("refit"), "verified": runs,
+            "candidates": rows}
+
+
 def main(argv=None) -> int:
     from analysis.project import HARDWARE
     from training.cli import OneLineParser
@@ -912,7 +963,11 @@ def main(argv=None) -> int:
     if args.json:
         shown = [{**{k: v for k, v in r.items() if k != "candidate"}, "config_flags": r["candidate"].flags()}
                  for r in rows]
-        print(json.dumps({"device": device.name, "assumptions": device.notes, "candidates": shown, "pick": pick,
+        calibration = ({"calibration": {"micro_step_s": device.micro_step_s, "sample_s": device.sample_s,
+                                        "optimizer_s": device.optimizer_s, "recompute": device.recompute}}
+                       if device.flops_per_s is None else {})  # what replay() needs to re-price the plan
+        print(json.dumps({"device": device.name, "assumptions": device.notes, **calibration, "candidates": shown,
+                          "pick": pick,
                           **({"verified": verified, "refit": fitted, "ties_with_pick": ties} if args.verify else {})},
                          indent=2))
         return 0 if pick else 1

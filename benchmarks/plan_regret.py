@@ -17,6 +17,12 @@ Prints the table (candidate, predicted, refitted, measured), the best measured c
 regret = 1 - pick's grid samples/s / best's, how many runs the planner made against the grid, and
 whether any picked or verified run went over the budget. A benchmark, not a test: run it on an
 otherwise idle machine.
+
+    python benchmarks/plan_regret.py --replay runs/reference/nvidia-h100-80gb-hbm3-plan/plan_regret
+
+--replay DIR runs nothing: it refits DIR/plan.json's verified runs with this code's refit
+(analysis.plan.replay) and prints, for each, the prediction as the plan ran, refitted then and now,
+and measured; then the grid's records in DIR/grid against the refitted prediction now.
 """
 
 from __future__ import annotations
@@ -32,9 +38,60 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 
+def replay(directory: Path) -> int:
+    """--replay DIR: DIR/plan.json refitted by this code (nothing run), against its verified runs and
+    DIR/grid's records."""
+    from analysis import plan
+
+    try:
+        saved = json.loads((directory / "plan.json").read_text())
+        out = plan.replay(saved)
+    except (OSError, ValueError, KeyError) as e:
+        print(f"--replay {directory}: cannot replay its plan.json ({e})", file=sys.stderr)
+        return 2
+    fitted, then = out["refit"], out["refit_as_ran"] or {}
+    print(f"refit now: compute x {fitted['compute_factor']:.3g}, micro-steps' fixed cost x "
+          f"{fitted.get('micro_step_factor', fitted['compute_factor']):.3g}, overlap {fitted['overlap']:.2f}, "
+          f"overhead {', '.join(f'{c} x {o:.3g}' for c, o in fitted['overhead'].items())}; "
+          f"as the plan ran: compute x {then.get('compute_factor', float('nan')):.3g}, overhead "
+          f"{', '.join(f'{c} x {o:.3g}' for c, o in then.get('overhead', {}).items()) or '-'}")
+    flags = {c["command"]: " ".join(c["config_flags"]) for c in out["candidates"] if "command" in c}
+    print(f"\n{'verified candidate':<80} {'predicted':>9} {'refit then':>10} {'refit now':>9} {'measured':>8} "
+          f"{'then':>7} {'now':>7}")
+    for v in out["verified"]:
+        m, then_, now = v["measured_samples_per_s"], v["refit_as_ran"], v["refit_samples_per_s"]
+        print(f"{flags[v['command']]:<80} {v['pred_samples_per_s']:9.1f} {then_ or float('nan'):10.1f} {now:9.1f} "
+              f"{m:8.1f} {(then_ or float('nan')) / m - 1:+7.1%} {now / m - 1:+7.1%}")
+    worst = max(out["verified"], key=lambda v: abs(v["refit_samples_per_s"] / v["measured_samples_per_s"] - 1))
+    print(f"largest error now: {worst['refit_samples_per_s'] / worst['measured_samples_per_s'] - 1:+.1%} "
+          f"({flags[worst['command']]})")
+    grid: dict[str, list[float]] = {}
+    for summary in sorted((directory / "grid").glob("*/summary.json")):
+        s = json.loads(summary.read_text())
+        if s.get("status") == "ok" and s.get("samples_per_s"):
+            grid.setdefault(summary.parent.name.rsplit("-r", 1)[0], []).append(s["samples_per_s"])
+    if grid:
+        print(f"\n{'grid candidate':<80} {'refit now':>9} {'grid':>8} {'error':>7}")
+        for r in out["candidates"]:
+            if "refit_samples_per_s" not in r:
+                continue
+            micro, accum = (int(x) for x in r["micro x accum"].split("x"))
+            name = plan.Candidate(r["config"], micro, accum, r["ckpt"], r.get("base")).run_name()
+            if name in grid:
+                g = statistics.median(grid[name])
+                print(f"{flags[r['command']]:<80} {r['refit_samples_per_s']:9.1f} {g:8.1f} "
+                      f"{r['refit_samples_per_s'] / g - 1:+7.1%}")
+    return 0
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--replay"]:
+        if len(sys.argv) != 3:
+            sys.exit("usage: benchmarks/plan_regret.py --replay DIR (a plan_regret RUNS_DIR: its plan.json, grid/)")
+        sys.exit(replay(Path(sys.argv[2])))
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n".join(__doc__.splitlines()[2:]))
+    p.add_argument("--replay", metavar="DIR", help="refit DIR/plan.json by this code, nothing run (alone: see below)")
     p.add_argument("--runs_dir", required=True)
     p.add_argument("--world", type=int, default=2)
     p.add_argument("--mem_budget_gb", type=float, required=True)

@@ -276,6 +276,8 @@ def test_here_is_calibrated_where_the_candidates_run(monkeypatch, capsys):
     question = ["--world", "1", "--mem_budget_gb", "10", "--global_batch", "16", "--configs", "single", "--ckpt",
                 "none", "--json", *TINY]
     assert plan.main([*question, "--micro_batches", "2", "8"]) == 0
+    saved = json.loads(capsys.readouterr().out)  # what plan.replay re-prices the plan from
+    assert saved["calibration"] == {"micro_step_s": 0.01, "sample_s": 0.001, "optimizer_s": 0.0, "recompute": {}}
     assert plan.main(question) == 0
     assert plan.main([*question, "--micro_batches", "4"]) == 0
     capsys.readouterr()
@@ -427,6 +429,58 @@ def test_the_refit_gives_the_micro_steps_fixed_cost_its_own_factor_where_accumul
     assert "micro_step_factor" not in plan.refit(rows, verified[:3], 64)  # 3 runs, 3 parameters: none to spare
     flat = [{**r, "compute_ms": 300 + r["micro_steps_ms"], "comm_ms": 40} for r in rows]  # DDP, no checkpointing:
     assert "micro_step_factor" not in plan.refit(flat, verified, 64)  # the rest of compute and comm both constant
+
+
+@pytest.mark.parametrize("reference", ["nvidia-h100-80gb-hbm3-plan", "nvidia-h200"])
+def test_the_refit_holds_the_gpus_verified_runs_within_20_percent_on_their_records(reference):
+    """The issue's "samples/s within 20% after the refit", on the lent GPUs' committed plans
+    (runs/reference/*/plan_regret/plan.json: the paper preset at world 1, 5 verified runs each),
+    refitted by this code (plan.replay: nothing run). The H100's plan, as it ran, put 8 x 8 26.4% under
+    (its calibration's 26 ms per micro-step); a refit without the micro-steps' own factor fails here."""
+    saved = json.loads((REPO / "runs/reference" / reference / "plan_regret/plan.json").read_text())
+    out = plan.replay(saved)
+    assert out["global_batch"] == 64 and out["refit"]["runs"] == len(out["verified"]) == 5
+    assert "micro_step_factor" in out["refit"]
+    errors = {v["command"].split("--backend ")[1]: v["refit_samples_per_s"] / v["measured_samples_per_s"] - 1
+              for v in out["verified"]}
+    assert max(map(abs, errors.values())) <= 0.20, errors
+    # each row's micro-steps rebuilt from the printed calibration (to its rounding): accumulation x the fixed cost
+    rows = {r["command"].split("--backend ")[1]: r for r in out["candidates"]}
+    fixed = float(plan.CALIBRATION_LINE.search(saved["assumptions"][0])[1])
+    assert rows["single --micro_batch 16 --grad_accum 4"]["micro_steps_ms"] == pytest.approx(4 * fixed, rel=0.01)
+
+
+def test_replay_rebuilds_the_micro_steps_of_a_plan_saved_without_them():
+    """A plan saved before its candidates carried micro_steps_ms: replay rebuilds each from the printed
+    calibration line as evaluate computed it (to the line's rounding), and from --json's `calibration`
+    exactly; then refits as refit does on the rows that had them."""
+    cal = {"micro_step_s": 0.01234, "sample_s": 0.004567, "optimizer_s": 0.0031, "recompute": {"full": 0.3,
+                                                                                                 "selective": 0.1}}
+    link = plan.Link(1.0, 1.0, "stub")
+    device = plan.Device("here (stub)", link, link, **cal)
+    rows = [{k: v for k, v in r.items() if k != "candidate"} for r in
+            plan.plan(TINY, 1, 1, 10.0, 16, device, ["single"], ("none", "full/1", "selective/2"), [2, 8, 16])]
+    assert len({r["micro_steps_ms"] for r in rows}) > 3  # accumulation and recompute both vary
+    verified = [{"command": r["command"], "status": "ok", "pred_samples_per_s": r["pred_samples_per_s"],
+                 "measured_samples_per_s": r["pred_samples_per_s"] * (0.8 + 0.1 * i)} for i, r in enumerate(rows[:5])]
+    before = [{k: v for k, v in r.items() if k != "micro_steps_ms"} for r in rows]
+    printed = {"assumptions": [f"compute calibrated on cpu: ...; {plan.calibration_line(cal)}; recompute ..."],
+               "candidates": before, "verified": verified}
+    for saved, tolerance in (({**printed, "calibration": cal}, 1e-9), (printed, 0.02)):
+        out = plan.replay(saved)
+        assert [r["micro_steps_ms"] for r in out["candidates"]] == pytest.approx(
+            [r["micro_steps_ms"] for r in rows], rel=tolerance)
+    expected = [dict(r) for r in rows]
+    fitted = plan.refit(expected, [dict(v) for v in verified], 16)
+    out = plan.replay({**printed, "calibration": cal})
+    assert out["global_batch"] == 16 and out["refit"].keys() == fitted.keys()
+    assert out["refit"]["overhead"] == {"single": pytest.approx(fitted["overhead"]["single"])}
+    assert {k: v for k, v in out["refit"].items() if k != "overhead"} == pytest.approx(
+        {k: v for k, v in fitted.items() if k != "overhead"})
+    assert [v["refit_samples_per_s"] for v in out["verified"]] == pytest.approx(
+        [r["refit_samples_per_s"] for r in expected[:5]])
+    with pytest.raises(ValueError, match="no verified runs"):
+        plan.replay({**printed, "verified": []})
 
 
 def test_the_refit_gives_each_verified_configuration_its_own_overhead():
