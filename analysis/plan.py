@@ -805,6 +805,8 @@ def replay(saved: dict) -> dict:
         r["micro_steps_ms"] = (r["compute_ms"] - cal["optimizer_s"] * 1e3) * fixed / bracket if bracket else 0.0
     as_ran = {v["command"]: v.get("refit_samples_per_s") for v in verified}
     fitted = refit(rows, verified, global_batch)
+    if fitted is None:
+        raise ValueError("the plan has fewer than 2 verified runs measured: nothing to refit")
     runs = [{"command": v["command"], "pred_samples_per_s": v["pred_samples_per_s"],
              "refit_as_ran": as_ran[v["command"]], "refit_samples_per_s": v.get("refit_samples_per_s"),
              "measured_samples_per_s": v["measured_samples_per_s"]}

@@ -481,6 +481,8 @@ def test_replay_rebuilds_the_micro_steps_of_a_plan_saved_without_them():
         [r["refit_samples_per_s"] for r in expected[:5]])
     with pytest.raises(ValueError, match="no verified runs"):
         plan.replay({**printed, "verified": []})
+    with pytest.raises(ValueError, match="fewer than 2 verified runs measured"):
+        plan.replay({**printed, "verified": [verified[0], {**verified[1], "status": "oom"}]})
 
 
 def test_the_refit_gives_each_verified_configuration_its_own_overhead():
