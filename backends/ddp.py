@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
@@ -13,20 +14,17 @@ MiB = 2**20
 DEFAULT_BUCKET_MIB = 25  # DistributedDataParallel's bucket_cap_mb when none is given
 
 
-def buckets(sizes: list[int], first: float, cap: float) -> list[int]:
-    """The bytes of each of DDP's buckets, in the order they are all-reduced, for gradients of
-    `sizes` bytes in the model's order: taken in reverse (backward's order), a bucket closed once it
-    holds its limit or more, `first` for the first and `cap` for every later one; a tensor is never
-    split (torch's compute_bucket_assignment_by_size)."""
-    out, filling = [], 0
-    for size in reversed(sizes):
-        filling += size
-        if filling >= (cap if out else first):
-            out.append(filling)
-            filling = 0
-    if filling:
-        out.append(filling)
-    return out
+def buckets(param_sizes: list[int], first: float, cap: float) -> list[int]:
+    """The bytes of each of DDP's buckets, in the order they are all-reduced, for fp32 gradients of
+    `param_sizes` elements in the model's order: torch's own assignment (the one DDP's reducer rebuilds
+    its buckets with, on the gradients in the order they became ready: backward's, the parameters in
+    reverse), a bucket closed once it holds its limit or more, `first` for the first and `cap` for
+    every later one, a tensor never split. On meta tensors: nothing allocated."""
+    grads = [torch.empty(n, device="meta") for n in reversed(param_sizes)]
+    if not grads:
+        return []
+    indices, _ = dist._compute_bucket_assignment_by_size(grads, [int(first), int(cap)], [False] * len(grads))
+    return [sum(grads[i].numel() * grads[i].element_size() for i in bucket) for bucket in indices]
 
 
 class DDPBackend(TorchBackend):
@@ -60,7 +58,7 @@ class DDPBackend(TorchBackend):
         order the gradients became ready, for a model whose layers run in order the parameters in
         reverse (checked equal to DDP's rebuilt buckets for GPT-lite tiny and small at 1+25, 0.1,
         6.25 and 100 MiB, 2026-11-26)."""
-        sizes = buckets([4 * n for n in param_sizes], *self.bucket_limits())
+        sizes = buckets(param_sizes, *self.bucket_limits())
         return {"all_reduce": (sum(sizes) / len(sizes), sizes[-1] / sum(sizes))} if sizes else {}
 
     def describe(self) -> dict:

@@ -75,7 +75,7 @@ def test_fake_world_at_2_matches_every_real_2_rank_run(quick_sweep, tmp_path):
 def test_ddp_all_reduces_in_the_buckets_its_flag_sets(tmp_path):
     """DDP's gradients, 846848 bytes for the tiny preset: one all-reduce in DDP's own 1 MiB first
     bucket by default; with --ddp_bucket_cap_mb 0.1, a call per bucket as the planner's replay of
-    DDP's bucketing counts them (backends/ddp.buckets: 7, each closed at 0.1 MiB or more)."""
+    DDP's bucketing counts them (backends/ddp.buckets, torch's assignment: 7, each closed at 0.1 MiB or more)."""
     calls = {}
     for cap in (None, "0.1"):
         flags = ["--preset", "tiny", "--backend", "ddp", *(["--ddp_bucket_cap_mb", cap] if cap else [])]
@@ -86,7 +86,7 @@ def test_ddp_all_reduces_in_the_buckets_its_flag_sets(tmp_path):
     from backends.ddp import buckets
     from training.describe import resolve_flags
 
-    sizes = [4 * n for n in resolve_flags(["--preset", "tiny", "--backend", "ddp"], 2, 2).workload.param_sizes]
+    sizes = resolve_flags(["--preset", "tiny", "--backend", "ddp"], 2, 2).workload.param_sizes
     assert calls == {None: len(buckets(sizes, 2**20, 25 * 2**20)), "0.1": len(buckets(sizes, *(0.1 * 2**20,) * 2))}
     assert calls == {None: 1, "0.1": 7}
 
