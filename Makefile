@@ -17,7 +17,7 @@ DEEPSPEED_VERSION ?= 0.19.8
 help:
 	@echo "make setup   create $(VENV) and install the suite (CPU torch pinned on CPU machines)"
 	@echo "make demo    setup, then the main job: every backend on the embedded corpus, compared"
-	@echo "make test-fast  the fast tier: every test that starts no multi-process launch (-m 'not distributed')"
+	@echo "make test-fast  the unit tier: every test that starts no process (-m unit; docs/testing.md)"
 	@echo "make test    setup (with DeepSpeed's NVMe op where libaio installs), then the test suite (CI runs this)"
 	@echo "make setup-nvme  add DeepSpeed's async_io op (NVMe offload) to $(VENV)"
 	@echo "make slurm   install munge and Slurm from Debian's packages (root), for tools/slurm_local.sh start"
@@ -76,9 +76,10 @@ demo: setup
 test: $(VENV)/.test
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# The inner loop: the tests that start no multi-process launch (pytest -m 'not distributed').
+# The inner loop: the unit tier, the tests that start no process (docs/testing.md). `make test` runs
+# every tier: unit, launch, distributed, slurm (gpu where a GPU is).
 test-fast: $(VENV)/.test
-	$(PY) -m pytest -m "not distributed" $(PYTEST_ARGS)
+	$(PY) -m pytest -m unit $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) *.egg-info

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import platform
 import socket
@@ -27,7 +28,10 @@ def library_versions() -> dict[str, str | None]:
     return versions
 
 
+@functools.lru_cache(maxsize=1)
 def git_commit() -> dict[str, str | bool | None]:
+    """The checkout's commit and whether tracked files differ from it, read once per process (two git
+    commands; a process running several runs, or the test process, asks once)."""
     def git(*args):
         return subprocess.run(["git", *args], cwd=_REPO, capture_output=True, text=True, timeout=10)
 

@@ -1,17 +1,21 @@
-"""Test support: per-step losses and first-step gradients of one backend under several
-activation-checkpointing settings, in one launch (python or torchrun).
+"""Probe: the losses and first-step gradients of several backends under several activation-
+checkpointing settings, in ONE launch (python or torchrun): every group of cases shares the process
+group, one after another, so the suite starts one launch for what used to be twenty.
 
-    python -m torch.distributed.run --nproc_per_node 2 tests/ckpt_probe.py OUT_DIR BACKEND [CONFIG_FILE] \\
-        --case 0:torch_nonreentrant:0 --case 1:torch_reentrant:0 ...
+    python -m torch.distributed.run --nproc_per_node 2 tests/ckpt_probe.py OUT_DIR PLAN.json
 
-Each case is interval:impl:offload[:policy[:dropout]], offload being 0 (none), 1 (torch's, --ckpt_offload)
-or pH (--offload_activations with horizon H; the offloader's schedule of the first step is recorded),
-policy full (default) or selective (--ckpt_policy), or a plan, each block's choice joined by "+"
-(--ckpt_plan: full+selective+none+full, with interval 0), dropout the model's (default 0).
-For every case the real backend is set up on a fresh model
-(same seed) and trained for a few steps through training.loop.accumulate_gradients; each rank
-writes OUT_DIR/rank<k>.pt with, per case, the losses, this rank's local gradients after the first
-backward (by parameter name, wrapper prefixes removed) and the printed model.
+PLAN.json is a list of groups, each {"label", "backend", "config" (an --fsdp_config or
+--deepspeed_config file, or null), "cases": [...], "freeze_embeddings" (optional)}: the probe's
+table lives in tests/launches.py (PROBE_GROUPS). Each case is interval:impl:offload[:policy[:dropout]],
+offload being 0 (none), 1 (torch's, --ckpt_offload) or pH (--offload_activations with horizon H; the
+offloader's schedule of the first step is recorded), policy full (default) or selective
+(--ckpt_policy), or a plan, each block's choice joined by "+" (--ckpt_plan: full+selective+none+full,
+with interval 0), dropout the model's (default 0). For every case the real backend is set up on a
+fresh model (same seed) and trained for a few steps through training.loop.accumulate_gradients;
+each rank writes OUT_DIR/rank<k>.pt with, per group label and case, the losses, this rank's local
+gradients after the first backward (by parameter name, wrapper prefixes removed) and the printed
+model. A case that raises is recorded as {"error": ...} and the probe goes on with the next one
+(a case that hangs a collective still ends the launch: its timeout).
 """
 
 from __future__ import annotations
@@ -54,13 +58,20 @@ def assert_unchanged(results: dict, cases, tolerance: float, what: str = "") -> 
     """Each of `cases` has the losses and first-step gradients, within `tolerance`, of the case without
     checkpointing at its dropout (baseline_of) in one rank's `results`."""
     for case in cases:
-        got, base = results[case], results[baseline_of(case)]
+        got, base = case_result(results, case), case_result(results, baseline_of(case))
         torch.testing.assert_close(torch.tensor(got["losses"]), torch.tensor(base["losses"]), rtol=tolerance,
                                    atol=tolerance, msg=f"{what} {case} losses")
         assert got["grads"].keys() == base["grads"].keys() and got["grads"]
         for name, grad in got["grads"].items():
             torch.testing.assert_close(grad, base["grads"][name], rtol=tolerance, atol=tolerance,
                                        msg=f"{what} {case} gradient of {name}")
+
+
+def case_result(results: dict, case: str) -> dict:
+    """One case's result, failing with the error the probe recorded for it."""
+    result = results[case]
+    assert "error" not in result, f"{case}: {result['error']}\n{result.get('traceback', '')}"
+    return result
 
 
 def offload_fields(offload: str) -> dict:
@@ -115,31 +126,42 @@ def run_case(base: dict, interval: int, impl: str, offload: str, env: DistEnv, d
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out_dir")
-    parser.add_argument("backend")
-    parser.add_argument("config", nargs="?", help="--fsdp_config or --deepspeed_config file")
-    parser.add_argument("--case", action="append", required=True, help="interval:impl:offload (0, 1 or pH)[:policy[:dropout]]")
-    parser.add_argument("--micro_batch", type=int, default=4)
-    parser.add_argument("--grad_accum", type=int, default=1)
+    parser.add_argument("plan", help="a JSON list of groups: label, backend, config, cases, freeze_embeddings")
     parser.add_argument("--local_rank", type=int, help="passed by the deepspeed launcher (LOCAL_RANK is used)")
-    parser.add_argument("--freeze_embeddings", action="store_true",
-                        help="embeddings without gradients: block 0's input then needs none")
     args = parser.parse_args()
 
+    import json
+    import traceback
+
+    groups = json.loads(Path(args.plan).read_text())
     env = DistEnv.from_environment("cpu")
-    config_flag = "deepspeed_config" if args.backend == "deepspeed" else "fsdp_config"
-    base = dict(backend=args.backend, preset="tiny", dropout=0.0, micro_batch=args.micro_batch,
-                grad_accum=args.grad_accum, lr_warmup_steps=0, seed=7, **({config_flag: args.config} if args.config else {}))
-    backend_cls = get_backend(args.backend)
-    if backend_cls.needs_process_group:
-        backend_cls.init_distributed(env, timeout_s=120)
     data = CharDataset.load(None, block_size=64)
-    results = {}
-    for case in args.case:
-        interval, impl, offload, policy, dropout = parse_case(case)
-        results[case] = run_case(base, interval, impl, offload, env, data, args.freeze_embeddings, policy, dropout)
-    out = Path(args.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    torch.save(results, out / f"rank{env.rank}.pt")
+    results, initialized = {}, set()
+    for group in groups:
+        backend = group["backend"]
+        config_flag = "deepspeed_config" if backend == "deepspeed" else "fsdp_config"
+        base = dict(backend=backend, preset="tiny", dropout=0.0, micro_batch=group.get("micro_batch", 4),
+                    grad_accum=group.get("grad_accum", 1), lr_warmup_steps=0, seed=7,
+                    **({config_flag: group["config"]} if group.get("config") else {}))
+        backend_cls = get_backend(backend)
+        # The first group of a backend that needs one makes the process group; DeepSpeed's own set-up
+        # (its communication layer over that group) runs once too, whichever group came first.
+        family = "deepspeed" if backend == "deepspeed" else "torch"
+        if backend_cls.needs_process_group and family not in initialized:
+            if family == "deepspeed" or not torch.distributed.is_initialized():
+                backend_cls.init_distributed(env, timeout_s=120)
+            initialized.add(family)
+        out = results.setdefault(group["label"], {})
+        for case in group["cases"]:
+            interval, impl, offload, policy, dropout = parse_case(case)
+            try:
+                out[case] = run_case(base, interval, impl, offload, env, data, group.get("freeze_embeddings", False),
+                                     policy, dropout)
+            except Exception as e:  # noqa: BLE001 - recorded, the test that reads it fails with it
+                out[case] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    torch.save(results, out_dir / f"rank{env.rank}.pt")
     destroy_process_group()
 
 

@@ -15,10 +15,21 @@ import pytest
 
 from training.launch import REPO, TRAIN, launch_command, launch_env  # noqa: F401 (TRAIN: for the tests)
 
-SHAKESPEARE = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"
-# A launch that takes longer than this is hung: fail fast instead of waiting for pytest's timeout.
-LAUNCH_TIMEOUT_S = 240
+from launches import LAUNCH_TIMEOUT_S, PARITY_ARGS, REFERENCE_STEPS, Launched  # noqa: F401 (for the tests)
 
+pytest_plugins = ["tiers"]  # tier markers, the unit tier's guard, the launch counts (tests/tiers.py)
+
+# A run record names the checkout's commit (git, once per process) and the processor (platform runs
+# `uname -p` once per process): read here, before any unit test, so the unit tests that run a record
+# in this process start no process for them.
+import platform  # noqa: E402
+
+from core.environment import git_commit  # noqa: E402
+
+git_commit()
+platform.processor()
+
+SHAKESPEARE = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"
 
 @dataclass
 class Run:
@@ -86,12 +97,18 @@ def in_process(main, argv: list[str]) -> subprocess.CompletedProcess:
     (the logic, without a new interpreter per case; each suite runs a few cases as processes too)."""
     import io
 
+    # A CLI may install handlers (a sweep stops its run on SIGTERM, train.py records it): this
+    # process keeps its own.
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)}
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
             code = main(list(map(str, argv)))
         except SystemExit as e:
             code = e.code
+        finally:
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
     return subprocess.CompletedProcess(list(argv), code, out.getvalue(), err.getvalue())
 
 
@@ -102,11 +119,6 @@ def train(runs_dir: Path, name: str, *args: str, launcher: str = "python", nproc
     proc = subprocess.run(cmd, cwd=REPO, env={**base_env(), **(env or {})}, capture_output=True, text=True,
                           timeout=timeout)
     return Run(proc, Path(runs_dir) / name)
-
-
-# Small, fast and exact: no dropout, fp32, a learning rate that moves the weights from step 0.
-PARITY_ARGS = ("--preset", "tiny", "--dropout", "0", "--precision", "fp32", "--lr_warmup_steps", "0",
-               "--mem_profile_steps", "0", "--warmup_steps", "0", "--eval_batches", "1")
 
 
 def assert_losses_close(actual: list[float], expected: list[float], steps: int, rtol: float) -> None:
@@ -121,34 +133,21 @@ def runs_dir(tmp_path: Path) -> Path:
     return tmp_path / "runs"
 
 
-REFERENCE_STEPS = 10
-
-
 @pytest.fixture(scope="session")
-def single_reference(tmp_path_factory) -> Run:
-    """The single-process reference every parity test compares against: PARITY_ARGS, micro-batch 8
-    (global batch 8), REFERENCE_STEPS steps, the last one profiled for memory. Run once per session."""
-    return train(tmp_path_factory.mktemp("reference"), "single", *PARITY_ARGS, "--steps", str(REFERENCE_STEPS),
-                 "--micro_batch", "8", "--mem_profile_steps", "1").check_ok()
+def launches(tmp_path_factory) -> Launched:
+    """The real launches of tests/launches.py's table, each made once per test run, when a test first
+    reads it: `launches.get(name, request)`."""
+    return Launched(tmp_path_factory.mktemp("launches"))
 
 
-QUICK_SPEC = REPO / "sweeps" / "cpu_quick.yaml"
+def record(directory: Path) -> Run:
+    """A record made by a launch the test did not start itself (a sweep's run)."""
+    return Run(subprocess.CompletedProcess([], 0, "", ""), Path(directory))
 
 
-@pytest.fixture(scope="session")
-def quick_sweep(tmp_path_factory) -> Path:
-    """Every backend configuration of sweeps/cpu_quick.yaml, checkpointing off and on, run once
-    through sweep.py (shortened to 3 steps) for the tests that compare many configurations."""
-    import yaml
-
-    spec = yaml.safe_load(QUICK_SPEC.read_text())
-    directory = tmp_path_factory.mktemp("quick")
-    spec.update(name="quick_test", steps=3, runs_dir=str(directory / "runs"))
-    spec["train_args"] = {**spec.get("train_args", {}), "warmup_steps": 1, "mem_profile_steps": 1,
-                          "eval_batches": 1}
-    path = directory / "spec.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    proc = subprocess.run([sys.executable, str(REPO / "sweep.py"), str(path)], cwd=REPO, env=base_env(),
-                          capture_output=True, text=True, timeout=3600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return directory / "runs"
+def matrix_run(runs: Path, label: str, ckpt: int = 0) -> Run:
+    """The quick matrix's record (launches "matrix") of a configuration label (single, ddp,
+    fsdp.full_shard, deepspeed.z3, ...), checkpointing off or every block."""
+    world = 1 if label == "single" else 2
+    suffix = "-ckpt1-torch_nonreentrant" if ckpt else "-ckpt0"
+    return record(runs / f"{label}-w{world}-tiny-mb4-fp32{suffix}").check_ok()

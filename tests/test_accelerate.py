@@ -10,6 +10,7 @@ import pytest
 
 from conftest import LAUNCH_TIMEOUT_S, PARITY_ARGS, REPO, TRAIN, Run, assert_losses_close, base_env, train
 from core.ports import free_port
+from launches import committed_reference
 
 STEPS = 6
 RTOL = 1e-5
@@ -27,9 +28,9 @@ def accelerate_launch(runs_dir: Path, name: str, *args: str) -> Run:
 
 
 @pytest.fixture
-def reference(single_reference):
-    """The shared reference's first STEPS steps."""
-    return single_reference.losses[:STEPS]
+def reference():
+    """The reference's first STEPS steps (committed: tests/reference_losses.json)."""
+    return committed_reference()["losses"][:STEPS]
 
 
 ARGS = (*PARITY_ARGS, "--steps", str(STEPS), "--micro_batch", "4")

@@ -1,36 +1,21 @@
 """Activation checkpointing every k-th block under single, ddp, fsdp and fsdp2."""
 
-import subprocess
-
 import pytest
 import torch
 import torch.nn as nn
 
 from backends.activation_checkpointing import checkpointed_indices
 from core.config import CKPT_IMPLS, DEEPSPEED_CKPT_IMPLS
-from ckpt_probe import assert_unchanged, baseline_of, parse_case
-from conftest import LAUNCH_TIMEOUT_S, REPO, base_env, launch_command, train
+from ckpt_probe import assert_unchanged, baseline_of, case_result, parse_case, run_case
+from conftest import train
+from launches import CKPT_BASELINE as BASELINE, CKPT_CASES as CASES, PLAN_CASES, PROBE_GROUPS, ZERO3_PLAN_CASES
 
-PROBE = REPO / "tests" / "ckpt_probe.py"
 N_LAYER = 4  # the tiny preset
-IMPLS = ("torch_nonreentrant", "torch_reentrant")
-INTERVALS = (1, 2, N_LAYER)
-BASELINE = "0:torch_nonreentrant:0"
-CASES = [BASELINE] + [f"{k}:{impl}:0" for impl in IMPLS for k in INTERVALS] + ["1:torch_nonreentrant:1",
-                                                                                  "2:torch_reentrant:1"]
-# --ckpt_policy selective, without dropout and with it: a recompute draws the forward's dropout masks.
-CASES += ["1:torch_nonreentrant:0:selective", "2:torch_nonreentrant:0:selective",
-          "0:torch_nonreentrant:0:full:0.1", "1:torch_nonreentrant:0:full:0.1", "1:torch_nonreentrant:0:selective:0.1"]
-# A plan per block (--ckpt_plan, what --ckpt_policy auto runs), without dropout and with it.
-CASES += ["0:torch_nonreentrant:0:selective+full+none+full", "0:torch_nonreentrant:0:full+none+selective+selective:0.1"]
 TOLERANCE = 1e-6
-
-BACKENDS = {
-    "single": ("python", []),
-    "ddp": ("torchrun", []),
-    "fsdp": ("torchrun", ["fsdp_configs/full_shard.yaml"]),
-    "fsdp2": ("torchrun", ["fsdp_configs/fsdp2.yaml"]),
-}
+# The 2-rank backends of the probe launch (tests/launches.py) with the full set of cases; single runs
+# the same cases in this process.
+BACKENDS = ["ddp", "fsdp", "fsdp2"]
+MORE_BACKENDS = [g["label"] for g in PROBE_GROUPS if g["cases"] in (PLAN_CASES, ZERO3_PLAN_CASES)]
 
 
 def test_checkpointed_blocks_are_every_kth_from_the_first():
@@ -41,28 +26,26 @@ def test_checkpointed_blocks_are_every_kth_from_the_first():
     assert checkpointed_indices(6, 6) == [0]
 
 
-@pytest.fixture(scope="module", params=list(BACKENDS))
-def probe(request, tmp_path_factory):
-    backend = request.param
-    launcher, extra = BACKENDS[backend]
-    out = tmp_path_factory.mktemp(f"probe-{backend}")
-    cmd = [*launch_command(launcher, 2)]
-    cmd[-1] = str(PROBE)  # the launcher's script: the probe instead of train.py
-    cmd += [str(out), backend, *extra, *(arg for case in CASES for arg in ("--case", case))]
-    proc = subprocess.run(cmd, cwd=REPO, env=base_env(), capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    ranks = sorted(out.glob("rank*.pt"))
-    assert len(ranks) == (1 if launcher == "python" else 2)
-    return backend, [torch.load(path) for path in ranks]
+@pytest.fixture(scope="module")
+def single_probe():
+    """The probe's cases for the one-process backend, run in this process (as tests/ckpt_probe.py would)."""
+    from core.dist import DistEnv
+    from gptlite.data import CharDataset
+
+    base = dict(backend="single", preset="tiny", dropout=0.0, micro_batch=4, grad_accum=1, lr_warmup_steps=0, seed=7)
+    data, env = CharDataset.load(None, block_size=64), DistEnv.from_environment("cpu")
+    results = {}
+    for case in CASES:
+        interval, impl, offload, policy, dropout = parse_case(case)
+        results[case] = run_case(base, interval, impl, offload, env, data, False, policy, dropout)
+    return [results]
 
 
-@pytest.mark.distributed
-def test_checkpointing_leaves_losses_and_gradients_unchanged(probe):
-    backend, ranks = probe
+def _check_unchanged(backend, ranks):
     for results in ranks:
-        assert results[BASELINE]["record"]["blocks"] == []
+        assert case_result(results, BASELINE)["record"]["blocks"] == []
         for case in CASES[1:]:
-            got, base = results[case], results[baseline_of(case)]
+            got, base = case_result(results, case), case_result(results, baseline_of(case))
             interval, *_, policy, dropout = parse_case(case)
             if "+" in policy:  # a plan
                 assert got["record"]["plan"] == policy.split("+") and got["record"]["policy"] == "plan"
@@ -81,9 +64,7 @@ def test_checkpointing_leaves_losses_and_gradients_unchanged(probe):
                                            msg=f"{backend} {case} gradient of {name}")
 
 
-@pytest.mark.distributed
-def test_printed_model_shows_checkpoint_wrappers_where_chosen(probe):
-    backend, ranks = probe
+def _check_wrappers(backend, ranks):
     results = ranks[0]
     assert results["2:torch_reentrant:0"]["modules"]["CheckpointWrapper"] == len(checkpointed_indices(N_LAYER, 2))
     assert "CheckpointWrapper" not in results[BASELINE]["modules"]
@@ -97,6 +78,23 @@ def test_printed_model_shows_checkpoint_wrappers_where_chosen(probe):
         assert units.lstrip().startswith("(_fsdp_wrapped_module): CheckpointWrapper(")
 
 
+def test_one_process_checkpointing_leaves_losses_and_gradients_unchanged(single_probe):
+    _check_unchanged("single", single_probe)
+    _check_wrappers("single", single_probe)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_checkpointing_leaves_losses_and_gradients_unchanged(backend, launches, request):
+    _check_unchanged(backend, [rank[backend] for rank in launches.get("probe", request)])
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_printed_model_shows_checkpoint_wrappers_where_chosen(backend, launches, request):
+    _check_wrappers(backend, [rank[backend] for rank in launches.get("probe", request)])
+
+
 @pytest.fixture(scope="module")
 def small_runs(tmp_path_factory):
     runs = tmp_path_factory.mktemp("runs")
@@ -105,6 +103,7 @@ def small_runs(tmp_path_factory):
     return {k: train(runs, f"small-ckpt{k}", *common, "--ckpt_interval", str(k)).check_ok() for k in (0, 1)}
 
 
+@pytest.mark.launch
 def test_interval_1_at_least_halves_activation_bytes_at_the_peak(small_runs):
     off, on = (small_runs[k].summary for k in (0, 1))
     assert on["mem_breakdown"]["activation"] <= 0.5 * off["mem_breakdown"]["activation"]
@@ -112,6 +111,7 @@ def test_interval_1_at_least_halves_activation_bytes_at_the_peak(small_runs):
     assert on["ckpt_interval"] == 1 and off["ckpt_interval"] == 0
 
 
+@pytest.mark.launch
 def test_run_record_says_which_blocks_were_checkpointed_and_how(small_runs):
     record = small_runs[1].config["backend"]["activation_checkpointing"]
     assert record == {"interval": 1, "impl": "torch_nonreentrant", "offload": False, "prefetch_offload": None,
@@ -261,41 +261,18 @@ def test_a_selective_checkpoint_recomputes_only_the_ops_it_does_not_keep():
     assert recomputed["full"][0] >= recomputed["full"][1] > 2 * recomputed["selective"][1]
 
 
-# The rest of the quick matrix (sweeps/cpu_quick.yaml) and accelerate: a plan per block (what
-# --ckpt_policy auto runs) leaves losses and gradients unchanged, with dropout 0.1 too. Selective
-# blocks except under ZeRO-3, where plans hold none and full (backends/deepspeed_plan.py).
-PLAN_CASES = ["0:torch_nonreentrant:0", "0:torch_nonreentrant:0:full:0.1",
-              "0:torch_nonreentrant:0:selective+full+none+full", "0:torch_nonreentrant:0:full+none+selective+full:0.1"]
-ZERO3_PLAN_CASES = ["0:torch_nonreentrant:0", "0:torch_nonreentrant:0:full:0.1",
-                    "0:torch_nonreentrant:0:none+full+full+none", "0:torch_nonreentrant:0:full+none+full+full:0.1"]
-MORE_BACKENDS = {
-    "fsdp.shard_grad_op": ("torchrun", "fsdp", "fsdp_configs/shard_grad_op.yaml", PLAN_CASES),
-    "fsdp.no_shard": ("torchrun", "fsdp", "fsdp_configs/no_shard.yaml", PLAN_CASES),
-    "fsdp.hybrid_shard": ("torchrun", "fsdp", "fsdp_configs/hybrid_shard.yaml", PLAN_CASES),
-    "fsdp2.no_reshard": ("torchrun", "fsdp2", "fsdp_configs/fsdp2_no_reshard.yaml", PLAN_CASES),
-    "accelerate": ("torchrun", "accelerate", None, PLAN_CASES),
-    "z0": ("torchrun", "deepspeed", "ds_configs/z0.json", PLAN_CASES),
-    "z1": ("torchrun", "deepspeed", "ds_configs/z1.json", PLAN_CASES),
-    "z2_offload": ("torchrun", "deepspeed", "ds_configs/z2_offload.json", PLAN_CASES),
-    "zeropp": ("torchrun", "deepspeed", "ds_configs/zeropp.json", ZERO3_PLAN_CASES),
-    "z3_infinity": ("torchrun", "deepspeed", "ds_configs/z3_infinity.json", ZERO3_PLAN_CASES),
-}
-
-
 @pytest.mark.distributed
-@pytest.mark.parametrize("name", list(MORE_BACKENDS))
-def test_a_plan_leaves_losses_and_gradients_unchanged_on_the_rest_of_the_quick_matrix(name, tmp_path):
-    launcher, backend, config, cases = MORE_BACKENDS[name]
-    cmd = [*launch_command(launcher, 2)]
-    cmd[-1] = str(PROBE)
-    cmd += [str(tmp_path), backend, *([config] if config else []), *(arg for case in cases for arg in ("--case", case))]
-    proc = subprocess.run(cmd, cwd=REPO, env=base_env(), capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    ranks = [torch.load(path) for path in sorted(tmp_path.glob("rank*.pt"))]
-    assert len(ranks) == 2
+@pytest.mark.parametrize("name", MORE_BACKENDS)
+def test_a_plan_leaves_losses_and_gradients_unchanged_on_the_rest_of_the_quick_matrix(name, launches, request):
+    """The rest of the quick matrix (sweeps/cpu_quick.yaml) and accelerate: a plan per block (what
+    --ckpt_policy auto runs) leaves losses and gradients unchanged, with dropout 0.1 too. Selective
+    blocks except under ZeRO-3, where plans hold none and full (backends/deepspeed_plan.py)."""
+    ranks = [rank[name] for rank in launches.get("probe", request)]
+    cases = list(ranks[0])
+    assert len(ranks) == 2 and len(cases) == 4
     for results in ranks:
         for case in cases[2:]:
             plan = parse_case(case)[3].split("+")
-            record = results[case]["record"]
+            record = case_result(results, case)["record"]
             assert record["plan"] == plan and record["blocks"] == [i for i, c in enumerate(plan) if c != "none"]
         assert_unchanged(results, cases[2:], TOLERANCE, name)

@@ -2,31 +2,20 @@
 under every backend, and the schedule is the one promised: each offloaded tensor fetched once,
 before the backward that uses it, at most H checkpointed blocks ahead, released after use."""
 
-import subprocess
-from pathlib import Path
-
 import pytest
 import torch
 
 from backends.activation_checkpointing import checkpointed_indices
-from ckpt_probe import run_case
-from conftest import LAUNCH_TIMEOUT_S, REPO, base_env, launch_command
+from ckpt_probe import case_result, run_case
 from gptlite.data import CharDataset
 from core.dist import DistEnv
+from launches import DS_OFFLOAD_CASES, OFFLOAD_CASES
 
-PROBE = REPO / "tests" / "ckpt_probe.py"
 N_LAYER = 4  # the tiny preset
 IMPL = "torch_nonreentrant"
-# Each checkpointed interval without offloading, then with prefetch offloading at horizon 2.
-CASES = [f"{k}:{IMPL}:{offload}" for k in (1, 2) for offload in ("0", "p2")]
-
-BACKENDS = {
-    "ddp": ("torchrun", []),
-    "fsdp": ("torchrun", ["fsdp_configs/full_shard.yaml"]),
-    "fsdp2": ("torchrun", ["fsdp_configs/fsdp2.yaml"]),
-    "deepspeed": ("deepspeed", ["ds_configs/z3.json"]),
-}
-DS_CASES = [f"1:torch_reentrant:{offload}" for offload in ("0", "p1")]
+# The probe launch's groups (tests/launches.py) with each checkpointed interval without offloading,
+# then with prefetch offloading at horizon 2; ZeRO-3 DeepSpeed's reentrant checkpoint too (horizon 1).
+BACKENDS = {"ddp": OFFLOAD_CASES, "fsdp": OFFLOAD_CASES, "fsdp2": OFFLOAD_CASES, "z3": OFFLOAD_CASES + DS_OFFLOAD_CASES}
 
 
 def assert_schedule(schedule: dict) -> None:
@@ -108,31 +97,17 @@ def _assert_identical(got: dict, expected: dict, what: str) -> None:
         assert torch.equal(grad, expected["grads"][name]), f"{what}: gradient of {name} differs"
 
 
-@pytest.fixture(scope="module", params=list(BACKENDS))
-def probe(request, tmp_path_factory):
-    backend = request.param
-    launcher, extra = BACKENDS[backend]
-    cases = CASES + (DS_CASES if backend == "deepspeed" else [])
-    out = tmp_path_factory.mktemp(f"offload-{backend}")
-    cmd = launch_command(launcher, 2)
-    cmd[-1] = str(PROBE)  # the launcher's script: the probe instead of train.py
-    cmd += [str(out), backend, *extra, *(arg for case in cases for arg in ("--case", case))]
-    proc = subprocess.run(cmd, cwd=REPO, env=base_env(), capture_output=True, text=True,
-                          timeout=LAUNCH_TIMEOUT_S)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    ranks = [torch.load(path) for path in sorted(Path(out).glob("rank*.pt"))]
-    assert len(ranks) == 2
-    return backend, cases, ranks
-
-
 @pytest.mark.distributed
-def test_losses_and_gradients_identical_with_offloading(probe):
-    backend, cases, ranks = probe
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_losses_and_gradients_identical_with_offloading(backend, launches, request):
+    cases = BACKENDS[backend]
+    ranks = [rank[backend] for rank in launches.get("probe", request)]
+    assert len(ranks) == 2
     for rank, results in enumerate(ranks):
         for case in cases:
             if case.endswith(":0"):
                 continue
             kept = case.rsplit(":", 1)[0] + ":0"
-            _assert_identical(results[case], results[kept], f"{backend} rank {rank} {case}")
+            _assert_identical(case_result(results, case), case_result(results, kept), f"{backend} rank {rank} {case}")
             assert_schedule(results[case]["schedule"])
             assert results[case]["record"]["prefetch_offload"]["horizon"] == int(case.rsplit(":p", 1)[1])

@@ -9,7 +9,8 @@ import pytest
 
 from conftest import REPO, base_env
 
-pytestmark = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
+pytestmark = [pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's"),
+              pytest.mark.launch]  # fresh interpreters: the thresholds are set at start-up
 
 PROBE = "import json; from core import allocator; print(json.dumps([allocator.keep_freed_memory(), allocator.describe()]))"
 
@@ -35,9 +36,7 @@ def test_the_users_own_settings_win(name):
     assert applied is None and described == {"set_by": "environment", name: value}
 
 
-def test_a_run_records_its_allocator_settings(tmp_path):
-    from conftest import PARITY_ARGS, train
-
-    run = train(tmp_path, "alloc", *PARITY_ARGS, "--steps", "1").check_ok()
+def test_a_run_records_its_allocator_settings(launches, request):
+    run = launches.get("reference", request)  # plain `python train.py`
     assert run.config["environment"]["allocator"] == {"set_by": "train.py", "mmap_threshold": 2**30,
                                                       "trim_threshold": 2**30}

@@ -2,8 +2,6 @@
 
 import os
 import shutil
-import subprocess
-import sys
 
 import nbformat
 import pandas as pd
@@ -11,17 +9,17 @@ import pytest
 from nbclient import NotebookClient
 
 from analysis import figures, load_metrics, load_runs, tables
-from conftest import REPO, base_env
+from conftest import REPO, in_process
 from core.records import atomic_write_json
 
-pytestmark = pytest.mark.distributed  # the quick sweep is real launches
+# The tests reading `mixed` are in the distributed tier: the quick matrix is real 2-rank launches.
 
 
 @pytest.fixture(scope="module")
-def mixed(quick_sweep, tmp_path_factory):
-    """The quick sweep's records plus a failed, an oom and a killed (still "running") record."""
+def mixed(launches, request, tmp_path_factory):
+    """The quick matrix's records plus a failed, an oom and a killed (still "running") record."""
     root = tmp_path_factory.mktemp("mixed")
-    shutil.copytree(quick_sweep, root, dirs_exist_ok=True)
+    shutil.copytree(launches.get("matrix", request), root, dirs_exist_ok=True)
     for name, status, error in (("broken", "failed", "rank 1: RuntimeError: boom"),
                                 ("too-big", "oom", "rank 0: OutOfMemoryError: CUDA out of memory"),
                                 ("killed", "running", None)):
@@ -39,6 +37,7 @@ def test_a_ddp_run_with_its_own_buckets_is_labelled_apart_from_ddp():
     assert config_label("fsdp", "fsdp_configs/full_shard.yaml") == "fsdp.full_shard"
 
 
+@pytest.mark.distributed
 def test_load_runs_keeps_every_status(mixed):
     runs = load_runs(mixed)
     counts = runs["status"].value_counts().to_dict()
@@ -50,6 +49,7 @@ def test_load_runs_keeps_every_status(mixed):
     assert {"single", "ddp", "fsdp.full_shard", "fsdp2.fsdp2", "deepspeed.z3"} <= set(runs["label"])
 
 
+@pytest.mark.distributed
 def test_ddp_ratios(mixed):
     ratios = tables.ddp_ratios(load_runs(mixed))
     ddp = ratios[(ratios["config"] == "ddp") & (ratios["ckpt"] == "none")]
@@ -58,6 +58,7 @@ def test_ddp_ratios(mixed):
     assert "single" not in set(ratios["config"])
 
 
+@pytest.mark.distributed
 def test_pareto_points_are_not_dominated(mixed):
     runs = tables.ok_runs(load_runs(mixed))
     front = figures.pareto_points(runs)
@@ -70,10 +71,12 @@ def _is_png(path):
     return path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
 
 
+@pytest.mark.distributed
 def test_report_writes_markdown_and_every_figure(mixed, tmp_path):
     out = tmp_path / "report"
-    proc = subprocess.run([sys.executable, "-m", "analysis.report", str(mixed), "--out", str(out)], cwd=REPO,
-                          env=base_env(), capture_output=True, text=True, timeout=600)
+    from analysis import report
+
+    proc = in_process(report.main, [mixed, "--out", out])  # the logic; tests/test_trust.py runs the CLI as a process
     assert proc.returncode == 0, proc.stderr
     report = (out / "report.md").read_text()
     for section in ("## Runs", "## Against DDP", "## Runs that did not succeed", "## Figures"):
@@ -85,6 +88,7 @@ def test_report_writes_markdown_and_every_figure(mixed, tmp_path):
         assert f"]({png.name})" in report
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("draw", ["throughput_and_memory", "memory_vs_batch", "throughput_vs_batch", "pareto",
                                   "ckpt_frontier", "loss_curves"])
 def test_every_figure_renders_to_a_png(mixed, tmp_path, draw):
@@ -100,6 +104,7 @@ def test_every_figure_renders_to_a_png(mixed, tmp_path, draw):
     assert _is_png(tmp_path / "e.png")
 
 
+@pytest.mark.distributed
 def test_notebook_executes(mixed):
     nb = nbformat.read(REPO / "analysis" / "compare.ipynb", as_version=4)
     os.environ["GPTLITE_RUNS_DIR"] = str(mixed)

@@ -289,16 +289,17 @@ def test_bad_input(tmp_path, name, tool, args, file, message):
     _check_refused(_in_process(tool, [*args, *extra]), f"{tool}.py", message, runs)
 
 
-# As processes, one case of each way bad input is caught (as under torchrun below), and the sweep's:
-# the exit code and the one line are the process's own.
-AS_PROCESS = ("unknown backend", "negative steps", "fsdp config on ddp", "ds batch mismatch", "fsdp unknown key",
-              "missing init_from file", "data too short", "unknown transformers model type", "missing model file",
-              "model file whose items are not pairs", "unknown block class", "auto under a budget no plan fits",
-              "sweep unknown matrix key", "sweep invalid YAML")
+# As processes, one case of each way bad input is caught (argparse, the run configuration, a backend's
+# resolve, a backend config file, a file the run reads, the data, the model, the model's structure,
+# the checkpointing planner) and the sweep's: the exit code and the one line are the process's own.
+AS_PROCESS = ("unknown backend", "negative steps", "fsdp config on ddp", "ds batch mismatch", "missing init_from file",
+              "data too short", "unknown transformers model type", "unknown block class",
+              "auto under a budget no plan fits", "sweep unknown matrix key")
 PROCESS_CASES = [c for c in CASES if c[0] in AS_PROCESS]
 assert len(PROCESS_CASES) == len(AS_PROCESS)
 
 
+@pytest.mark.launch
 @pytest.mark.parametrize("name, tool, args, file, message", PROCESS_CASES, ids=[c[0] for c in PROCESS_CASES])
 def test_bad_input_as_a_process(tmp_path, name, tool, args, file, message):
     args, message = _case(tmp_path, args, file, message)
@@ -313,10 +314,11 @@ def test_bad_input_as_a_process(tmp_path, name, tool, args, file, message):
 # Under torchrun, one case of each way bad input is caught (they share the path from there on: an
 # error raised before any process group, written to torch elastic's error file): argparse, the run
 # configuration, a backend's resolve, a backend config file, a file the run reads, the data, the
-# model, the model's structure. Every case above runs under plain python.
-UNDER_TORCHRUN = ("unknown backend", "negative steps", "fsdp config on ddp", "ds batch mismatch", "fsdp unknown key",
-                  "missing init_from file", "data too short", "unknown transformers model type", "missing model file",
-                  "model file whose items are not pairs", "unknown block class", "auto under a budget no plan fits")
+# model, the model's structure, the checkpointing planner. Every case above runs under plain python
+# (in this process), and AS_PROCESS's as a process too.
+UNDER_TORCHRUN = ("unknown backend", "negative steps", "fsdp config on ddp", "ds batch mismatch",
+                  "missing init_from file", "data too short", "unknown transformers model type", "unknown block class",
+                  "auto under a budget no plan fits")
 TRAIN_CASES = [c for c in CASES if c[0] in UNDER_TORCHRUN]
 assert len(TRAIN_CASES) == len(UNDER_TORCHRUN)
 

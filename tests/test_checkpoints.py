@@ -8,10 +8,10 @@ import sys
 import pytest
 import torch
 
-from conftest import PARITY_ARGS, REPO, base_env, train
+from conftest import PARITY_ARGS, REPO, base_env, in_process, train
 from gptlite.model import build_model, preset
 
-pytestmark = pytest.mark.distributed
+# Tiers per test: the single runs are one-process launches, the rest multi-rank.
 
 STEPS = 9
 # --save_every 5: the checkpoint holds the state after step 4; a resume starts at 5, Adam's step 6,
@@ -72,7 +72,11 @@ def runs(tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("name", list(BACKENDS))
+def _tier(name):
+    return pytest.mark.launch if BACKENDS[name][1] == "python" else pytest.mark.distributed
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=_tier(n)) for n in BACKENDS])
 def test_resumed_run_continues_exactly(runs, name):
     uninterrupted, resumed, _ = runs(name)
     assert resumed.config["start_step"] == SAVE_AFTER + 1 and resumed.config["resumed_from"].endswith("step_00000004")
@@ -81,16 +85,22 @@ def test_resumed_run_continues_exactly(runs, name):
     assert [m["loss"] for m in resumed.metrics] == [m["loss"] for m in uninterrupted]
 
 
-def _export(checkpoint, out):
-    proc = subprocess.run([sys.executable, "-m", "training.export", str(checkpoint), "--out", str(out)], cwd=REPO,
-                          env=base_env(), capture_output=True, text=True, timeout=300)
+def _export(checkpoint, out, as_process=False):
+    """training.export of a checkpoint: as a process (the CLI), or its main in this process."""
+    if as_process:
+        proc = subprocess.run([sys.executable, "-m", "training.export", str(checkpoint), "--out", str(out)], cwd=REPO,
+                              env=base_env(), capture_output=True, text=True, timeout=300)
+    else:
+        from training import export
+
+        proc = in_process(export.main, [checkpoint, "--out", out])
     assert proc.returncode == 0, proc.stderr
     return torch.load(out)
 
 
-@pytest.mark.parametrize("name", ["single", "fsdp", "z2", "z3"])
+@pytest.mark.parametrize("name", [pytest.param(n, marks=_tier(n)) for n in ("single", "fsdp", "z2", "z3")])
 def test_export_gives_the_plain_models_state_dict(runs, name, tmp_path):
-    exported = _export(runs(name)[2], tmp_path / "model.pt")
+    exported = _export(runs(name)[2], tmp_path / "model.pt", as_process=name == "z3")  # one as the CLI
     reference = build_model(preset("tiny", vocab_size=65, dropout=0.0), 0).state_dict()
     assert exported["step"] == SAVE_AFTER
     assert set(exported["model"]) == set(reference)
@@ -98,6 +108,7 @@ def test_export_gives_the_plain_models_state_dict(runs, name, tmp_path):
         assert value.shape == reference[key].shape and value.dtype == torch.float32 and torch.isfinite(value).all()
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("source, target", [("z3", "fsdp"), ("fsdp", "z3")])
 def test_one_backend_continues_from_anothers_export(runs, source, target, tmp_path):
     # Without dropout: a run started from exported weights begins a fresh RNG stream, so only
@@ -115,6 +126,7 @@ def test_one_backend_continues_from_anothers_export(runs, source, target, tmp_pa
     assert abs(next_loss - expected) / expected <= 1e-5, (next_loss, expected)
 
 
+@pytest.mark.launch
 def test_a_killed_save_leaves_the_previous_checkpoint_latest(runs, tmp_path):
     _, _, checkpoint = runs("single")
     save_dir = tmp_path / "save"
@@ -138,17 +150,27 @@ def _finished(runs, tmp_path):
     return record, save_dir
 
 
-def _resume(tmp_path, save_dir, *flags, steps=STEPS, name="r"):
-    return subprocess.run([sys.executable, str(REPO / "train.py"), *ARGS[:-1], str(steps), *BACKENDS["single"][0],
-                           "--dropout", RESUME_DROPOUT, "--runs_dir", str(tmp_path / "runs"), "--run_name", name,
-                           "--save_dir", str(save_dir), "--resume", "--quiet", *flags], cwd=REPO, env=base_env(),
-                          capture_output=True, text=True, timeout=300)
+def _resume(tmp_path, save_dir, *flags, steps=STEPS, name="r", as_process=False):
+    """A resume of the single run that train.py refuses before training: its main in this process, or
+    (as_process) train.py itself, for the exit code and the one line of the process."""
+    argv = [*ARGS[:-1], str(steps), *BACKENDS["single"][0], "--dropout", RESUME_DROPOUT, "--runs_dir",
+            str(tmp_path / "runs"), "--run_name", name, "--save_dir", str(save_dir), "--resume", "--quiet", *flags]
+    if as_process:
+        return subprocess.run([sys.executable, str(REPO / "train.py"), *argv], cwd=REPO, env=base_env(),
+                              capture_output=True, text=True, timeout=300)
+    import train
+    from training.cli import build_parser, parse_args
+    from training.run import main
+
+    parser = build_parser(description=train.DESCRIPTION, examples=train.EXAMPLES)
+    return in_process(lambda a: main(parse_args(a, parser=parser), planner=train.plan_checkpointing), argv)
 
 
 def _snapshot(record):
     return {p.name: p.read_bytes() for p in record.iterdir() if p.is_file()}
 
 
+@pytest.mark.launch
 @pytest.mark.parametrize("damage", ["misspelled save_dir", "latest deleted", "latest names a missing checkpoint"])
 def test_a_resume_without_a_usable_checkpoint_refuses_and_keeps_the_record(runs, tmp_path, damage):
     record, save_dir = _finished(runs, tmp_path)
@@ -159,12 +181,13 @@ def test_a_resume_without_a_usable_checkpoint_refuses_and_keeps_the_record(runs,
         (save_dir / "latest").unlink()
     else:
         (save_dir / "latest").write_text("step_00000007\n")
-    proc = _resume(tmp_path, save_dir, steps=STEPS + 3)
+    proc = _resume(tmp_path, save_dir, steps=STEPS + 3, as_process=damage == "latest deleted")
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "resume:" in proc.stderr
     assert _snapshot(record) == before
 
 
+@pytest.mark.launch
 @pytest.mark.parametrize("flags, steps, message", [
     ((), SAVE_AFTER + 1, "nothing left to train (its record is finished)"),
     (("--preset", "small"), STEPS, "is of another model"),
@@ -179,6 +202,7 @@ def test_a_resume_that_cannot_continue_refuses_up_front(runs, tmp_path, flags, s
     assert _snapshot(record) == before
 
 
+@pytest.mark.launch
 @pytest.mark.parametrize("damage", ["state.pt truncated", "meta.json corrupt", "rng file truncated"])
 def test_a_damaged_checkpoint_is_refused_before_training(runs, tmp_path, damage):
     record, save_dir = _finished(runs, tmp_path)
@@ -192,6 +216,7 @@ def test_a_damaged_checkpoint_is_refused_before_training(runs, tmp_path, damage)
     assert _snapshot(record) == before
 
 
+@pytest.mark.launch
 def test_a_record_has_one_writer_at_a_time(tmp_path):
     import time
 
@@ -203,9 +228,13 @@ def test_a_record_has_one_writer_at_a_time(tmp_path):
         deadline = time.monotonic() + 120
         while not metrics.exists() and time.monotonic() < deadline:
             time.sleep(0.2)
-        second = subprocess.run([sys.executable, str(REPO / "train.py"), *PARITY_ARGS, "--steps", "3", "--runs_dir",
-                                 str(tmp_path / "runs"), "--run_name", "busy", "--overwrite", "--quiet"], cwd=REPO,
-                                env=base_env(), capture_output=True, text=True, timeout=120)
+        import train as train_py
+        from training.cli import build_parser, parse_args
+        from training.run import main
+
+        parser = build_parser(description=train_py.DESCRIPTION, examples=train_py.EXAMPLES)
+        second = in_process(lambda a: main(parse_args(a, parser=parser)), [  # refused before anything: in this process
+            *PARITY_ARGS, "--steps", "3", "--runs_dir", tmp_path / "runs", "--run_name", "busy", "--overwrite", "--quiet"])
         assert second.returncode == 2 and "is being written by pid" in second.stderr, second.stderr
         assert json.loads((tmp_path / "runs" / "busy" / "summary.json").read_text())["status"] == "running"
     finally:

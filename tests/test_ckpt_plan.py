@@ -142,11 +142,14 @@ def cfg_block_params(cfg):
 
 
 def test_the_cli_prints_a_plan_or_names_the_smallest_reachable_peak():
+    from analysis.estimate import main
+    from conftest import in_process
+
     def cli(*args):
-        # Counted: a measured cost (the default) times this machine, and may weigh selective as full.
-        return subprocess.run([sys.executable, "-m", "analysis.estimate", "--preset", "small", "--micro_batch", "8",
-                               "--device", "cpu", "--ckpt_cost", "counted", *args], cwd=REPO, env=base_env(),
-                              capture_output=True, text=True, timeout=300)
+        # Counted: a measured cost (the default) times this machine, and may weigh selective as full. In this
+        # process (tests/test_trust.py runs the estimator's refusals as processes).
+        return in_process(main, ["--preset", "small", "--micro_batch", "8", "--device", "cpu", "--ckpt_cost",
+                                 "counted", *args])
 
     fits = cli("--ckpt_policy", "auto", "--mem_budget_gb", "0.15")
     assert fits.returncode == 0, fits.stderr
@@ -176,9 +179,10 @@ def _budget_between(config: dict, world: int) -> float:
     return round((peaks[0] + peaks[1]) / 2 / GiB, 4)
 
 
-@pytest.mark.distributed
-@pytest.mark.parametrize("launcher, backend", [("python", ()), ("deepspeed", ("--deepspeed_config", "ds_configs/z3.json"))],
-                         ids=["single", "zero3"])
+@pytest.mark.parametrize("launcher, backend", [
+    pytest.param("python", (), marks=pytest.mark.launch),
+    pytest.param("deepspeed", ("--deepspeed_config", "ds_configs/z3.json"), marks=pytest.mark.distributed)],
+    ids=["single", "zero3"])
 def test_an_auto_run_trains_as_without_checkpointing_within_its_budget(tmp_path, launcher, backend):
     """train.py --ckpt_policy auto: the plan printed before training and recorded per block; the losses
     of the same run without checkpointing (dropout 0.1: the recomputed masks are the forward's); a
@@ -190,10 +194,9 @@ def test_an_auto_run_trains_as_without_checkpointing_within_its_budget(tmp_path,
     common = ("--preset", "small", "--micro_batch", "8", "--steps", "3", "--dropout", "0.1", "--precision", "fp32",
               "--warmup_steps", "0", "--eval_batches", "1", "--lr_warmup_steps", "0", *backend)
     world = 1 if launcher == "python" else 2
-    dry = subprocess.run([sys.executable, "train.py", *common, "--dry_run"], cwd=REPO, env=base_env(),
-                         capture_output=True, text=True, timeout=300)
-    assert dry.returncode == 0, dry.stderr
-    budget = _budget_between(json.loads(dry.stdout), world)
+    from test_describe import dry_run
+
+    budget = _budget_between(dry_run(list(common), 1), world)
     plain = train(tmp_path, "plain", *common, launcher=launcher).check_ok()
     # One process plans on counted costs (what this test holds does not depend on them, and timing
     # the model doubles the run); ZeRO-3's two ranks on the default, measured ones: rank 0 times the
@@ -218,7 +221,7 @@ def test_an_auto_run_trains_as_without_checkpointing_within_its_budget(tmp_path,
         assert first.startswith(f"ckpt_policy auto, mem_budget_gb {budget:g}: ") and "estimated peak" in first, first
 
 
-@pytest.mark.distributed
+@pytest.mark.launch
 def test_a_resumed_auto_run_keeps_the_plan_it_started_with(tmp_path):
     """Resumed at another micro-batch (the same global batch), for which auto would plan otherwise, the
     run continues with its recorded plan rather than being refused as a run with other settings."""
@@ -230,10 +233,11 @@ def test_a_resumed_auto_run_keeps_the_plan_it_started_with(tmp_path):
               "--save_every", "1")
     first = train(tmp_path / "runs", "r", *common, "--steps", "2", "--micro_batch", "8").check_ok()
     plan = first.config["run"]["ckpt_plan"]
-    dry = subprocess.run([sys.executable, "train.py", "--preset", "small", "--micro_batch", "4", "--ckpt_policy",
-                          "auto", "--mem_budget_gb", "0.15", "--ckpt_cost", "counted", "--dry_run"], cwd=REPO, env=base_env(),
-                         capture_output=True, text=True, timeout=300)
-    assert dry.returncode == 0 and json_plan(dry.stdout) != plan, "the test needs a micro-batch planned otherwise"
+    from test_describe import dry_run
+
+    dry = dry_run(["--preset", "small", "--micro_batch", "4", "--ckpt_policy", "auto", "--mem_budget_gb", "0.15",
+                   "--ckpt_cost", "counted"], 1)
+    assert dry["run"]["ckpt_plan"] != plan, "the test needs a micro-batch planned otherwise"
     resumed = train(tmp_path / "runs", "r", *common, "--steps", "3", "--micro_batch", "4", "--grad_accum", "2",
                     "--resume").check_ok()
     assert resumed.config["run"]["ckpt_plan"] == plan and len(resumed.losses) == 3

@@ -26,8 +26,8 @@ def test_ring_accounting():
 
 
 @pytest.mark.distributed
-def test_every_backend_records_its_collectives_and_they_agree_with_theory(quick_sweep):
-    runs = load_runs(quick_sweep)
+def test_every_backend_records_its_collectives_and_they_agree_with_theory(launches, request):
+    runs = load_runs(launches.get("matrix", request))
     assert len(runs) == 30 and (runs["status"] == "ok").all()
     bad = []
     for _, run in runs.iterrows():

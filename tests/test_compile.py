@@ -15,44 +15,56 @@ from conftest import PARITY_ARGS, assert_losses_close, train
 STEPS = 4
 RTOL = 1e-5
 ARGS = (*PARITY_ARGS, "--steps", str(STEPS), "--warmup_steps", "1")  # the first step compiles
-BACKENDS = {  # name -> (flags, launcher): global batch 4 everywhere
-    "single": (("--micro_batch", "4"), "python"),
-    "ddp": (("--backend", "ddp", "--micro_batch", "2"), "torchrun"),
-    "fsdp": (("--fsdp_config", "fsdp_configs/full_shard.yaml", "--micro_batch", "2"), "torchrun"),
-    "fsdp2": (("--fsdp_config", "fsdp_configs/fsdp2.yaml", "--micro_batch", "2"), "torchrun"),
-    "z1": (("--deepspeed_config", "ds_configs/z1.json", "--micro_batch", "2"), "deepspeed"),
-    "z3": (("--deepspeed_config", "ds_configs/z3.json", "--micro_batch", "2"), "deepspeed"),
+BACKENDS = {  # name -> (flags, launcher): global batch 8 everywhere, the reference's
+    "single": (("--micro_batch", "8"), "python"),
+    "ddp": (("--backend", "ddp", "--micro_batch", "4"), "torchrun"),
+    "fsdp": (("--fsdp_config", "fsdp_configs/full_shard.yaml", "--micro_batch", "4"), "torchrun"),
+    "fsdp2": (("--fsdp_config", "fsdp_configs/fsdp2.yaml", "--micro_batch", "4"), "torchrun"),
+    "z1": (("--deepspeed_config", "ds_configs/z1.json", "--micro_batch", "4"), "deepspeed"),
+    "z3": (("--deepspeed_config", "ds_configs/z3.json", "--micro_batch", "4"), "deepspeed"),
 }
 INDUCTOR = {("single", 0), ("single", 1), ("ddp", 1), ("fsdp2", 0)}
 CASES = [(name, interval) for name in BACKENDS for interval in (0, 1)]
 
-pytestmark = pytest.mark.distributed
+
+def _tier(name):
+    return pytest.mark.launch if name == "single" else pytest.mark.distributed
+
+
+@pytest.fixture
+def eager(launches, request):
+    """Eager training at the same global batch: the reference launch (tests/launches.py). Every
+    backend and checkpointing repeats its losses within 1e-5 (tests/test_parity.py), so it is the
+    eager run of each."""
+    return launches.get("reference", request)
 
 
 @pytest.fixture(scope="module")
-def eager(tmp_path_factory):
-    runs, done = tmp_path_factory.mktemp("eager"), {}
+def compiled(tmp_path_factory):
+    runs, done = tmp_path_factory.mktemp("compiled"), {}
 
-    def get(name):
-        if name not in done:
+    def get(name, interval):
+        if (name, interval) not in done:
             flags, launcher = BACKENDS[name]
-            done[name] = train(runs, name, *ARGS, *flags, launcher=launcher, timeout=900).check_ok()
-        return done[name]
+            backend = "inductor" if (name, interval) in INDUCTOR else "aot_eager"
+            # single's inductor run is also test_a_compile_memory_budget's run at torch's default budget
+            profiled = ("--mem_profile_steps", "1") if (name, interval) == ("single", 0) else ()
+            done[name, interval] = train(runs, f"{name}-ckpt{interval}-compiled", *ARGS, *flags, *profiled,
+                                         "--ckpt_interval", str(interval), "--compile", "--compile_backend", backend,
+                                         launcher=launcher, timeout=900).check_ok()
+        return done[name, interval]
 
     return get
 
 
-@pytest.mark.parametrize("name, interval", CASES, ids=[f"{n}-ckpt{i}" for n, i in CASES])
-def test_compiled_run_matches_eager(name, interval, eager, tmp_path):
-    flags, launcher = BACKENDS[name]
+@pytest.mark.parametrize("name, interval", [pytest.param(n, i, marks=_tier(n)) for n, i in CASES],
+                         ids=[f"{n}-ckpt{i}" for n, i in CASES])
+def test_compiled_run_matches_eager(name, interval, eager, compiled):
     backend = "inductor" if (name, interval) in INDUCTOR else "aot_eager"
-    run = train(tmp_path, f"{name}-compiled", *ARGS, *flags, "--ckpt_interval", str(interval), "--compile",
-                "--compile_backend", backend, launcher=launcher, timeout=900).check_ok()
-    # Checkpointing leaves eager losses unchanged (test_activation_checkpointing), so one eager run
-    # per backend is the reference for both.
-    assert_losses_close(run.losses, eager(name).losses, STEPS, RTOL)
-    compiled = run.config["backend"]["compile"]
-    assert compiled["backend"] == backend and "blocks" in compiled["target"]
+    run = compiled(name, interval)
+    assert_losses_close(run.losses, eager.losses[:STEPS], STEPS, RTOL)
+    record = run.config["backend"]["compile"]
+    assert record["backend"] == backend and "blocks" in record["target"]
     stats = run.summary["compile"]
     assert stats["graphs"] >= 1 and stats["compile_s"] > 0
     if name != "z3":
@@ -63,20 +75,21 @@ def test_compiled_run_matches_eager(name, interval, eager, tmp_path):
     assert run.config["backend"]["activation_checkpointing"]["interval"] == interval
 
 
+@pytest.mark.launch
 def test_an_eager_run_records_no_compilation(eager):
-    run = eager("single")
+    run = eager
     assert run.summary["compile"] is None and run.config["backend"]["compile"] is None
 
 
-def test_a_compile_memory_budget_recomputes_inside_the_compiled_blocks(eager, tmp_path):
+@pytest.mark.launch
+def test_a_compile_memory_budget_recomputes_inside_the_compiled_blocks(eager, compiled, tmp_path):
     """--compile_memory_budget 0 (inductor): the losses of eager training (dropout 0: PARITY_ARGS), far
     fewer activation bytes at the peak than the compiled run with torch's default budget, recorded."""
     flags, launcher = BACKENDS["single"]
-    common = (*ARGS, *flags, "--compile", "--mem_profile_steps", "1")
-    default = train(tmp_path, "budget-default", *common, launcher=launcher, timeout=900).check_ok()
-    zero = train(tmp_path, "budget-0", *common, "--compile_memory_budget", "0", launcher=launcher,
-                 timeout=900).check_ok()
-    assert_losses_close(zero.losses, eager("single").losses, STEPS, RTOL)
+    default = compiled("single", 0)  # inductor, torch's default budget, its last step profiled
+    zero = train(tmp_path, "budget-0", *ARGS, *flags, "--compile", "--mem_profile_steps", "1",
+                 "--compile_memory_budget", "0", launcher=launcher, timeout=900).check_ok()
+    assert_losses_close(zero.losses, eager.losses[:STEPS], STEPS, RTOL)
     assert zero.config["backend"]["compile"]["activation_memory_budget"] == 0.0
     assert default.config["backend"]["compile"]["activation_memory_budget"] == 1.0
     kept = [run.summary["mem_breakdown"]["activation"] for run in (zero, default)]

@@ -18,6 +18,7 @@ def data():
     return CharDataset.load(None, block_size=32)
 
 
+@pytest.mark.launch
 def test_default_corpus_size_alphabet_and_determinism_across_processes():
     text = corpus.generate()
     assert 0.9e6 <= len(text) <= 1.2e6

@@ -7,67 +7,49 @@ here, the per-step losses differ from the single-process reference by at most 1.
 over 10 steps. rtol 1e-5 holds that with room, and is the tolerance of the torch backends.
 """
 
-import subprocess
-from pathlib import Path
-
 import pytest
-import torch
 
 from backends.deepspeed_support import async_io_available
 from ckpt_probe import assert_unchanged
-from conftest import PARITY_ARGS, REPO, assert_losses_close, base_env, launch_command, train
+from launches import committed_reference
+from conftest import PARITY_ARGS, assert_losses_close, matrix_run, train
+from launches import DS_TIMEOUT_S
 
-STEPS = 10
 RTOL = 1e-5
-CONFIGS = {  # config -> launcher, micro-batch, accumulation (global batch 8 on 2 ranks)
-    "z0": ("deepspeed", 4, 1),
-    "z1": ("deepspeed", 4, 1),
-    "z2": ("deepspeed", 2, 2),
-    "z3": ("deepspeed", 4, 1),
-    "z2_offload": ("torchrun", 4, 1),
-    "z3_infinity": ("torchrun", 2, 2),
-    "zeropp": ("deepspeed", 4, 1),
-}
-# DeepSpeed JIT-compiles its CPU ops on first use (minutes each on 2 cores); allow for it.
-DS_TIMEOUT_S = 900
+STEPS = 10
+# Every shipped ZeRO config (the quick matrix's records: the deepspeed launcher, micro-batch 4), and two
+# of them again with 2-step accumulation, one through torchrun (launches of their own).
+CONFIGS = ["z0", "z1", "z2", "z3", "z2_offload", "z3_infinity", "zeropp", "z2-2x2", "z3_infinity-2x2"]
 
-pytestmark = pytest.mark.distributed
-
-
-@pytest.fixture
-def reference(single_reference):
-    return single_reference
 
 
 @pytest.fixture(scope="module")
-def ds_runs(tmp_path_factory):
-    runs = tmp_path_factory.mktemp("runs")
-    done = {}
-
+def ds_runs(launches, request):
     def run(name):
-        if name not in done:
-            launcher, micro, accum = CONFIGS[name]
-            done[name] = train(runs, name, *PARITY_ARGS, "--deepspeed_config", f"ds_configs/{name}.json",
-                               "--steps", str(STEPS), "--micro_batch", str(micro), "--grad_accum", str(accum),
-                               "--mem_profile_steps", "1", launcher=launcher, timeout=DS_TIMEOUT_S).check_ok()
-        return done[name]
+        if name.endswith("-2x2"):
+            return launches.get(name, request)
+        return matrix_run(launches.get("matrix", request), f"deepspeed.{name}")
 
     return run
 
 
-@pytest.mark.parametrize("name", list(CONFIGS))
-def test_config_matches_single_process_losses(name, ds_runs, reference):
+@pytest.mark.distributed
+@pytest.mark.parametrize("name", CONFIGS)
+def test_config_matches_single_process_losses(name, ds_runs):
     run = ds_runs(name)
     assert run.summary["backend"] == "deepspeed" and run.summary["world_size"] == 2
-    assert run.summary["global_batch"] == 8 and run.config["launcher"] == CONFIGS[name][0]
-    assert_losses_close(run.losses, reference.losses, STEPS, RTOL)
+    assert run.summary["global_batch"] == 8
+    assert run.config["launcher"] == ("torchrun" if name == "z3_infinity-2x2" else "deepspeed")
+    steps = len(run.losses)
+    assert_losses_close(run.losses, committed_reference()["losses"][:steps], steps, RTOL)
 
 
+@pytest.mark.distributed
 def test_no_shared_memory_buffers_are_left_behind(ds_runs):
     # DeepSpeed's CPU shm allreduce never unlinks its 66 MB /dev/shm buffers; the backend does.
     import os
 
-    run = ds_runs("z2")
+    run = ds_runs("z2-2x2")  # launched by this test run with the deepspeed launcher on its own port
     args = run.proc.args
     port = args[args.index("--master_port") + 1] if "--master_port" in args else None
     assert port, args
@@ -75,13 +57,15 @@ def test_no_shared_memory_buffers_are_left_behind(ds_runs):
     assert left == []
 
 
-def test_deepspeed_as_one_process_without_a_launcher(runs_dir, reference):
+@pytest.mark.launch
+def test_deepspeed_as_one_process_without_a_launcher(runs_dir):
     run = train(runs_dir, "z2-python", *PARITY_ARGS, "--deepspeed_config", "ds_configs/z2.json",
                 "--steps", str(STEPS), "--micro_batch", "8", timeout=DS_TIMEOUT_S).check_ok()
     assert run.summary["world_size"] == 1 and run.config["launcher"] == "python"
-    assert_losses_close(run.losses, reference.losses, STEPS, RTOL)
+    assert_losses_close(run.losses, committed_reference()["losses"], STEPS, RTOL)
 
 
+@pytest.mark.distributed
 def test_zero3_holds_one_world_th_of_the_parameters(ds_runs):
     summary = ds_runs("z3").summary
     total = summary["n_params"] * 4
@@ -90,6 +74,7 @@ def test_zero3_holds_one_world_th_of_the_parameters(ds_runs):
     assert ds_runs("z0").summary["model_state_bytes"]["params"] == total
 
 
+@pytest.mark.distributed
 def test_records_deepspeeds_estimate_next_to_the_measurement(ds_runs):
     for name, function in (("z2", "estimate_zero2_model_states_mem_needs"),
                            ("z3", "estimate_zero3_model_states_mem_needs")):
@@ -98,6 +83,7 @@ def test_records_deepspeeds_estimate_next_to_the_measurement(ds_runs):
     assert ds_runs("z0").summary["model_state_estimate"]["function"] is None
 
 
+@pytest.mark.distributed
 def test_records_optimizer_offload_and_what_was_not_applied(ds_runs):
     backend = ds_runs("z2_offload").config["backend"]
     assert backend["optimizer"].endswith("DeepSpeedCPUAdam") and backend["offload_optimizer"] == "cpu"
@@ -108,67 +94,52 @@ def test_records_optimizer_offload_and_what_was_not_applied(ds_runs):
     assert any("zero_quantized_weights: not applied" in note for note in zeropp["notes"])
 
 
+@pytest.mark.distributed
 def test_memory_is_measured_under_deepspeed(ds_runs):
     summary = ds_runs("z3").summary
     assert summary["mem_source"] == "torch_profiler" and summary["mem_peak_bytes"] > 0
     assert summary["mem_breakdown"]["activation"] > 0 and summary["mem_breakdown"]["optimizer_state"] > 0
 
 
-def _probe(tmp_path, config: str, cases: list[str], *extra: str) -> list[dict]:
-    cmd = launch_command("torchrun", 2)
-    cmd[-1] = str(REPO / "tests" / "ckpt_probe.py")
-    cmd += [str(tmp_path), "deepspeed", f"ds_configs/{config}.json", *extra]
-    cmd += [arg for case in cases for arg in ("--case", case)]
-    proc = subprocess.run(cmd, cwd=REPO, env=base_env(), capture_output=True, text=True, timeout=DS_TIMEOUT_S)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return [torch.load(p) for p in sorted(Path(tmp_path).glob("rank*.pt"))]
+@pytest.fixture
+def probe(launches, request):
+    """The shared probe launch (tests/launches.py PROBE_GROUPS): each rank's results by group."""
+    return launches.get("probe", request)
 
 
-def _assert_unchanged(ranks: list[dict], tolerance: float = 1e-6) -> None:
-    """Every case has the losses and gradients of the case without checkpointing at its dropout."""
-    for results in ranks:
-        assert_unchanged(results, list(results), tolerance)
+@pytest.mark.distributed
+@pytest.mark.parametrize("config", ["z2", "z3"])
+def test_checkpointing_leaves_losses_and_gradients_unchanged(probe, config):
+    """Every DeepSpeed and torch checkpointing implementation, every 1, 2 and 4 blocks, DeepSpeed's
+    cpu_checkpointing, selective and plans (ZeRO-2; ZeRO-3 plans of none and full): the losses and
+    first-step gradients of no checkpointing."""
+    for rank in probe:
+        results = rank[config]
+        assert_unchanged(results, [c for c in results if c != "0:torch_nonreentrant:0"], 1e-6, config)
+    results = probe[0][config]
+    if config != "z3":
+        assert results["1:torch_nonreentrant:0:selective"]["record"]["policy"] == "selective"
+    record = results["1:deepspeed:0"]
+    assert record["record"]["blocks"] == [0, 1, 2, 3] and record["modules"]["DeepSpeedCheckpointed"] == N_LAYER
+
+
+@pytest.mark.distributed
+def test_reentrant_checkpointing_of_a_first_block_whose_input_needs_no_grad(probe):
+    # With frozen embeddings, block 0's input needs no gradient: DeepSpeed's reentrant checkpoint
+    # then computes no gradients for the checkpointed blocks (DeepSpeed issues 4274, 4479). The
+    # suite's wrapper makes the input require grad, so nothing changes against no checkpointing.
+    for rank in probe:
+        results = rank["z2.frozen"]
+        assert_unchanged(results, [c for c in results if c != "0:torch_nonreentrant:0"], 1e-6, "z2.frozen")
 
 
 N_LAYER = 4
 
 
-@pytest.mark.parametrize("config, impls", [
-    ("z2", ("deepspeed", "deepspeed_nonreentrant", "torch_nonreentrant", "torch_reentrant")),
-    ("z3", ("deepspeed", "torch_nonreentrant", "torch_reentrant")),  # non_reentrant_checkpoint fails on ZeRO-3
-])
-def test_checkpointing_leaves_losses_and_gradients_unchanged(tmp_path, config, impls):
-    cases = ["0:torch_nonreentrant:0"] + [f"{k}:{impl}:0" for impl in impls for k in (1, 2, N_LAYER)]
-    cases.append("2:deepspeed:1")  # with --ckpt_offload: DeepSpeed's cpu_checkpointing
-    # --ckpt_policy selective, without dropout and with it (the recomputed masks are the forward's);
-    # refused under ZeRO-3 (backends/deepspeed_plan.py, test_bad_input.py).
-    if config != "z3":
-        cases += ["1:torch_nonreentrant:0:selective", "2:torch_nonreentrant:0:selective",
-                  "0:torch_nonreentrant:0:full:0.1", "1:torch_nonreentrant:0:selective:0.1",
-                  "0:torch_nonreentrant:0:selective+full+none+full:0.1"]
-    else:  # a plan of none and full, what --ckpt_policy auto chooses from under ZeRO-3
-        cases += ["0:torch_nonreentrant:0:none+full+full+none", "0:torch_nonreentrant:0:full:0.1",
-                  "0:torch_nonreentrant:0:full+none+none+full:0.1"]
-    ranks = _probe(tmp_path, config, cases)
-    _assert_unchanged(ranks)
-    if config != "z3":
-        assert ranks[0]["1:torch_nonreentrant:0:selective"]["record"]["policy"] == "selective"
-    record = ranks[0]["1:deepspeed:0"]
-    assert record["record"]["blocks"] == [0, 1, 2, 3] and record["modules"]["DeepSpeedCheckpointed"] == N_LAYER
-
-
-def test_reentrant_checkpointing_of_a_first_block_whose_input_needs_no_grad(tmp_path):
-    # With frozen embeddings, block 0's input needs no gradient: DeepSpeed's reentrant checkpoint
-    # then computes no gradients for the checkpointed blocks (DeepSpeed issues 4274, 4479). The
-    # suite's wrapper makes the input require grad, so nothing changes against no checkpointing.
-    ranks = _probe(tmp_path, "z2", ["0:torch_nonreentrant:0", "1:deepspeed:0", "2:deepspeed:0", "4:deepspeed:0"],
-                   "--freeze_embeddings")
-    _assert_unchanged(ranks)
-
-
 @pytest.mark.skipif(not async_io_available(),
                     reason="libaio is not installed, so DeepSpeed's async_io op (NVMe offload) cannot build; "
                            ".ci/run and `make setup` install libaio-dev where apt-get is available")
+@pytest.mark.distributed
 def test_zero_infinity_nvme_offload_to_a_directory(tmp_path):
     # The small preset: DeepSpeed only swaps tensors of at least 1 MiB to disk.
     nvme = tmp_path / "nvme"

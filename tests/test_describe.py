@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, base_env
+from conftest import REPO, base_env, in_process
 
 LLAMA = "num_hidden_layers=2,hidden_size=64,num_attention_heads=2,num_key_value_heads=2,intermediate_size=128"
 
@@ -24,14 +24,30 @@ CASES = {
 }
 
 
+LAUNCHER_ENV = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+
+
 def dry_run(flags: list[str], world: int) -> dict:
-    """What `train.py --dry_run` prints as rank 0 of `world` ranks (a launcher's environment)."""
-    env = {**base_env(), "WORLD_SIZE": str(world), "RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": str(world)}
-    if world == 1:
-        for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
-            env.pop(name)
-    proc = subprocess.run([sys.executable, "train.py", *flags, "--dry_run"], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=300)
+    """What `train.py --dry_run` prints as rank 0 of `world` ranks (a launcher's environment): train.py's
+    main, in this process, under that environment (tests/test_cli.py runs --dry_run as a process)."""
+    import os
+
+    import train
+    from training.cli import build_parser, parse_args
+    from training.run import main
+
+    env = {"WORLD_SIZE": str(world), "RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": str(world)} if world > 1 else {}
+    saved = {name: os.environ.pop(name, None) for name in LAUNCHER_ENV}
+    os.environ.update(env)
+    try:
+        parser = build_parser(description=train.DESCRIPTION, examples=train.EXAMPLES)
+        proc = in_process(lambda a: main(parse_args([*a, "--dry_run"], parser=parser), planner=train.plan_checkpointing),
+                          flags)
+    finally:
+        for name, value in saved.items():
+            os.environ.pop(name, None)
+            if value is not None:
+                os.environ[name] = value
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
@@ -100,8 +116,9 @@ def test_the_projection_resolves_each_configuration_as_train_py_does(entry):
     (["--ckpt_policy", "auto"], "mem_budget_gb"),
 ])
 def test_the_estimator_refuses_what_train_py_refuses_in_one_line(argv, message):
-    proc = subprocess.run([sys.executable, "-m", "analysis.estimate", *argv], cwd=REPO, env=base_env(),
-                          capture_output=True, text=True, timeout=120)
+    from analysis.estimate import main
+
+    proc = in_process(main, argv)  # the logic; tests/test_trust.py runs the CLI's refusals as processes
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
 
@@ -113,13 +130,14 @@ def test_a_simulated_world_runs_the_configuration_train_py_resolves(dry_runs, tm
     from training import fake_world
 
     owned = {"steps", "warmup_steps", "eval_batches", "quiet", "runs_dir", "run_name", "nvme_path", "dry_run"}
-    for case in ("fsdp-bf16", "z3"):
+    cases = ("fsdp-bf16", "z3")
+    (tmp_path / "cases.json").write_text(json.dumps([[CASES[c][1], 8, CASES[c][0]] for c in cases]))
+    proc = subprocess.run([sys.executable, str(REPO / "tests" / "fake_world_batch.py"), str(tmp_path / "cases.json"),
+                           str(tmp_path / "out.json")], cwd=REPO, env=base_env(), capture_output=True, text=True,
+                          timeout=600)  # training.fake_world.simulate, both in one process
+    assert proc.returncode == 0, proc.stderr
+    for case, result in zip(cases, json.loads((tmp_path / "out.json").read_text())):
         flags, world = CASES[case]
-        out = tmp_path / f"{case}.json"
-        proc = subprocess.run([sys.executable, "-m", "training.fake_world", "--world", str(world), "--out", str(out),
-                               "--", *flags], cwd=REPO, env=base_env(), capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, proc.stderr
-        result = json.loads(out.read_text())
         expected = {k: v for k, v in dry_runs[case]["run"].items() if k not in owned}
         assert {k: v for k, v in result["run"].items() if k not in owned} == expected
         assert result["plan"] == dry_runs[case]["plan"]

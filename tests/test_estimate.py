@@ -42,6 +42,7 @@ def test_counts_are_the_models():
     assert len(counts.per_block) == 12 and counts.root + sum(counts.per_block) == counts.total
 
 
+@pytest.mark.launch
 def test_cli_prints_json_with_every_part():
     proc = subprocess.run([sys.executable, "-m", "analysis.estimate", "--preset", "paper", "--world", "8",
                            "--deepspeed_config", "ds_configs/z3.json", "--micro_batch", "2", "--precision", "bf16", "--json"],
@@ -100,8 +101,8 @@ def test_the_estimate_of_a_run_comes_from_its_recorded_plan():
 
 
 @pytest.mark.distributed
-def test_estimate_against_every_backend_of_the_quick_matrix(quick_sweep):
-    runs = load_runs(quick_sweep)
+def test_estimate_against_every_backend_of_the_quick_matrix(launches, request):
+    runs = load_runs(launches.get("matrix", request))
     ok = runs[runs["status"] == "ok"]
     assert len(ok) == len(runs) == 30, runs[runs["status"] != "ok"][["run_name", "error"]]
     errors = []

@@ -3,7 +3,6 @@
 import json
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -40,22 +39,41 @@ def test_replayed_flags_drop_only_the_place_and_the_rank():
     assert _replayed_flags(argv) == ["--preset", "tiny", "--quiet"]
 
 
+def _batches(cases: list) -> list[list[int]]:
+    """The cases' indices in batches of at most one DeepSpeed run each: DeepSpeed keeps its process groups
+    in module globals, and a second simulation in the process found the first's group gone."""
+    deepspeed = [i for i, (_, _, flags) in enumerate(cases) if "--deepspeed_config" in flags]
+    others = [i for i in range(len(cases)) if i not in deepspeed]
+    batches = [[i] for i in deepspeed] or [[]]
+    batches[0] = others + batches[0]
+    return batches
+
+
+def _fake_worlds(cases: list, tmp_path) -> list[dict]:
+    """Several simulations in few processes (tests/fake_world_batch.py): [world, gpus_per_node, flags] each."""
+    results = {}
+    for n, batch in enumerate(_batches(cases)):
+        (tmp_path / f"cases{n}.json").write_text(json.dumps([cases[i] for i in batch]))
+        proc = subprocess.run([sys.executable, str(REPO / "tests" / "fake_world_batch.py"),
+                               str(tmp_path / f"cases{n}.json"), str(tmp_path / f"out{n}.json")], cwd=REPO,
+                              env=base_env(), capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+        results.update(zip(batch, json.loads((tmp_path / f"out{n}.json").read_text())))
+    return [results[i] for i in range(len(cases))]
+
+
 @pytest.mark.distributed
-def test_fake_world_at_2_matches_every_real_2_rank_run(quick_sweep, tmp_path):
+def test_fake_world_at_2_matches_every_real_2_rank_run(launches, request, tmp_path):
     """Every multi-rank configuration of the quick matrix (checkpointing off), replayed with its own
     flags as rank 0 of a fake 2-rank world: the same collectives, byte for byte, and the memory
     peak within 10%."""
+    quick_sweep = launches.get("matrix", request)
     runs = load_runs(quick_sweep)
     real = runs[(runs["world_size"] == 2) & (runs["ckpt_interval"] == 0)]
     assert len(real) == 14
-
-    def replay(name: str) -> dict:  # one process each: two at a time on two cores
-        config = json.loads((quick_sweep / name / "config.json").read_text())
-        (tmp_path / name).mkdir()
-        return _fake_world(2, _replayed_flags(config["environment"]["argv"]), tmp_path / name)
-
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        predictions = dict(zip(real["run_name"], pool.map(replay, real["run_name"])))
+    flags = [_replayed_flags(json.loads((quick_sweep / name / "config.json").read_text())["environment"]["argv"])
+             for name in real["run_name"]]
+    predictions = dict(zip(real["run_name"], _fake_worlds([[2, 8, f] for f in flags], tmp_path)))
     bad = []
     for _, run in real.iterrows():
         summary = json.loads((quick_sweep / run["run_name"] / "summary.json").read_text())
@@ -77,10 +95,11 @@ def test_ddp_all_reduces_in_the_buckets_its_flag_sets(tmp_path):
     bucket by default; with --ddp_bucket_cap_mb 0.1, a call per bucket as the planner's replay of
     DDP's bucketing counts them (backends/ddp.buckets, torch's assignment: 7, each closed at 0.1 MiB or more)."""
     calls = {}
-    for cap in (None, "0.1"):
-        flags = ["--preset", "tiny", "--backend", "ddp", *(["--ddp_bucket_cap_mb", cap] if cap else [])]
-        (tmp_path / str(cap)).mkdir()
-        comm = _fake_world(2, flags, tmp_path / str(cap))["comm"]
+    caps = (None, "0.1")
+    cases = [[2, 8, ["--preset", "tiny", "--backend", "ddp", *(["--ddp_bucket_cap_mb", cap] if cap else [])]]
+             for cap in caps]
+    for cap, result in zip(caps, _fake_worlds(cases, tmp_path)):
+        comm = result["comm"]
         assert comm["collectives"]["all_reduce"]["bytes"] == 846848
         calls[cap] = comm["collectives"]["all_reduce"]["calls"]
     from backends.ddp import buckets
@@ -104,16 +123,28 @@ def test_hybrid_shard_across_two_nodes_splits_its_traffic(tmp_path):
     assert comm["measured_over_theory"] == pytest.approx(0.98, abs=0.02)
 
 
-@pytest.mark.parametrize("args", [["--world", "0", "--", "--preset", "tiny"],
-                                  ["--world", "12", "--gpus_per_node", "8", "--", "--preset", "tiny"],
-                                  ["--world", "2", "--", "--preset", "tiny", "--save_dir", "x"],
-                                  ["--world", "2", "--", "--preset", "tny"],
-                                  # The planner sits above training: a simulated run takes the plan itself.
-                                  ["--world", "2", "--", "--preset", "tiny", "--backend", "ddp", "--ckpt_policy", "auto",
-                                   "--mem_budget_gb", "1"]])
-def test_bad_input_is_refused_in_one_line(args):
-    proc = subprocess.run([sys.executable, "-m", "training.fake_world", *args], cwd=REPO, env=base_env(),
-                          capture_output=True, text=True, timeout=120)
+BAD = [["--world", "0", "--", "--preset", "tiny"],
+       ["--world", "12", "--gpus_per_node", "8", "--", "--preset", "tiny"],
+       ["--world", "2", "--", "--preset", "tiny", "--save_dir", "x"],
+       ["--world", "2", "--", "--preset", "tny"],
+       # The planner sits above training: a simulated run takes the plan itself (refused by the run,
+       # after the simulated world is set up: as a process only).
+       ["--world", "2", "--", "--preset", "tiny", "--backend", "ddp", "--ckpt_policy", "auto", "--mem_budget_gb", "1"]]
+AS_PROCESS = (0, 4)  # the exit code and the one line of the process itself; the rest in this process
+
+
+@pytest.mark.parametrize("case", [pytest.param(i, marks=pytest.mark.launch) if i in AS_PROCESS else i
+                                  for i in range(len(BAD))])
+def test_bad_input_is_refused_in_one_line(case):
+    from conftest import in_process
+    from training import fake_world
+
+    args = BAD[case]
+    if case in AS_PROCESS:
+        proc = subprocess.run([sys.executable, "-m", "training.fake_world", *args], cwd=REPO, env=base_env(),
+                              capture_output=True, text=True, timeout=120)
+    else:
+        proc = in_process(fake_world.main, args)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     if "auto" in args:
         assert "give the plan itself as --ckpt_plan" in proc.stderr

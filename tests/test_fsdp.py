@@ -1,47 +1,58 @@
-"""FSDP and FSDP2 through torchrun on 2 CPU ranks: parity with single, and per-rank bytes."""
+"""FSDP and FSDP2 through torchrun on 2 CPU ranks: parity with single, and per-rank bytes.
+
+The runs are the suite's shared launches (tests/launches.py): the quick matrix's records for the
+configurations it has, and launches of their own for the CPU-offload files and for accumulation."""
 
 import pytest
 
 from backends import fsdp_config
-from conftest import PARITY_ARGS, assert_losses_close, train
+from launches import committed_reference
+from conftest import assert_losses_close, matrix_run
 
-STEPS = 10
-RTOL = 1e-5
 FP32_CONFIGS = [p for p in fsdp_config.shipped_configs() if fsdp_config.precision_of(fsdp_config.load(str(p))) == "fp32"]
-# Some configs run with gradient accumulation too, which exercises no_sync / requires_gradient_sync.
+# Some configs also run with gradient accumulation, which exercises no_sync / requires_gradient_sync.
 ACCUMULATED = {"shard_grad_op", "fsdp2"}
+RTOL = 1e-5
 
 pytestmark = pytest.mark.distributed
 
 
-@pytest.fixture
-def reference(single_reference):
-    return single_reference
+def _label(stem: str) -> str:
+    return f"{fsdp_config.load(f'fsdp_configs/{stem}.yaml').backend}.{stem}"
 
 
 @pytest.fixture(scope="module")
-def fsdp_runs(tmp_path_factory):
-    """Each fp32 shipped config, 2 ranks, global batch 8 (launched once, shared by the tests)."""
-    runs = tmp_path_factory.mktemp("runs")
-    done = {}
-
+def fsdp_runs(launches, request):
+    """Each fp32 shipped config on 2 ranks at global batch 8: the matrix's record, or its own launch
+    (`name-2x2`: the accumulating one)."""
     def run(name):
-        if name not in done:
-            micro, accum = ("2", "2") if name in ACCUMULATED else ("4", "1")
-            done[name] = train(runs, name, *PARITY_ARGS, "--fsdp_config", f"fsdp_configs/{name}.yaml",
-                               "--steps", str(STEPS), "--micro_batch", micro, "--grad_accum", accum,
-                               "--mem_profile_steps", "1", launcher="torchrun").check_ok()
-        return done[name]
+        if name.endswith("-2x2"):
+            return launches.get(f"{_label(name[:-4])}-2x2", request)
+        label = _label(name)
+        if label in ("fsdp.full_shard_offload", "fsdp2.fsdp2_offload"):
+            return launches.get(label, request)
+        return matrix_run(launches.get("matrix", request), label)
 
     return run
 
 
-@pytest.mark.parametrize("config", FP32_CONFIGS, ids=lambda p: p.stem)
-def test_fp32_config_matches_single_process_losses(config, fsdp_runs, reference):
-    run = fsdp_runs(config.stem)
-    assert run.summary["backend"] == fsdp_config.load(str(config)).backend
+@pytest.fixture
+def reference(launches, request):
+    return launches.get("reference", request)
+
+
+CASES = [p.stem for p in FP32_CONFIGS] + [f"{n}-2x2" for n in sorted(ACCUMULATED)]
+
+
+@pytest.mark.parametrize("config", CASES)
+def test_fp32_config_matches_single_process_losses(config, fsdp_runs):
+    run = fsdp_runs(config)
+    stem = config.removesuffix("-2x2")
+    assert run.summary["backend"] == fsdp_config.load(f"fsdp_configs/{stem}.yaml").backend
     assert run.summary["world_size"] == 2 and run.summary["global_batch"] == 8
-    assert_losses_close(run.losses, reference.losses, STEPS, RTOL)
+    assert run.config["launcher"] == "torchrun"
+    steps = len(run.losses)
+    assert_losses_close(run.losses, committed_reference()["losses"][:steps], steps, RTOL)
 
 
 def _param_bytes(run):

@@ -68,7 +68,7 @@ def test_a_probe_that_fails_gives_no_answer():
         search(BASE, FakeRunner(fail_at=4), budget_gb=1.0, probe_steps=3, full_steps=20, limit=4096)
 
 
-@pytest.mark.distributed
+@pytest.mark.launch
 def test_real_search_under_a_cpu_budget(tmp_path):
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump({"name": "mb", "runs_dir": str(tmp_path / "runs"), "steps": 6,

@@ -103,15 +103,24 @@ def assert_estimate_close(run, backend: str = "single", model: str | None = None
 def references(tmp_path_factory) -> dict:
     """Per model: the single-process runs without and with checkpointing every block, each saving
     its final state (what training left in the buffers, e.g. BatchNorm's running statistics)."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import REPO, base_env, record
+
     runs = tmp_path_factory.mktemp("model_references")
-    out = {}
-    for model, args in MODELS.items():
-        out[model] = {ckpt: train(runs, f"{model}-ckpt{ckpt}", *COMMON, *args, "--backend", "single",
-                                  "--micro_batch", "4", "--grad_accum", "2", "--ckpt_interval", str(ckpt),
-                                  "--save_dir", str(runs / f"{model}-ckpt{ckpt}-checkpoints"),
-                                  "--save_every", str(STEPS)).check_ok()
-                      for ckpt in (0, 1)}
-    return out
+    argvs = {(model, ckpt): [*COMMON, *args, "--backend", "single", "--micro_batch", "4", "--grad_accum", "2",
+                             "--ckpt_interval", str(ckpt), "--save_dir", str(runs / f"{model}-ckpt{ckpt}-checkpoints"),
+                             "--save_every", str(STEPS), "--runs_dir", str(runs), "--run_name", f"{model}-ckpt{ckpt}",
+                             "--quiet"]
+             for model, args in MODELS.items() for ckpt in (0, 1)}
+    # The eight one-process references in one interpreter (tests/run_many.py: train.py's main on each).
+    (runs / "runs.json").write_text(json.dumps(list(argvs.values())))
+    proc = subprocess.run([sys.executable, str(REPO / "tests" / "run_many.py"), str(runs / "runs.json")], cwd=REPO,
+                          env=base_env(), capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return {model: {ckpt: record(runs / f"{model}-ckpt{ckpt}").check_ok() for ckpt in (0, 1)} for model in MODELS}
 
 
 def final_state(run) -> dict:
@@ -127,7 +136,7 @@ def keeps_running_statistics(run) -> bool:
     return any(name.endswith("num_batches_tracked") for name in final_state(run))
 
 
-@pytest.mark.distributed
+@pytest.mark.launch
 @pytest.mark.parametrize("model", MODEL_NAMES)
 def test_checkpointing_every_block_keeps_the_losses_and_cuts_activations(references, model):
     plain, checkpointed = references[model][0], references[model][1]

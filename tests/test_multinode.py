@@ -8,15 +8,16 @@ import pytest
 
 from conftest import LAUNCH_TIMEOUT_S, PARITY_ARGS, REPO, TRAIN, Run, assert_losses_close, base_env
 from core.ports import free_port
+from launches import committed_reference
 
 pytestmark = pytest.mark.distributed
 STEPS = 6
 
 
 @pytest.fixture
-def reference(single_reference):
-    """The shared reference's first STEPS steps (global batch 8)."""
-    return single_reference.losses[:STEPS]
+def reference():
+    """The reference's first STEPS steps (global batch 8; committed: tests/reference_losses.json)."""
+    return committed_reference()["losses"][:STEPS]
 
 
 @pytest.mark.parametrize("backend_args", [("--backend", "ddp"), ("--fsdp_config", "fsdp_configs/full_shard.yaml")],

@@ -171,6 +171,14 @@ def _cli(*args):
                           capture_output=True, text=True, timeout=300)
 
 
+def _here(*args):
+    """analysis.plan's main in this process: the logic (the CLI as a process: the test below)."""
+    from conftest import in_process
+
+    return in_process(plan.main, args)
+
+
+@pytest.mark.launch
 def test_the_cli_answers_in_json_for_a_named_gpu():
     proc = _cli("--world", "8", "--gpu", "H100-SXM", "--mem_budget_gb", "10", "--global_batch", "64",
                 "--configs", "ddp", "ds_configs/z3.json", "--ckpt", "none", "full/1", "--micro_batches", "8", "--json",
@@ -185,7 +193,7 @@ def test_out_writes_the_plan_and_its_figure(tmp_path):
     """--out DIR: plan.md with the ranked table and the pick (the command train.py would run), and
     plan.png; the JSON on stdout is unchanged by it."""
     out = tmp_path / "plan"
-    proc = _cli("--world", "8", "--gpu", "H100-SXM", "--mem_budget_gb", "0.008", "--global_batch", "64",
+    proc = _here("--world", "8", "--gpu", "H100-SXM", "--mem_budget_gb", "0.008", "--global_batch", "64",
                 "--configs", "ddp", "ds_configs/z3.json", "--ckpt", "none", "full/1", "--json", "--out", str(out), *TINY)
     assert proc.returncode == 0, proc.stderr
     answer = json.loads(proc.stdout)
@@ -203,7 +211,8 @@ def test_the_frontier_keeps_what_nothing_beats_on_both_memory_and_speed():
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--out", "/proc/version"], "--out: /proc/version exists and is not a directory"),
+    pytest.param(["--out", "/proc/version"], "--out: /proc/version exists and is not a directory",
+                 marks=pytest.mark.launch),  # as a process: its exit code and its one line
     (["--micro_batch", "4"], "--micro_batch: the planner chooses it"),
     (["--deepspeed_config", "ds_configs/z3.json"], "--deepspeed_config: the planner chooses it"),
     (["--ddp_bucket_cap_mb", "50"], "--ddp_bucket_cap_mb: the planner chooses it"),
@@ -216,11 +225,13 @@ def test_bad_input_is_one_line_and_exit_2(args, message):
     base = {"--world": "2", "--gpu": "H100-SXM", "--mem_budget_gb": "1", "--global_batch": "16"}
     for flag in [a for a in args if a in base]:
         base.pop(flag)
-    proc = _cli(*[x for kv in base.items() for x in kv], *args, *TINY)
+    run = _cli if "/proc/version" in args and "--out" in args else _here
+    proc = run(*[x for kv in base.items() for x in kv], *args, *TINY)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
 
 
+@pytest.mark.distributed  # all_reduce timed between two local processes
 def test_this_machine_is_calibrated_on_the_real_model_and_link():
     """--gpu here: the model's forward and backward timed at two micro-batches (time grows with the
     micro-batch), the recompute of full and selective checkpointing timed, and all_reduce timed between

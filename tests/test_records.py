@@ -26,10 +26,12 @@ def record(tmp_path_factory):
                  "--warmup_steps", "1", "--mem_profile_steps", "1", "--eval_every", "2").check_ok()
 
 
+@pytest.mark.launch
 def test_summary_has_exactly_the_documented_fields(record):
     assert set(record.summary) == documented_fields("summary.json")
 
 
+@pytest.mark.launch
 def test_config_has_exactly_the_documented_fields(record):
     assert set(record.config) == documented_fields("config.json")
     env = record.config["environment"]
@@ -37,6 +39,7 @@ def test_config_has_exactly_the_documented_fields(record):
     assert record.config["world_size"] == 1
 
 
+@pytest.mark.launch
 def test_metrics_lines_have_the_documented_fields(record):
     documented = documented_fields("metrics.jsonl")
     lines = record.metrics
@@ -49,6 +52,7 @@ def test_metrics_lines_have_the_documented_fields(record):
     assert [m["timed"] for m in lines] == [False, True, True, True, False]
 
 
+@pytest.mark.launch
 def test_summary_values_are_consistent(record):
     s = record.summary
     assert s["status"] == "ok" and s["error"] is None
@@ -63,6 +67,7 @@ def test_summary_values_are_consistent(record):
     assert s["mem_source"] == "torch_profiler" and s["mem_peak_bytes"] > 0
 
 
+@pytest.mark.launch
 def test_model_state_bytes_and_memory_breakdown_agree_with_the_model(record):
     s = record.summary
     param_bytes = s["n_params"] * 4  # fp32
@@ -101,6 +106,7 @@ def test_json_records_are_strict_json(tmp_path):
     assert oct((tmp_path / "t.txt").stat().st_mode & 0o777) == "0o644"
 
 
+@pytest.mark.launch
 def test_documented_categories_are_the_profilers(record):
     readme = README.read_text()
     for category in record.summary["mem_breakdown"]:

@@ -64,10 +64,12 @@ def _live(env) -> list[str]:
     return out.stdout.split()
 
 
-@pytest.mark.distributed
-def test_a_sweep_on_slurm_records_what_the_same_sweep_records_here(local_slurm, quick_sweep, tmp_path, monkeypatch):
+@pytest.mark.slurm
+def test_a_sweep_on_slurm_records_what_the_same_sweep_records_here(local_slurm, launches, request, tmp_path,
+                                                                    monkeypatch):
     # sweeps/cpu_slurm.yaml: single, DDP, FSDP2 and ZeRO-2 with the quick matrix's settings, so the
     # local records to hold them to are the quick sweep's (the same runs, launched here).
+    quick_sweep = launches.get("matrix", request)
     spec = yaml.safe_load((REPO / "sweeps" / "cpu_slurm.yaml").read_text())
     runs = tmp_path / "runs"
     path = _write(tmp_path, {**spec, "runs_dir": str(runs)})
@@ -106,7 +108,7 @@ def test_a_sweep_on_slurm_records_what_the_same_sweep_records_here(local_slurm, 
     assert status.returncode == 0 and "4 ok" in status.stdout, status.stdout + status.stderr
 
 
-@pytest.mark.distributed
+@pytest.mark.slurm
 def test_the_planner_verifies_its_pick_as_slurm_jobs(local_slurm, tmp_path):
     """analysis.plan --verify 1 --executor slurm on two candidates: the top one and the other, each a
     Slurm job with its ordinary record, and the pick the fastest measured."""
@@ -145,7 +147,7 @@ def _pids(*needles: str) -> list[int]:
     return found
 
 
-@pytest.mark.distributed
+@pytest.mark.slurm
 def test_a_job_past_its_time_limit_is_requeued_and_continues_from_its_checkpoint(local_slurm, tmp_path):
     steps, every, pause_at = 300, 50, 100  # stopped at the checkpoint of step 150: 150 steps from its end
     train_args = {"warmup_steps": 1, "eval_batches": 1, "eval_every": 100, "save_every": every}
@@ -216,7 +218,7 @@ def test_a_job_past_its_time_limit_is_requeued_and_continues_from_its_checkpoint
     assert len(_losses(record)) == steps
 
 
-@pytest.mark.distributed
+@pytest.mark.slurm
 def test_cancel_records_queued_and_running_runs_cancelled(local_slurm, tmp_path, monkeypatch):
     runs = tmp_path / "runs"
     spec = {"name": "cancel", "runs_dir": str(runs), "steps": 100000, "timeout_s": 900,
@@ -259,7 +261,8 @@ def _sweep_here(*args) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("case, executor, flags, env, expected", [
-    ("unknown executor field", {"partitoin": "debug"}, [], {}, "unknown key 'executor.partitoin'"),
+    pytest.param("unknown executor field", {"partitoin": "debug"}, [], {}, "unknown key 'executor.partitoin'",
+                 marks=pytest.mark.launch),
     ("a time limit that cannot hold a run", {"time_min": 1, "signal_delay_s": 90}, [], {},
      "executor.time_min 1 cannot hold a run"),
     ("a flag out of range", None, ["--time_min", "0"], {}, "executor.time_min must be an integer >= 1"),
@@ -280,7 +283,7 @@ def test_bad_executor_input_is_one_line_and_submits_nothing(tmp_path, monkeypatc
     assert not (tmp_path / "runs").exists()
 
 
-@pytest.mark.distributed
+@pytest.mark.slurm
 @pytest.mark.parametrize("case, flags, expected", [
     ("a partition Slurm does not have", ["--partition", "nosuchpart"],
      "executor.partition: 'nosuchpart' is not a partition of this cluster"),
@@ -331,6 +334,7 @@ def test_a_spec_with_save_every_checkpoints_each_run_in_its_own_directory(tmp_pa
     assert all(d.startswith(str(tmp_path / "r" / ".ckpt")) for d in dirs)
 
 
+@pytest.mark.launch
 def test_a_local_rerun_continues_a_checkpointed_run(tmp_path):
     """The same resume path locally: a run stopped after its first checkpoint continues there
     when the spec runs again, into the same record."""

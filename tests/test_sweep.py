@@ -1,4 +1,9 @@
-"""sweep.py: specs, the runner (real launches), failures, timeouts, reruns."""
+"""sweep.py: specs, the runner, failures, timeouts, reruns.
+
+The runner's own behaviour (records, keys, locks, failures, timeouts, retries, stopping) is tested
+with tests/stub_run.py as each run's command, a stand-in without torch; one sweep launches train.py
+for real, end to end (test_a_sweep_compares_models_and_the_report_says_which), and sweep.py's
+answers to bad input are checked in this process, one of them as a process."""
 
 import json
 import os
@@ -8,8 +13,9 @@ import sys
 import pytest
 import yaml
 
-from conftest import REPO, base_env
+from conftest import REPO, base_env, in_process
 from models.spec import parse_model_args
+from stub_sweep import stub_command
 from training.sweep import expand, load_spec
 
 SWEEP = REPO / "sweep.py"
@@ -24,6 +30,21 @@ def _spec(tmp_path, **spec) -> str:
 def _sweep(*args, timeout=900):
     return subprocess.run([sys.executable, str(SWEEP), *args], cwd=REPO, env=base_env(), capture_output=True,
                           text=True, timeout=timeout)
+
+
+def _sweep_here(*args, timeout=None):
+    """sweep.py's main in this process (the runs it launches are still processes)."""
+    import sweep
+
+    return in_process(sweep.main, args)
+
+
+@pytest.fixture
+def stubbed(monkeypatch):
+    """Every run the sweep launches is tests/stub_run.py (the runner's behaviour, no launch per run)."""
+    from training.sweep import PlannedRun
+
+    monkeypatch.setattr(PlannedRun, "command", stub_command)
 
 
 def test_expansion_rules(tmp_path):
@@ -88,8 +109,9 @@ def test_model_dimension(tmp_path):
             load_spec(_spec(tmp_path, matrix={"backend": ["ddp"], "model": bad}))
 
 
-@pytest.mark.distributed
+@pytest.mark.launch
 def test_a_sweep_compares_models_and_the_report_says_which(tmp_path):
+    """The one real sweep: sweep.py launching train.py (plain python) for each run, end to end."""
     path = _spec(tmp_path, steps=3, matrix={
         "backend": ["single"], "model": ["gptlite", {"model": "examples/my_model.py", "args": {"width": 32},
                                                      "label": "mlp"}]},
@@ -97,20 +119,21 @@ def test_a_sweep_compares_models_and_the_report_says_which(tmp_path):
     proc = _sweep(path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = tmp_path / "report"
-    report = subprocess.run([sys.executable, "-m", "analysis.report", str(tmp_path / "runs"), "--out", str(out)],
-                            cwd=REPO, env=base_env(), capture_output=True, text=True, timeout=300)
+    from analysis import report as report_cli
+
+    report = in_process(report_cli.main, [tmp_path / "runs", "--out", out])
     assert report.returncode == 0, report.stderr
     runs_table = (out / "report.md").read_text().split("## Runs", 1)[1].split("##", 1)[0]
     assert "| model " in runs_table and "my_model width=32" in runs_table and "gptlite" in runs_table
 
 
-@pytest.mark.distributed
-def test_a_sweep_records_a_failure_goes_on_and_a_rerun_skips_what_is_done(tmp_path):
+@pytest.mark.launch
+def test_a_sweep_records_a_failure_goes_on_and_a_rerun_skips_what_is_done(tmp_path, stubbed):
     spec = _spec(tmp_path, steps=3, matrix={"backend": ["single", "ddp", "fsdp_configs/full_shard.yaml"],
                                             "micro_batch": [2], "world_size": [2]},
                  train_args={"warmup_steps": 1, "mem_profile_steps": 0, "eval_batches": 1},
                  env={"GPTLITE_FAULT": "kind=error,step=1,rank=1,backend=ddp"})
-    first = _sweep(spec)
+    first = _sweep_here(spec)
     assert first.returncode == 1, first.stderr  # the sweep went on, and says that a run failed
     runs = tmp_path / "runs"
     summaries = {p.parent.name: json.loads(p.read_text()) for p in runs.glob("*/summary.json")}
@@ -122,51 +145,51 @@ def test_a_sweep_records_a_failure_goes_on_and_a_rerun_skips_what_is_done(tmp_pa
     assert (runs / ".logs" / "ddp-w2-tiny-mb2-fp32-ckpt0.log").stat().st_size > 0
 
     before = {p: p.stat().st_mtime_ns for p in runs.glob("*/summary.json")}
-    again = _sweep(spec)
+    again = _sweep_here(spec)
     assert again.stdout.count("(already done)") == 3
     assert before == {p: p.stat().st_mtime_ns for p in runs.glob("*/summary.json")}
 
-    retried = _sweep(spec, "--retry_failed")
+    retried = _sweep_here(spec, "--retry_failed")
     assert retried.stdout.count("(already done)") == 2 and "ddp-w2-tiny-mb2-fp32-ckpt0: failed" in retried.stdout
 
 
-@pytest.mark.distributed
-def test_a_run_past_its_timeout_is_killed_and_recorded(tmp_path):
-    spec = _spec(tmp_path, steps=3, timeout_s=30, matrix={"backend": ["ddp"], "micro_batch": [2], "world_size": [2]},
+@pytest.mark.launch
+def test_a_run_past_its_timeout_is_killed_and_recorded(tmp_path, stubbed):
+    spec = _spec(tmp_path, steps=3, timeout_s=3, matrix={"backend": ["ddp"], "micro_batch": [2], "world_size": [2]},
                  train_args={"mem_profile_steps": 0}, env={"GPTLITE_FAULT": "kind=hang,step=1"})
-    proc = _sweep(spec, timeout=300)
+    proc = _sweep_here(spec)
     assert proc.returncode == 1, proc.stderr
     summary = json.loads((tmp_path / "runs" / "ddp-w2-tiny-mb2-fp32-ckpt0" / "summary.json").read_text())
-    assert summary["status"] == "timeout" and "timed out after 30 s" in summary["error"]
+    assert summary["status"] == "timeout" and "timed out after 3 s" in summary["error"]
     leftovers = subprocess.run(["pgrep", "-f", str(tmp_path / "runs")], capture_output=True, text=True)
     assert leftovers.stdout.strip() == ""  # the launcher and both ranks are gone
 
 
-@pytest.mark.distributed
-def test_a_changed_spec_never_reuses_or_overwrites_a_record(tmp_path):
+@pytest.mark.launch
+def test_a_changed_spec_never_reuses_or_overwrites_a_record(tmp_path, stubbed):
     """The key of a record includes every setting: after `steps` changes, the old record is
     neither taken as done nor overwritten; the sweep refuses before running anything."""
     args = dict(matrix={"backend": ["single"], "micro_batch": [2]},
                 train_args={"warmup_steps": 0, "mem_profile_steps": 0, "eval_batches": 1})
-    first = _sweep(_spec(tmp_path, steps=2, **args))
+    first = _sweep_here(_spec(tmp_path, steps=2, **args))
     assert first.returncode == 0, first.stderr
     summary = tmp_path / "runs" / "single-w1-tiny-mb2-fp32-ckpt0" / "summary.json"
     before = summary.read_bytes()
-    changed = _sweep(_spec(tmp_path, steps=3, **args))
+    changed = _sweep_here(_spec(tmp_path, steps=3, **args))
     assert changed.returncode == 2 and "recorded with other settings" in changed.stderr
     assert "--steps '2' then, '3' now" in changed.stderr and len(changed.stderr.strip().splitlines()) == 1
     assert summary.read_bytes() == before
 
 
-@pytest.mark.distributed
+@pytest.mark.launch
 def test_stopping_the_sweep_stops_its_run_and_records_it(tmp_path):
     import signal
     import time
 
-    spec = _spec(tmp_path, steps=200, matrix={"backend": ["ddp"], "micro_batch": [2], "world_size": [2]},
+    spec = _spec(tmp_path, steps=100000, matrix={"backend": ["ddp"], "micro_batch": [2], "world_size": [2]},
                  train_args={"mem_profile_steps": 0})
-    sweep = subprocess.Popen([sys.executable, str(SWEEP), spec], cwd=REPO, env=base_env(), stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+    sweep = subprocess.Popen([sys.executable, str(REPO / "tests" / "stub_sweep.py"), spec], cwd=REPO, env=base_env(),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     summary = tmp_path / "runs" / "ddp-w2-tiny-mb2-fp32-ckpt0" / "summary.json"
     deadline = time.monotonic() + 120
     while not (summary.exists() and "running" in summary.read_text()) and time.monotonic() < deadline:
@@ -180,7 +203,7 @@ def test_stopping_the_sweep_stops_its_run_and_records_it(tmp_path):
 
 
 @pytest.mark.parametrize("spec, message", [
-    ({"matrix": {"backend": ["ddp"]}}, "missing key 'name'"),
+    pytest.param({"matrix": {"backend": ["ddp"]}}, "missing key 'name'", marks=pytest.mark.launch),
     ({"name": "t"}, "missing key 'matrix'"),
     ({"name": "t", "matrix": {"preset": ["tiny"]}}, "missing key 'matrix.backend'"),
     ({"name": "t", "matrix": {"backend": ["ddp"]}, "train_args": {"lr": -1}}, "lr must be > 0"),
@@ -195,7 +218,7 @@ def test_a_bad_spec_is_refused_before_any_run(tmp_path, spec, message):
         spec["matrix"]["backend"] = [str(bad)]
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump({"runs_dir": str(tmp_path / "runs"), **spec}))
-    proc = _sweep(str(path), timeout=300)
+    proc = (_sweep if message == "missing key 'name'" else _sweep_here)(str(path))  # one as a process
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
     assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").glob("*/summary.json"))
@@ -207,7 +230,7 @@ def test_a_bad_spec_is_refused_before_any_run(tmp_path, spec, message):
     (("--max_batch", "--mem_budget_gb", "1", "--max_micro_batch", "0"), "--max_micro_batch must be >= 1"),
 ])
 def test_bad_max_batch_flags_are_refused(tmp_path, flags, message):
-    proc = _sweep(_spec(tmp_path, matrix={"backend": ["single"]}), *flags, timeout=300)
+    proc = _sweep_here(_spec(tmp_path, matrix={"backend": ["single"]}), *flags)
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
 
 
@@ -281,7 +304,7 @@ def test_each_distinct_model_is_resolved_once(tmp_path, monkeypatch):
 def test_a_dry_run_refuses_a_spec_a_model_cannot_run(tmp_path):
     path = _spec(tmp_path, matrix={"backend": ["single"], "model": ["examples/my_model.py"]},
                  train_args={"dropout": 0.0})
-    proc = _sweep(path, "--dry_run", timeout=300)
+    proc = _sweep_here(path, "--dry_run")
     assert proc.returncode == 2 and "dropout applies to gptlite and hf: models" in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
     assert not (tmp_path / "runs").exists()
@@ -378,15 +401,15 @@ def test_one_sweep_per_directory(tmp_path):
     path = _spec(tmp_path, steps=1, matrix={"backend": ["single"], "micro_batch": [2]},
                  train_args={"warmup_steps": 0, "mem_profile_steps": 0, "eval_batches": 1})
     holder = FileLock(tmp_path / "runs" / ".sweep.lock")  # this test process is the first sweep
-    proc = _sweep(path, timeout=300)
+    proc = _sweep_here(path)  # its own open of the lock file: flock refuses it as it would another process
     holder.release()
     assert proc.returncode == 2 and f"in use by another sweep (pid {os.getpid()})" in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == [".sweep.lock"]
 
 
-@pytest.mark.distributed
-def test_a_refused_run_is_recorded_with_its_key_and_a_corrected_spec_replaces_it(tmp_path):
+@pytest.mark.launch
+def test_a_refused_run_is_recorded_with_its_key_and_a_corrected_spec_replaces_it(tmp_path, stubbed):
     """The runner records a run train.py refused (with the run's key, never a record that is not
     its own); a corrected spec then runs in its place; a run's key is written by the run itself."""
     from core.records import SWEEP_KEY_FILE
@@ -435,8 +458,8 @@ def test_ckpt_policy_dimension(tmp_path):
 
 def test_a_largest_batch_search_of_budget_plans_is_refused(tmp_path):
     """--max_batch's budget would replace the one an auto:<GiB> plan is made for: refused in one line."""
-    proc = _sweep(_spec(tmp_path, matrix={"backend": ["single"], "ckpt_policy": ["auto:0.2"]}), "--max_batch",
-                  "--mem_budget_gb", "1", timeout=300)
+    proc = _sweep_here(_spec(tmp_path, matrix={"backend": ["single"], "ckpt_policy": ["auto:0.2"]}), "--max_batch",
+                       "--mem_budget_gb", "1")
     assert proc.returncode == 2 and "--max_batch with matrix.ckpt_policy auto:<GiB>" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
 
@@ -467,6 +490,7 @@ def test_a_budget_no_plan_fits_is_refused_before_the_first_run(tmp_path, capsys)
     assert sweep.main([str(fits), "--dry_run"]) == 0
 
 
+@pytest.mark.launch
 def test_a_stopped_run_is_ended_by_its_sigterm_not_left_for_the_kill():
     """Stopping a run whose process is stopped (Ctrl-Z, a debugger; SIGSTOP) ends it with SIGTERM at
     once: SIGCONT follows, as Slurm sends them, instead of SIGKILL after the grace period."""

@@ -2,10 +2,12 @@
 
 import pytest
 
-from conftest import PARITY_ARGS, assert_losses_close, train
+from conftest import PARITY_ARGS, assert_losses_close, matrix_run, train
 
 STEPS = 10
 RTOL = 1e-5
+
+pytestmark = pytest.mark.launch  # one-process runs of train.py; the 2-rank ones say so
 
 
 def test_loss_falls_on_the_embedded_corpus(runs_dir):
@@ -17,24 +19,13 @@ def test_loss_falls_on_the_embedded_corpus(runs_dir):
     assert run.summary["val_loss"] < losses[0] - 1.0
 
 
-@pytest.mark.distributed
-@pytest.mark.parametrize("micro, accum", [(4, 1), (2, 2)])
-def test_ddp_on_two_processes_matches_single(runs_dir, single_reference, micro, accum):
-    # Two ranks x micro x accum = the reference's global batch of 8.
-    run = train(runs_dir, f"ddp-{micro}x{accum}", *PARITY_ARGS, "--backend", "ddp", "--steps", str(STEPS),
-                "--micro_batch", str(micro), "--grad_accum", str(accum), launcher="torchrun").check_ok()
-    assert run.summary["world_size"] == 2 and run.summary["global_batch"] == 8
-    assert run.config["launcher"] == "torchrun"
-    assert_losses_close(run.losses, single_reference.losses, STEPS, RTOL)
-    assert run.summary["val_loss"] == pytest.approx(single_reference.summary["val_loss"], rel=RTOL)
-
-
-def test_accumulation_equals_a_larger_micro_batch(runs_dir):
-    args = (*PARITY_ARGS, "--steps", str(STEPS))
-    big = train(runs_dir, "m4x1", *args, "--micro_batch", "4", "--grad_accum", "1").check_ok()
-    accumulated = train(runs_dir, "m2x2", *args, "--micro_batch", "2", "--grad_accum", "2").check_ok()
-    assert accumulated.summary["global_batch"] == big.summary["global_batch"] == 4
-    assert_losses_close(accumulated.losses, big.losses, STEPS, RTOL)
+def test_accumulation_equals_a_larger_micro_batch(runs_dir, launches, request):
+    """Micro-batch 4 with 2-step accumulation, one process: the reference's micro-batch 8."""
+    reference = launches.get("reference", request)
+    accumulated = train(runs_dir, "m4x2", *PARITY_ARGS, "--steps", str(STEPS), "--micro_batch", "4", "--grad_accum",
+                        "2").check_ok()
+    assert accumulated.summary["global_batch"] == reference.summary["global_batch"] == 8
+    assert_losses_close(accumulated.losses, reference.losses, STEPS, RTOL)
 
 
 def test_ddp_runs_as_a_world_of_one_under_plain_python(runs_dir):

@@ -38,6 +38,7 @@ def records_with_a_damaged_one(tmp_path):
     return runs
 
 
+@pytest.mark.launch
 @pytest.mark.parametrize("module", ["analysis.table", "analysis.report"])
 def test_a_damaged_record_is_skipped_and_named(records_with_a_damaged_one, tmp_path, module):
     args = ["--out", str(tmp_path / "report")] if module == "analysis.report" else []
@@ -46,7 +47,16 @@ def test_a_damaged_record_is_skipped_and_named(records_with_a_damaged_one, tmp_p
     assert f"skipped {records_with_a_damaged_one / 'broken'}" in proc.stderr and "Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize("args, message", [
+def _in_process(args):
+    """`python -m MODULE ARGS`'s main called in this process (the logic)."""
+    import importlib
+
+    from conftest import in_process
+
+    return in_process(importlib.import_module(args[1]).main, args[2:])
+
+
+TOOL_CASES = [
     (["-m", "analysis.report", str(REFERENCE), "--out", "{FILE}"], "--out {FILE} exists and is not a directory"),
     (["-m", "training.export", str(REFERENCE), "--out", "{DIR}"], "--out {DIR} is a directory"),
     (["-m", "analysis.claims", str(REFERENCE), "--out", "{FILE}"], "--out: {FILE} exists and is not a directory"),
@@ -59,14 +69,20 @@ def test_a_damaged_record_is_skipped_and_named(records_with_a_damaged_one, tmp_p
     (["-m", "analysis.estimate", "--fsdp_config", "fsdp_configs/hybrid_shard.yaml", "--world", "2",
       "--ranks_per_node", "1"], "hybrid_shard_size 1 must be >= 2"),
     (["-m", "analysis.estimate", "--world", "3", "--ranks_per_node", "2"], "ranks_per_node 2 must divide world 3"),
-])
-def test_tools_refuse_bad_arguments_in_one_line(tmp_path, args, message):
+]
+AS_PROCESS = (0, 1, 2, 4)  # one refusal of each tool as a process (its exit code, its one line); the rest here
+
+
+@pytest.mark.parametrize("args, message, as_process", [
+    pytest.param(*case, i in AS_PROCESS, marks=[pytest.mark.launch] if i in AS_PROCESS else [])
+    for i, case in enumerate(TOOL_CASES)])
+def test_tools_refuse_bad_arguments_in_one_line(tmp_path, args, message, as_process):
     file, directory = tmp_path / "taken.md", tmp_path / "a_dir"
     file.write_text("x")
     directory.mkdir()
     args = [a.replace("{FILE}", str(file)).replace("{DIR}", str(directory)) for a in args]
     message = message.replace("{FILE}", str(file)).replace("{DIR}", str(directory))
-    proc = _tool(*args)
+    proc = _tool(*args) if as_process else _in_process(args)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_dir", "taken.md"]  # nothing left behind
@@ -119,6 +135,7 @@ def test_a_budget_breach_is_raised_before_rank_0_counts_flops_and_a_stop_is_neve
         pass
 
 
+@pytest.mark.launch
 def test_help_shows_the_suites_flags_only():
     proc = _tool(str(TRAIN), "--help")
     assert proc.returncode == 0

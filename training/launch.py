@@ -41,8 +41,10 @@ def launch_command(launcher: str, nproc: int, script: Path = TRAIN) -> list[str]
 
 
 def launch_env(extra: dict | None = None) -> dict:
-    """The environment of a launched run: this one, the repository importable, our tools first."""
+    """The environment of a launched run: this one, the repository importable first (then what
+    PYTHONPATH held already: a user's model file may import from it), our tools first on PATH."""
     env = {**os.environ, **(extra or {})}
-    env["PYTHONPATH"] = str(REPO)
+    paths = [str(REPO), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     return env

@@ -1,0 +1,311 @@
+"""The real launches the suite needs: one declarative table, each launch made once per test run
+(the first time a test asks for it), and the tests that read it.
+
+A test reads a launch through the `launches` fixture (conftest.py): `launches.get("matrix", request)`.
+Only the tests a launch names may read it (`readers`, as "module::test" or "module::fixture"), so the
+table says who depends on what; tests/test_launch_table.py holds every reader to a real test or fixture.
+A launch that failed fails every test that reads it, with its output.
+
+Kinds:
+    train   train.py under a launcher (python, torchrun, deepspeed): a Run (conftest.Run)
+    sweep   sweep.py on a spec built from a shipped one: the directory of its records
+    probe   tests/ckpt_probe.py under torchrun, every group of PROBE_GROUPS in one launch: each rank's
+            results ({group label: {case: result}})
+
+The parity settings (PARITY_ARGS: no dropout, fp32, the learning rate moving the weights from step 0)
+make runs of different backends comparable step by step: the reference (one process, micro-batch 8)
+and every 2-rank run of global batch 8 (micro-batch 4, or 2 with 2-step accumulation) must have the
+same losses within 1e-5. The quick matrix (sweeps/cpu_quick.yaml, what `make demo` runs) is launched
+in these settings, so its 30 records serve the parity, memory, communication, estimator, report,
+fake-world and Slurm tests at once.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from training.launch import REPO, launch_command
+
+# Small, fast and exact: no dropout, fp32, a learning rate that moves the weights from step 0.
+PARITY_ARGS = ("--preset", "tiny", "--dropout", "0", "--precision", "fp32", "--lr_warmup_steps", "0",
+               "--mem_profile_steps", "0", "--warmup_steps", "0", "--eval_batches", "1")
+REFERENCE_STEPS = 10  # the reference's steps; 2-rank runs compare their first ones
+MATRIX_STEPS = 6  # the quick matrix's steps (the first timed-step warm-up, the last profiled)
+QUICK_SPEC = REPO / "sweeps" / "cpu_quick.yaml"
+LAUNCH_TIMEOUT_S = 240  # a launch longer than this is hung: fail fast instead of waiting for pytest's timeout
+DS_TIMEOUT_S = 900
+
+
+@dataclass(frozen=True)
+class Launch:
+    what: str
+    kind: str  # train | sweep | probe
+    readers: tuple[str, ...]
+    launcher: str = "python"
+    args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    timeout: float = LAUNCH_TIMEOUT_S
+
+
+def _two_ranks(*flags: str, micro: int = 4, accum: int = 1, steps: int = REFERENCE_STEPS) -> tuple[str, ...]:
+    return (*PARITY_ARGS, *flags, "--steps", str(steps), "--micro_batch", str(micro), "--grad_accum", str(accum),
+            "--mem_profile_steps", "1")
+
+
+# ------------------------------------------------------------------ the probe's groups
+# tests/ckpt_probe.py: checkpointing (every k-th block, both torch implementations, torch's offload,
+# selective, plans per block, dropout) and prefetch offload, per backend, one launch for them all.
+N_LAYER = 4  # the tiny preset
+CKPT_BASELINE = "0:torch_nonreentrant:0"
+CKPT_CASES = ([CKPT_BASELINE] + [f"{k}:{impl}:0" for impl in ("torch_nonreentrant", "torch_reentrant")
+                                 for k in (1, 2, N_LAYER)]
+              + ["1:torch_nonreentrant:1", "2:torch_reentrant:1"]
+              # --ckpt_policy selective, without dropout and with it: a recompute draws the forward's masks.
+              + ["1:torch_nonreentrant:0:selective", "2:torch_nonreentrant:0:selective",
+                 "0:torch_nonreentrant:0:full:0.1", "1:torch_nonreentrant:0:full:0.1",
+                 "1:torch_nonreentrant:0:selective:0.1"]
+              # A plan per block (--ckpt_plan, what --ckpt_policy auto runs), without dropout and with it.
+              + ["0:torch_nonreentrant:0:selective+full+none+full",
+                 "0:torch_nonreentrant:0:full+none+selective+selective:0.1"])
+# The rest of the quick matrix and accelerate: a plan per block leaves losses and gradients unchanged,
+# dropout 0.1 too; selective blocks except under ZeRO-3 (plans of none and full there).
+PLAN_CASES = ["0:torch_nonreentrant:0", "0:torch_nonreentrant:0:full:0.1",
+              "0:torch_nonreentrant:0:selective+full+none+full", "0:torch_nonreentrant:0:full+none+selective+full:0.1"]
+ZERO3_PLAN_CASES = ["0:torch_nonreentrant:0", "0:torch_nonreentrant:0:full:0.1",
+                    "0:torch_nonreentrant:0:none+full+full+none", "0:torch_nonreentrant:0:full+none+full+full:0.1"]
+# Prefetch offload at horizon 2 against the same checkpointing kept in memory; DeepSpeed's own too.
+OFFLOAD_CASES = [f"{k}:torch_nonreentrant:{offload}" for k in (1, 2) for offload in ("0", "p2")]
+DS_OFFLOAD_CASES = [f"1:torch_reentrant:{offload}" for offload in ("0", "p1")]
+
+
+def _ds_ckpt_cases(config: str) -> list[str]:
+    """DeepSpeed's checkpointing implementations and the torch ones under ZeRO-2 and ZeRO-3
+    (DeepSpeed's non_reentrant_checkpoint fails on ZeRO-3), its cpu_checkpointing, selective and plans."""
+    impls = (("deepspeed", "deepspeed_nonreentrant", "torch_nonreentrant", "torch_reentrant") if config == "z2"
+             else ("deepspeed", "torch_nonreentrant", "torch_reentrant"))
+    cases = [CKPT_BASELINE] + [f"{k}:{impl}:0" for impl in impls for k in (1, 2, N_LAYER)]
+    cases.append("2:deepspeed:1")  # with --ckpt_offload: DeepSpeed's cpu_checkpointing
+    if config == "z2":  # selective is refused under ZeRO-3 (backends/deepspeed_plan.py)
+        cases += ["1:torch_nonreentrant:0:selective", "2:torch_nonreentrant:0:selective",
+                  "0:torch_nonreentrant:0:full:0.1", "1:torch_nonreentrant:0:selective:0.1",
+                  "0:torch_nonreentrant:0:selective+full+none+full:0.1"]
+    else:  # a plan of none and full, what --ckpt_policy auto chooses from under ZeRO-3
+        cases += ["0:torch_nonreentrant:0:none+full+full+none", "0:torch_nonreentrant:0:full:0.1",
+                  "0:torch_nonreentrant:0:full+none+none+full:0.1"]
+    return cases
+
+
+def _union(*lists: list[str]) -> list[str]:
+    return list(dict.fromkeys(case for cases in lists for case in cases))
+
+
+def _group(label: str, backend: str, config: str | None, cases: list[str], **more) -> dict:
+    return {"label": label, "backend": backend, "config": config, "cases": cases, **more}
+
+
+# The torch backends first, then accelerate, then DeepSpeed (whose set-up wraps the process group), ZeRO-3 last.
+PROBE_GROUPS = [
+    _group("ddp", "ddp", None, _union(CKPT_CASES, OFFLOAD_CASES)),
+    _group("fsdp", "fsdp", "fsdp_configs/full_shard.yaml", _union(CKPT_CASES, OFFLOAD_CASES)),
+    _group("fsdp2", "fsdp2", "fsdp_configs/fsdp2.yaml", _union(CKPT_CASES, OFFLOAD_CASES)),
+    _group("fsdp.shard_grad_op", "fsdp", "fsdp_configs/shard_grad_op.yaml", PLAN_CASES),
+    _group("fsdp.no_shard", "fsdp", "fsdp_configs/no_shard.yaml", PLAN_CASES),
+    _group("fsdp.hybrid_shard", "fsdp", "fsdp_configs/hybrid_shard.yaml", PLAN_CASES),
+    _group("fsdp2.no_reshard", "fsdp2", "fsdp_configs/fsdp2_no_reshard.yaml", PLAN_CASES),
+    _group("accelerate", "accelerate", None, PLAN_CASES),
+    # ZeRO-2's cases first among DeepSpeed's: after the other DeepSpeed groups in this one process, its
+    # selective cases' losses moved beyond 1e-6 from its own baseline (measured 2026-11-27; each ran in a
+    # launch of its own before). With frozen embeddings, block 0's input needs no gradient: DeepSpeed's
+    # reentrant checkpoint then computed none for the checkpointed blocks (DeepSpeed issues 4274, 4479).
+    _group("z2", "deepspeed", "ds_configs/z2.json", _ds_ckpt_cases("z2")),
+    _group("z2.frozen", "deepspeed", "ds_configs/z2.json",
+           ["0:torch_nonreentrant:0", "1:deepspeed:0", "2:deepspeed:0", "4:deepspeed:0"], freeze_embeddings=True),
+    _group("z0", "deepspeed", "ds_configs/z0.json", PLAN_CASES),
+    _group("z1", "deepspeed", "ds_configs/z1.json", PLAN_CASES),
+    _group("z2_offload", "deepspeed", "ds_configs/z2_offload.json", PLAN_CASES),
+    _group("zeropp", "deepspeed", "ds_configs/zeropp.json", ZERO3_PLAN_CASES),
+    _group("z3_infinity", "deepspeed", "ds_configs/z3_infinity.json", ZERO3_PLAN_CASES),
+    _group("z3", "deepspeed", "ds_configs/z3.json", _union(_ds_ckpt_cases("z3"), OFFLOAD_CASES, DS_OFFLOAD_CASES)),
+]
+
+
+# ------------------------------------------------------------------ the table
+LAUNCHES: dict[str, Launch] = {
+    "reference": Launch(
+        "the one-process reference: micro-batch 8, global batch 8, the last step profiled", "train",
+        readers=("test_parity::test_the_reference_reproduces_its_committed_losses",
+                 "test_training::test_accumulation_equals_a_larger_micro_batch",
+                 "test_fsdp::test_no_shard_holds_everything", "test_fsdp::test_memory_breakdown_is_measured_under_fsdp",
+                 "test_compile::test_compiled_run_matches_eager", "test_compile::test_an_eager_run_records_no_compilation",
+                 "test_compile::test_a_compile_memory_budget_recomputes_inside_the_compiled_blocks",
+                 "test_allocator::test_a_run_records_its_allocator_settings"),
+        args=(*PARITY_ARGS, "--steps", str(REFERENCE_STEPS), "--micro_batch", "8", "--mem_profile_steps", "1")),
+    "matrix": Launch(
+        "sweeps/cpu_quick.yaml in the parity settings: 15 configurations x checkpointing off and every block, "
+        "2 ranks, micro-batch 4, through sweep.py", "sweep",
+        readers=("test_parity::test_ddp_on_two_processes_matches_single",
+                 "test_parity::test_checkpointing_every_block_leaves_every_backends_losses_unchanged",
+                 "test_fsdp::fsdp_runs", "test_deepspeed::ds_runs",
+                 "test_comm::test_every_backend_records_its_collectives_and_they_agree_with_theory",
+                 "test_estimate::test_estimate_against_every_backend_of_the_quick_matrix",
+                 "test_fake_world::test_fake_world_at_2_matches_every_real_2_rank_run", "test_analysis::mixed",
+                 "test_slurm::test_a_sweep_on_slurm_records_what_the_same_sweep_records_here"),
+        timeout=3600),
+    "ddp-2x2": Launch("DDP with 2-step accumulation (no_sync)", "train",
+                      readers=("test_parity::test_ddp_on_two_processes_matches_single",), launcher="torchrun",
+                      args=_two_ranks("--backend", "ddp", micro=2, accum=2)),
+    "fsdp.shard_grad_op-2x2": Launch("FSDP SHARD_GRAD_OP with accumulation (no_sync)", "train",
+                                     readers=("test_fsdp::fsdp_runs",), launcher="torchrun",
+                                     args=_two_ranks("--fsdp_config", "fsdp_configs/shard_grad_op.yaml", micro=2, accum=2)),
+    "fsdp2.fsdp2-2x2": Launch("FSDP2 with accumulation (requires_gradient_sync)", "train",
+                        readers=("test_fsdp::fsdp_runs",), launcher="torchrun",
+                        args=_two_ranks("--fsdp_config", "fsdp_configs/fsdp2.yaml", micro=2, accum=2)),
+    "fsdp.full_shard_offload": Launch("FSDP with CPU offload (not applied on a CPU, recorded)", "train",
+                                      readers=("test_fsdp::fsdp_runs",), launcher="torchrun",
+                                      args=_two_ranks("--fsdp_config", "fsdp_configs/full_shard_offload.yaml")),
+    "fsdp2.fsdp2_offload": Launch("FSDP2 with CPU offload", "train", readers=("test_fsdp::fsdp_runs",),
+                                  launcher="torchrun", args=_two_ranks("--fsdp_config", "fsdp_configs/fsdp2_offload.yaml")),
+    "z2-2x2": Launch("ZeRO-2 with accumulation, the deepspeed launcher", "train", readers=("test_deepspeed::ds_runs",),
+                     launcher="deepspeed", args=_two_ranks("--deepspeed_config", "ds_configs/z2.json", micro=2, accum=2),
+                     timeout=DS_TIMEOUT_S),
+    "z3_infinity-2x2": Launch("ZeRO-Infinity (CPU) with accumulation, DeepSpeed under torchrun", "train",
+                              readers=("test_deepspeed::ds_runs",), launcher="torchrun",
+                              args=_two_ranks("--deepspeed_config", "ds_configs/z3_infinity.json", micro=2, accum=2),
+                              timeout=DS_TIMEOUT_S),
+    "probe": Launch("tests/ckpt_probe.py: every group of PROBE_GROUPS, 2 ranks", "probe",
+                    readers=("test_activation_checkpointing::test_checkpointing_leaves_losses_and_gradients_unchanged",
+                             "test_activation_checkpointing::test_printed_model_shows_checkpoint_wrappers_where_chosen",
+                             "test_activation_checkpointing::test_a_plan_leaves_losses_and_gradients_unchanged_on_the_rest_of_the_quick_matrix",
+                             "test_activation_offload::test_losses_and_gradients_identical_with_offloading",
+                             "test_deepspeed::test_checkpointing_leaves_losses_and_gradients_unchanged",
+                             "test_deepspeed::test_reentrant_checkpointing_of_a_first_block_whose_input_needs_no_grad"),
+                    launcher="torchrun", timeout=1800),
+}
+
+
+@dataclass
+class Launched:
+    """The launches of one test run, each made the first time a test asks for it."""
+
+    root: Path
+    done: dict = field(default_factory=dict)
+
+    def get(self, name: str, request):
+        launch = LAUNCHES[name]
+        reader = reader_of(request)
+        assert reader in launch.readers, (f"{reader} reads launch {name!r} but the table does not name it: add it to "
+                                          f"LAUNCHES[{name!r}].readers in tests/launches.py")
+        if name not in self.done:
+            try:
+                self.done[name] = self._make(name, launch)
+            except BaseException as e:  # every test reading it fails with this, without launching again
+                self.done[name] = e
+        if isinstance(self.done[name], BaseException):
+            raise self.done[name]
+        return self.done[name]
+
+    def _make(self, name: str, launch: Launch):
+        from conftest import base_env, train
+
+        directory = self.root / name
+        env = dict(launch.env)
+        if launch.kind == "train":
+            return train(directory, name, *launch.args, launcher=launch.launcher, timeout=launch.timeout,
+                         env=env).check_ok()
+        if launch.kind == "sweep":
+            path = directory / "spec.yaml"
+            directory.mkdir(parents=True)
+            path.write_text(matrix_spec(directory / "runs"))
+            proc = subprocess.run([sys.executable, str(REPO / "sweep.py"), str(path)], cwd=REPO,
+                                  env={**base_env(), **env}, capture_output=True, text=True, timeout=launch.timeout)
+            assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+            return directory / "runs"
+        if launch.kind == "probe":
+            import torch
+
+            plan = directory / "plan.json"
+            directory.mkdir(parents=True)
+            plan.write_text(json.dumps(PROBE_GROUPS))
+            cmd = launch_command(launch.launcher, 2)
+            cmd[-1] = str(REPO / "tests" / "ckpt_probe.py")  # the launcher's script: the probe instead of train.py
+            proc = subprocess.run([*cmd, str(directory / "out"), str(plan)], cwd=REPO, env={**base_env(), **env},
+                                  capture_output=True, text=True, timeout=launch.timeout)
+            assert proc.returncode == 0, proc.stderr[-4000:]
+            ranks = [torch.load(p) for p in sorted((directory / "out").glob("rank*.pt"))]
+            assert len(ranks) == 2
+            return ranks
+        raise ValueError(f"launch kind {launch.kind!r}")
+
+
+def matrix_spec(runs_dir: Path) -> str:
+    """sweeps/cpu_quick.yaml in the parity settings, into `runs_dir` (the Slurm test's spec,
+    sweeps/cpu_slurm.yaml, has the same settings: its records must equal these)."""
+    import yaml
+
+    spec = yaml.safe_load(QUICK_SPEC.read_text())
+    spec.update(name="quick_test", steps=MATRIX_STEPS, runs_dir=str(runs_dir))
+    spec["matrix"]["micro_batch"] = [4]
+    spec["train_args"] = {**spec.get("train_args", {}), **MATRIX_TRAIN_ARGS}
+    return yaml.safe_dump(spec)
+
+
+MATRIX_TRAIN_ARGS = {"warmup_steps": 1, "mem_profile_steps": 1, "eval_batches": 1, "dropout": 0.0,
+                     "lr_warmup_steps": 0}
+
+
+def reader_of(request) -> str:
+    """"module::test" for a test, "module::fixture" for a fixture (of module or wider scope)."""
+    module = request.module.__name__.rsplit(".", 1)[-1]
+    if request.scope == "function":
+        return f"{module}::{request.node.originalname}"
+    return f"{module}::{request.fixturename}"
+
+
+# ------------------------------------------------------------------ committed reference losses
+# The reference's losses and validation loss, committed (tests/reference_losses.json): the parity tests
+# compare against them without depending on the reference launch; test_parity.py holds the launch to
+# them (exactly, on the machine and torch that wrote them). Regenerate after a change that moves them:
+#     .venv/bin/python tests/launches.py --write-reference
+REFERENCE_FILE = Path(__file__).resolve().parent / "reference_losses.json"
+REGENERATE = ".venv/bin/python tests/launches.py --write-reference"
+
+
+def machine() -> dict:
+    """What the losses' last bits depend on: the CPU (its kernels) and torch."""
+    import platform
+
+    import torch
+
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
+    return {"cpu": cpu, "torch": torch.__version__}
+
+
+def committed_reference() -> dict:
+    return json.loads(REFERENCE_FILE.read_text())
+
+
+def write_reference() -> None:
+    import tempfile
+
+    from conftest import train
+
+    launch = LAUNCHES["reference"]
+    with tempfile.TemporaryDirectory() as tmp:
+        run = train(Path(tmp), "reference", *launch.args, launcher=launch.launcher, timeout=launch.timeout).check_ok()
+        REFERENCE_FILE.write_text(json.dumps({
+            "what": launch.what, "command": f"python train.py {' '.join(launch.args)}",
+            "regenerate": REGENERATE, "machine": machine(), "losses": run.losses,
+            "val_loss": run.summary["val_loss"]}, indent=1) + "\n")
+    print(f"wrote {REFERENCE_FILE}")
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    if sys.argv[1:] != ["--write-reference"]:
+        sys.exit(f"usage: {REGENERATE}")
+    write_reference()
