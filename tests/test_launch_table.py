@@ -32,3 +32,17 @@ def test_the_committed_reference_is_the_reference_launch():
     committed = committed_reference()
     assert committed["command"] == f"python train.py {' '.join(LAUNCHES['reference'].args)}"
     assert len(committed["losses"]) == REFERENCE_STEPS and committed["val_loss"] > 0
+
+
+def test_a_unit_test_that_starts_a_process_fails():
+    """The unit tier's guard (tests/tiers.py): starting a process inside a unit test raises, naming it;
+    multiprocessing's spawn as well."""
+    import multiprocessing
+    import subprocess
+
+    from tiers import StartedAProcess
+
+    with pytest.raises(StartedAProcess, match="test_a_unit_test_that_starts_a_process_fails is a unit test"):
+        subprocess.run(["true"])
+    with pytest.raises(StartedAProcess):
+        multiprocessing.get_context("spawn").Process(target=print).start()

@@ -133,6 +133,14 @@ class Tiers:
             row.update(tier=tier, seconds=time.monotonic() - t0, interpreters=_launch_lines() - lines,
                        commands=_state["commands"] - commands)
 
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_teardown(self, item, nextitem):
+        # Fixtures of a wider scope end in the teardown of the last test that used their scope, whatever
+        # its tier (the local Slurm is stopped after the session's last test): the guard covers a unit
+        # test's setup and call.
+        _state["unit"] = None
+        yield
+
     def pytest_runtest_logreport(self, report):
         row = self.rows.setdefault(report.nodeid, {"outcome": "passed"})
         if report.failed:
