@@ -201,10 +201,10 @@ def main(argv=None) -> int:
     if not Path(args.runs_dir).is_dir():
         parser.error(f"runs_dir {args.runs_dir} is not a directory")
     from gptlite.errors import ConfigError
-    from training.preflight import writable_dir
+    from training.preflight import writable_out
 
     try:
-        writable_dir("--out", args.out)
+        writable_out("--out", args.out)
     except ConfigError as e:
         parser.error(str(e))
     import matplotlib

@@ -77,6 +77,42 @@ WARM_S = 2.0
 # train.py flags the planner chooses: a user gives the question (model, budget, batch), not the answer.
 CHOSEN_FLAGS = ("backend", "fsdp_config", "deepspeed_config", "deepspeed", "accelerate_plugin", "micro_batch",
                 "grad_accum", "ckpt_interval", "ckpt_policy", "ckpt_plan", "mem_budget_gb", "ddp_bucket_cap_mb")
+# train.py flags of one run, not of the model: copied into every candidate's command, each would
+# name the same record or checkpoint directory.
+RUN_OWN_FLAGS = ("run_name", "save_dir", "resume")
+
+
+def _check_config(config: str) -> None:
+    """--configs: a backend's name, an FSDP/FSDP2 YAML file (fsdp_configs/) or a DeepSpeed JSON file
+    (ds_configs/), read as train.py reads it: an accelerate config or any other YAML is refused here."""
+    if config in ("single", "ddp", "fsdp", "fsdp2"):
+        return
+    allowed = "single, ddp, fsdp, fsdp2, or an fsdp_configs/*.yaml or ds_configs/*.json file (relative to the repository)"
+    if not (config.endswith((".yaml", ".json")) and (REPO / config).is_file()):
+        raise ConfigError(f"--configs {config}: must be {allowed}")
+    if config.endswith(".yaml"):
+        from backends import fsdp_config
+
+        try:
+            fsdp_config.load(str(REPO / config))
+        except ConfigError as e:
+            raise ConfigError(f"--configs {config}: not an FSDP configuration ({e}); must be {allowed}") from None
+    else:
+        from backends import deepspeed_config
+
+        deepspeed_config.validate(config, deepspeed_config.read(str(REPO / config)))
+
+
+def _check_ckpt_within_blocks(ckpt: tuple[str, ...], given) -> None:
+    """--ckpt full/K or selective/K: K at most the model's blocks (every K-th block from the first:
+    a K beyond them checkpoints block 0 alone, what K = the blocks already says)."""
+    import models
+    from core.blocks import find_blocks
+
+    n = len(find_blocks(models.load(given.model_request()).meta(), given.block_class))
+    for c in ckpt:
+        if c != "none" and int(c.split("/")[1]) > n:
+            raise ConfigError(f"--ckpt {c}: K must be at most the model's {n} blocks (every K-th block from the first)")
 
 
 @dataclass(frozen=True)
@@ -209,9 +245,9 @@ def write_variants(configs: list[str], directory: str) -> dict[str, str]:
     {its absolute path: the configuration it varies}; DDP's, set by flags, as {"ddp --flag value":
     "ddp"}. A file already there with other contents is refused, not rewritten; so are the shipped
     folders (the planner would list the variants as shipped configurations)."""
-    from training.preflight import writable_dir
+    from training.preflight import writable_out
 
-    writable_dir("--variants", directory)
+    writable_out("--variants", directory)
     target = Path(directory).resolve()
     if target in ((REPO / "ds_configs").resolve(), (REPO / "fsdp_configs").resolve()):
         raise ConfigError(f"--variants {directory}: the shipped configurations' folder; give another directory")
@@ -878,14 +914,30 @@ def main(argv=None) -> int:
     # is the plan's own (--world, --gpus_per_node).
     add_flags(p, where="the executor's default", skip=SLURM_OWN)
     args, train_argv = p.parse_known_args(argv)
-    if args.world < 1 or args.global_batch < 1 or args.mem_budget_gb <= 0:
-        p.error("--world and --global_batch must be >= 1, --mem_budget_gb > 0")
+    if args.world < 1 or args.global_batch < 1:
+        p.error("--world and --global_batch must be >= 1")
+    if not (math.isfinite(args.mem_budget_gb) and args.mem_budget_gb > 0):
+        p.error(f"--mem_budget_gb must be a number of GiB > 0 (got {args.mem_budget_gb:g})")
+    if args.gpus_per_node is not None and args.gpus_per_node < 1:
+        p.error(f"--gpus_per_node must be >= 1 (got {args.gpus_per_node})")
     if not 0 < args.mfu <= 1 or not 0 <= args.overlap <= 1:
         p.error("--mfu must be in (0, 1], --overlap in [0, 1]")
+    if args.top < 1:
+        p.error(f"--top must be >= 1 (got {args.top}): the rows of the ranked table shown")
+    if not (math.isfinite(args.timeout_s) and args.timeout_s > 0):
+        p.error(f"--timeout_s must be a number of seconds > 0 (got {args.timeout_s:g}): each verifying run's limit")
+    for flag, values in (("--configs", args.configs or []), ("--ckpt", args.ckpt), ("--micro_batches", args.micro_batches or [])):
+        twice = next((v for v in values if values.count(v) > 1), None)
+        if twice is not None:
+            p.error(f"{flag}: each at most once ({twice} is given {values.count(twice)} times)")
+    for m in args.micro_batches or []:
+        if m < 1:
+            p.error(f"--micro_batches: each >= 1 (got {m})")
     for c in args.configs or []:
-        if c not in ("single", "ddp", "fsdp", "fsdp2") and not (c.endswith((".yaml", ".json")) and (REPO / c).is_file()):
-            p.error(f"--configs {c}: must be single, ddp, fsdp, fsdp2, or an existing fsdp_configs/*.yaml or "
-                    "ds_configs/*.json file (relative to the repository)")
+        try:
+            _check_config(c)
+        except ConfigError as e:
+            p.error(str(e))
     if args.verify and args.gpu != "here":
         p.error("--verify runs the candidates on this machine: it needs --gpu here")
     if args.verify_rounds != 1 and not args.verify:
@@ -896,10 +948,10 @@ def main(argv=None) -> int:
     if args.gpu == "here" and args.gpus_per_node is not None and args.gpus_per_node < args.world:
         p.error("--gpus_per_node: --gpu here plans on this machine, one node of all --world ranks")
     if args.out:  # before any calibration or run: bad input records nothing
-        from training.preflight import writable_dir
+        from training.preflight import writable_out
 
         try:
-            writable_dir("--out", args.out)
+            writable_out("--out", args.out)
         except ConfigError as e:
             p.error(str(e))
     per_node = args.gpus_per_node or (args.world if args.gpu == "here" else hw["gpus"][args.gpu]["gpus_per_node"])
@@ -910,7 +962,13 @@ def main(argv=None) -> int:
         for name in CHOSEN_FLAGS:
             if getattr(given, name) != getattr(defaults, name):
                 raise ConfigError(f"--{name}: the planner chooses it (--configs, --micro_batches, --ckpt narrow the choice)")
+        for name in RUN_OWN_FLAGS:
+            if getattr(given, name) != getattr(defaults, name):
+                raise ConfigError(f"--{name}: one run's own, not the model's: every candidate's command would carry it "
+                                  "(add it to the command you pick)")
         ckpt = tuple(Candidate("ddp", 1, 1, k).ckpt for k in args.ckpt)
+        if args.ckpt != list(CKPT):
+            _check_ckpt_within_blocks(ckpt, given)
         configs = args.configs or configurations(args.world, per_node)
         asked = candidates(configs, args.world, args.global_batch, ckpt, args.micro_batches)  # the question checked first
         slurm = None

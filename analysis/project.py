@@ -298,10 +298,10 @@ def main(argv=None) -> int:
         if twice is not None:
             p.error(f"{flag}: each at most once ({twice} is given {values.count(twice)} times)")
     if args.out:
-        from training.preflight import writable_dir
+        from training.preflight import writable_out
 
         try:
-            writable_dir("--out", args.out)
+            writable_out("--out", args.out)
         except ConfigError as e:
             p.error(str(e))
     if not 0 < args.mfu <= 1 or not 0 <= args.overlap <= 1:

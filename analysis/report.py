@@ -123,8 +123,13 @@ def main(argv=None) -> int:
     parser.add_argument("runs_dir", help="directory of run records (searched recursively)")
     parser.add_argument("--out", required=True, help="directory for report.md and the figures")
     args = parser.parse_args(argv)
-    if Path(args.out).exists() and not Path(args.out).is_dir():
-        parser.error(f"--out {args.out} exists and is not a directory")
+    from gptlite.errors import ConfigError
+    from training.preflight import writable_out
+
+    try:
+        writable_out("--out", args.out)
+    except ConfigError as e:
+        parser.error(str(e))
     if not Path(args.runs_dir).is_dir():
         parser.error(f"runs_dir {args.runs_dir} is not a directory")
     matplotlib.use("Agg")  # the report only writes files (a notebook importing this module keeps its backend)

@@ -14,6 +14,7 @@ or the function computed:
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import asdict, dataclass, fields, replace
 
@@ -207,9 +208,32 @@ def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+# Random fills on the meta device go through torch's reference implementations, whose first call
+# imports torch._dynamo (about 2 s of every process's start-up): a meta tensor has no values to fill.
+_INIT_FILLS = frozenset(getattr(torch.Tensor, n) for n in ("normal_", "uniform_", "fill_", "zero_", "exponential_"))
+
+
+class _SkipMetaInit(torch.overrides.TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if getattr(func, "__module__", None) == "torch.nn.init" or func in _INIT_FILLS:
+            tensor = args[0] if args else kwargs.get("tensor")
+            if isinstance(tensor, torch.Tensor) and tensor.is_meta:
+                return tensor
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def on_meta():
+    """Build modules on the meta device (structure and shapes, no memory) without running their
+    initialisation, which has nothing to fill there."""
+    with torch.device("meta"), _SkipMetaInit():
+        yield
+
+
 def meta_model(cfg: GPTConfig) -> GPTLite:
     """The model's structure without memory or initialisation: for counting parameters."""
-    with torch.device("meta"):
+    with on_meta():
         return GPTLite(cfg, init_weights=False)
 
 

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from gptlite.data import DataError
 from gptlite.errors import ConfigError, one_line
+from gptlite.model import on_meta
 from models.spec import format_model_args
 
 # The largest model (fp32 parameter bytes) that check() builds for real where the meta device cannot
@@ -86,7 +87,7 @@ class Workload:
         places its own tensors), built once."""
         if self._meta is None:
             try:
-                with torch.device("meta"):
+                with on_meta():
                     self._meta = self.make()
             except ConfigError:
                 raise

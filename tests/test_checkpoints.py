@@ -108,6 +108,28 @@ def test_export_gives_the_plain_models_state_dict(runs, name, tmp_path):
         assert value.shape == reference[key].shape and value.dtype == torch.float32 and torch.isfinite(value).all()
 
 
+@pytest.mark.parametrize("name", [pytest.param(n, marks=_tier(n)) for n in ("single", "z3")])
+def test_no_tool_writes_into_a_checkpoint_directory_a_run_wrote(runs, name, tmp_path):
+    """core/owned.py knows the layout training/checkpoint.py writes (tests/test_owned.py: every tool)."""
+    from core.owned import is_checkpoint_dir
+    from training import fake_world
+
+    kept = runs(name)[2]
+    assert is_checkpoint_dir(kept) and all(is_checkpoint_dir(step) for step in kept.glob("step_*"))
+    before = {p: p.read_bytes() for p in kept.rglob("*") if p.is_file()}
+    for out in (kept / "latest", kept / "step_00000004" / "meta.json", kept / "owner.json"):
+        for proc in (in_process(fake_world.main, ["--world", "2", "--out", out, "--", "--preset", "tiny"]),
+                     _export_call(kept, out)):
+            assert proc.returncode == 2 and str(out) in proc.stderr and "checkpoint directory" in proc.stderr, proc.stderr
+    assert {p: p.read_bytes() for p in kept.rglob("*") if p.is_file()} == before
+
+
+def _export_call(checkpoint, out):
+    from training import export
+
+    return in_process(export.main, [checkpoint, "--out", out])
+
+
 @pytest.mark.distributed
 @pytest.mark.parametrize("source, target", [("z3", "fsdp"), ("fsdp", "z3")])
 def test_one_backend_continues_from_anothers_export(runs, source, target, tmp_path):

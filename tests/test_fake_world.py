@@ -173,7 +173,7 @@ def test_every_spelling_of_an_output_flag_is_refused_before_simulating(flags, tm
 
 @pytest.mark.parametrize("own, message", [
     (["--world", "2", "--out", "{FILE}/x.json"], "--out: {FILE} exists and is not a directory"),
-    (["--world", "2", "--out", "{DIR}"], "--out {DIR} is a directory; name the file to write"),
+    (["--world", "2", "--out", "{DIR}"], "--out: {DIR} is a directory; name the file to write"),
     (["--world", "1000000"], "--world 1000000: simulating it needs about 39.1 GiB of memory (40 KiB per simulated rank "
                              "for ddp with 4 blocks"),
 ])

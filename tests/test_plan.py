@@ -220,6 +220,19 @@ def test_the_frontier_keeps_what_nothing_beats_on_both_memory_and_speed():
     (["--ckpt", "every/2"], "ckpt 'every/2'"),
     (["--global_batch", "15"], "global_batch 15 must be a multiple of world 2"),
     (["--variants", "/proc/version", "--configs", "ds_configs/z3.json"], "--variants: /proc/version exists and is not a"),
+    # Issue 39 (cases 5, 10, 12): each refused before any calibration (--gpu here would calibrate next).
+    (["--mem_budget_gb", "nan", "--gpu", "here"], "--mem_budget_gb must be a number of GiB > 0 (got nan)"),
+    (["--mem_budget_gb", "inf", "--gpu", "here"], "--mem_budget_gb must be a number of GiB > 0 (got inf)"),
+    (["--gpus_per_node", "-1"], "--gpus_per_node must be >= 1"),
+    (["--configs", "accelerate_configs/cpu_2proc.yaml"], "--configs accelerate_configs/cpu_2proc.yaml: not an FSDP"),
+    (["--ckpt", "none", "none"], "--ckpt: each at most once (none is given 2 times)"),
+    (["--configs", "ddp", "ddp"], "--configs: each at most once"),
+    (["--ckpt", "none", "full/99", "--gpu", "here"], "--ckpt full/99: K must be at most the model's 4 blocks"),
+    (["--top", "0"], "--top must be >= 1"),
+    (["--top", "-1"], "--top must be >= 1"),
+    (["--gpu", "here", "--verify", "1", "--timeout_s", "0"], "--timeout_s must be a number of seconds > 0"),
+    (["--save_dir", "/tmp/ck", "--gpu", "here"], "--save_dir: one run's own"),
+    (["--run_name", "mine"], "--run_name: one run's own"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message):
     base = {"--world": "2", "--gpu": "H100-SXM", "--mem_budget_gb": "1", "--global_batch": "16"}

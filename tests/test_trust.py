@@ -57,7 +57,7 @@ def _in_process(args):
 
 
 TOOL_CASES = [
-    (["-m", "analysis.report", str(REFERENCE), "--out", "{FILE}"], "--out {FILE} exists and is not a directory"),
+    (["-m", "analysis.report", str(REFERENCE), "--out", "{FILE}"], "--out: {FILE} exists and is not a directory"),
     (["-m", "training.export", str(REFERENCE), "--out", "{DIR}"], "--out {DIR} is a directory"),
     (["-m", "analysis.claims", str(REFERENCE), "--out", "{FILE}"], "--out: {FILE} exists and is not a directory"),
     (["-m", "analysis.claims", "{FILE}", "--out", "{DIR}"], "runs_dir {FILE} is not a directory"),
@@ -358,7 +358,7 @@ def test_an_export_is_never_written_into_a_checkpoint(tmp_path, target, capsys):
     before = _files(tmp_path / "ckpt")
     assert export.main([str(tmp_path / "ckpt"), "--out", str(tmp_path / "ckpt" / target)]) == 2
     err = capsys.readouterr().err
-    assert len(err.strip().splitlines()) == 1 and "is inside the checkpoint directory" in err, err
+    assert len(err.strip().splitlines()) == 1 and "is in the checkpoint directory" in err, err
     assert _files(tmp_path / "ckpt") == before
 
 

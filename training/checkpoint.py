@@ -32,15 +32,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from core.owned import LATEST, LOCK, OWNER, STEP_PREFIX  # the layout (core/owned.py): checkpoint.LATEST, ...
 from core.records import atomic_write_json, atomic_write_text
 
-LATEST = "latest"
-OWNER = "owner.json"
-LOCK = "owner.lock"
 
 
 def name_of(step: int) -> str:
-    return f"step_{step:08d}"
+    return f"{STEP_PREFIX}{step:08d}"
 
 
 def _barrier() -> None:

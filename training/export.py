@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from core.owned import check_out
 from training import checkpoint
 
 WRAPPER_PARTS = {"module", "_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_offload_wrapped_module"}
@@ -80,24 +81,11 @@ def _deepspeed_state_dict(model_dir: Path) -> dict:
     return torch.load(states, map_location="cpu", weights_only=False)["module"]
 
 
-def _checkpoint_holding(out: Path) -> Path | None:
-    """The checkpoint (step_*/) or --save_dir file (latest, owner.json) `out` would write into, or None."""
-    path = out.resolve()
-    for ancestor in path.parents:
-        if ancestor.name.startswith(("step_", ".step_")) and (ancestor / "meta.json").is_file():
-            return ancestor
-    if path.name in (checkpoint.LATEST, checkpoint.OWNER, checkpoint.LOCK) and checkpoint.steps(path.parent):
-        return path.parent
-    return None
-
-
 def export(checkpoint_path: str | Path, out: str | Path) -> Path:
     out = Path(out)
     if out.is_dir():
         raise FileExistsError(f"--out {out} is a directory; name the file to write")
-    inside = _checkpoint_holding(out)
-    if inside is not None:  # a checkpoint is its run's: never written into from outside
-        raise FileExistsError(f"--out {out} is inside the checkpoint directory {inside}; write the export elsewhere")
+    check_out("--out", out)  # a record or a checkpoint is its run's: never written into from outside
     directory = resolve(checkpoint_path)
     state, meta = consolidated_state_dict(directory)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -121,7 +109,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         out = export(args.checkpoint, args.out)
-    except (FileNotFoundError, FileExistsError, ValueError, KeyError) as e:
+    except (FileNotFoundError, FileExistsError, ValueError, KeyError) as e:  # ConfigError is a ValueError
         print(f"export: error: {e}", file=sys.stderr)
         return 2
     print(out)

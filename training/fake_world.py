@@ -117,16 +117,6 @@ def check_world(world: int, cfg) -> None:
                           f"GiB is available: at most --world {limit} here")
 
 
-def check_out(out: str) -> None:
-    """--out names a file that can be written (its directory is created if missing)."""
-    from gptlite.errors import ConfigError
-    from training.preflight import writable_dir
-
-    if Path(out).is_dir():
-        raise ConfigError(f"--out {out} is a directory; name the file to write")
-    writable_dir("--out", str(Path(out).parent))
-
-
 def simulate(world: int, gpus_per_node: int, train_argv: list[str]) -> dict:
     """Run train.py's flags as rank 0 of `world` ranks (nodes of `gpus_per_node`): what the run
     recorded (its step's collectives, memory, status), or only train.py's exit code where it refused
@@ -199,7 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     try:  # all before simulating: a simulation can take minutes
         cfg = check_train_flags(train_argv)
         if args.out:
-            check_out(args.out)
+            from training.preflight import writable_out
+
+            writable_out("--out", args.out, file=True)
         check_world(args.world, cfg)
     except ConfigError as e:
         p.error(str(e))

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from core.owned import check_out
 from core.records import read_json, read_summary
 from gptlite.errors import ConfigError
 from training import checkpoint
@@ -37,6 +38,18 @@ def writable_dir(name: str, path: str) -> None:
             pass
     except OSError as e:
         raise ConfigError(f"{name}: {path} is not writable (creating a file in {existing} failed: {e.strerror})") from None
+
+
+def writable_out(flag: str, path: str, file: bool = False) -> None:
+    """A tool's --out: a directory (with `file`, a file in one) that can be written, and not inside what
+    a run owns, its record or its checkpoint directory (core/owned.py)."""
+    check_out(flag, path)
+    if file:
+        if Path(path).is_dir():
+            raise ConfigError(f"{flag}: {path} is a directory; name the file to write")
+        writable_dir(flag, str(Path(path).parent))
+    else:
+        writable_dir(flag, path)
 
 
 def init_weights(path: str, workload) -> dict:

@@ -168,7 +168,7 @@ def resolve(cfg: RunConfig, env: DistEnv | None = None, resolved: Resolved | Non
     # Before anything is built or recorded (a dry run builds nothing: it may describe a run meant
     # for a bigger machine).
     memory_check.check_model_fits(cfg, env, workload.meta())
-    preflight.writable_dir("runs_dir", cfg.runs_dir)
+    preflight.writable_out("runs_dir", cfg.runs_dir)  # records beside records, never inside one or a checkpoint
     record_dir = Path(cfg.runs_dir) / cfg.run_name if cfg.run_name else None
     if cfg.save_dir:
         preflight.writable_dir("save_dir", cfg.save_dir)
