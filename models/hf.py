@@ -11,6 +11,8 @@ GPT-lite (the targets are already the next tokens, so the model's own shifted lo
 
 from __future__ import annotations
 
+import re
+
 from gptlite.data import CharDataset
 from gptlite.errors import ConfigError, one_line
 from models.spec import ModelRequest
@@ -55,6 +57,7 @@ def build_config(request: ModelRequest, task: str, vocab_size: int | None):
         some = ", ".join(sorted(k for k in default.to_dict() if not k.startswith("_"))[:25])
         raise ConfigError(f"model_args: hf:{model_type} has no setting {', '.join(unknown)} (its settings include "
                           f"{some}, ...)")
+    _check_sizes(default, request.args, model_type)
     settings = {}
     if task == "causal_lm":
         # is_decoder: encoder types that can be decoders (BERT and its family) apply a causal mask only
@@ -85,6 +88,24 @@ def build_config(request: ModelRequest, task: str, vocab_size: int | None):
         return transformers.AutoConfig.for_model(model_type, **settings)
     except Exception as e:  # noqa: BLE001 - the config's own validation (ValueError, TypeError, huggingface_hub's)
         raise ConfigError(f"model_args: hf:{model_type}: {one_line(e)}") from None
+
+
+# A setting that counts or sizes something (layers, heads, widths, experts): at least 1 where the type's
+# default is. transformers builds a GPT-2 of n_layer=-1 without a complaint: no blocks at all.
+_SIZE_NAME = re.compile(r"^(num_|n_)|(_size|_dim|_layers|_heads)$")
+
+
+def _check_sizes(default, args: dict, model_type: str) -> None:
+    aliases = getattr(default, "attribute_map", {})
+    for key, value in args.items():
+        name = aliases.get(key, key)
+        given = getattr(default, name, None)
+        if not (_SIZE_NAME.search(name) or _SIZE_NAME.search(key)) or isinstance(given, bool) \
+                or not isinstance(given, int) or given < 1:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"model_args: {key}={value!r}: hf:{model_type}'s {name} is a count or a size, an integer "
+                              f">= 1 (its default: {given})")
 
 
 def _causal_lm_logits(net, x):

@@ -354,3 +354,23 @@ def test_every_rank_runs_rank_0s_plan():
     for p in procs:
         p.join(timeout=60)
     assert got == [(0, plans[0], plans[0]), (1, plans[0], plans[0])]
+
+
+def test_ctrl_c_while_an_auto_run_plans_is_one_line_and_records_nothing(tmp_path):
+    """Ctrl-C during --ckpt_policy auto's cost measurement printed a KeyboardInterrupt traceback (issue 39,
+    case 13): one line, exit 130, no record."""
+    import train
+    from conftest import in_process
+    from training.cli import build_parser, parse_args
+    from training.run import main
+
+    def interrupted(*args, **kwargs):  # the planner, as Ctrl-C reaches it measuring the blocks' recompute
+        raise KeyboardInterrupt
+
+    parser = build_parser(description=train.DESCRIPTION, examples=train.EXAMPLES)
+    proc = in_process(lambda a: main(parse_args(a, parser=parser), planner=interrupted),
+                      ["--preset", "tiny", "--steps", "2", "--ckpt_policy", "auto", "--mem_budget_gb", "1",
+                       "--runs_dir", tmp_path / "runs", "--run_name", "r"])
+    assert proc.returncode == 130 and "interrupted (Ctrl-C) before training" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    assert not (tmp_path / "runs").exists()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import textwrap
 
 import pytest
@@ -67,6 +68,15 @@ def test_hf_settings_are_checked_against_the_model_type():
         workload(model="hf:gpt2", model_args="n_layers=2")
     with pytest.raises(ConfigError, match="not a transformers model type"):
         workload(model="hf:nosuchmodel")
+
+
+@pytest.mark.parametrize("args, name", [("n_layer=-1", "n_layer"), ("n_layer=0", "n_layer"), ("n_embd=0", "n_embd"),
+                                        ("num_hidden_layers=0", "n_layer"), ("n_head=2.5", "n_head")])
+def test_hf_counts_and_sizes_are_integers_of_at_least_one(args, name):
+    """transformers built a GPT-2 of n_layer=-1 (no blocks) and the run was recorded ok (issue 39, case 4)."""
+    with pytest.raises(ConfigError, match=rf"model_args: {args.split('=')[0]}=.*hf:gpt2's {name} is a count or a size"):
+        workload(model="hf:gpt2", model_args=",".join([args, *(a for a in GPT2_ARGS.split(",") if a.split("=")[0] != name)]))
+    assert workload(model="hf:gpt2", model_args="n_layer=1,n_embd=64,n_head=4").meta().net.config.n_layer == 1
 
 
 def test_hf_resnet18_is_the_articles_resnet18_on_cifar_shaped_images():
@@ -293,6 +303,32 @@ def test_a_model_file_and_its_data_are_checked_before_anything_is_recorded(tmp_p
         resolve(cfg)
     assert "\n" not in str(caught.value)
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_model_file_failing_after_the_checks_is_one_line_and_a_failed_record(tmp_path, capsys):
+    """get_model() that succeeds for the check and fails when the run builds the model (issue 39,
+    case 11): the run's failure in one line naming the file, no traceback, the record failed with it."""
+    import train
+    from conftest import in_process
+    from training.cli import build_parser, parse_args
+    from training.run import main
+
+    path = write_model_file(tmp_path, HEAD + GOOD_DATA + textwrap.dedent("""
+        CALLS = []
+        def get_model():
+            CALLS.append(1)
+            if len(CALLS) > 1:
+                raise RuntimeError("the weights file moved")
+            return nn.Sequential(nn.Linear(8, 16), nn.Linear(16, 4))
+        """))
+    parser = build_parser(description=train.DESCRIPTION, examples=train.EXAMPLES)
+    proc = in_process(lambda a: main(parse_args(a, parser=parser)),
+                      ["--model", path, "--steps", "2", "--runs_dir", tmp_path / "runs", "--run_name", "r", "--quiet"])
+    said = "get_model() failed: RuntimeError: the weights file moved"
+    assert proc.returncode == 1 and said in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    summary = json.loads((tmp_path / "runs" / "r" / "summary.json").read_text())
+    assert summary["status"] == "failed" and said in summary["error"] and path in summary["error"]
 
 
 def test_the_model_file_cases_check_what_they_say(tmp_path):

@@ -393,6 +393,22 @@ def test_a_record_of_a_run_that_never_got_going_does_not_pin_its_name(tmp_path):
             runner.check_records([corrected])
 
 
+def test_status_applies_the_rule_running_applies(tmp_path):
+    """A record of its name made by another spec (steps 25, then 3: issue 39, case 6) was reported ok by
+    --status while running refused it: --status now says other settings, and leaves it as it is."""
+    from training.slurm import SlurmSettings, SlurmSweep
+
+    runs = tmp_path / "runs"
+    mine, other = _planned(tmp_path), _planned(tmp_path, lr=0.5)
+    _record(runs, mine, "ok", key=other.key())
+    before = _snapshot(runs)
+    (row,) = SlurmSweep("s", runs, 120, [mine], SlurmSettings()).status()
+    assert row[1] == "other settings" and "lr" in row[3], row
+    assert _snapshot(runs) == before
+    _record(runs, mine, "ok")  # its own: ok
+    assert SlurmSweep("s", runs, 120, [mine], SlurmSettings()).status()[0][1] == "ok"
+
+
 def test_one_sweep_per_directory(tmp_path):
     """A second sweep into a directory a sweep holds is refused in one line naming the holder,
     before anything runs (whichever spec it is)."""

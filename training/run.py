@@ -296,6 +296,9 @@ def main(cfg: RunConfig, planner: Callable | None = None) -> int:
         setup = resolve(cfg, planner=planner)
     except (ConfigError, DataError) as e:
         return report_bad_input(f"train.py: error: {e}")
+    except KeyboardInterrupt:  # Ctrl-C while checking or planning (--ckpt_policy auto measures costs): nothing recorded
+        print("train.py: interrupted (Ctrl-C) before training started; nothing was recorded", file=sys.stderr, flush=True)
+        return 130
     if cfg.dry_run:
         if setup.env.is_main:
             print(json.dumps(setup.record(), indent=2))
@@ -444,8 +447,10 @@ class Run:
         status = "oom" if is_oom(error) else "failed"
         message = describe_error(error)
         # Outcomes of the settings, not faults of the code: one line, no traceback. FloatingPointError
-        # is the loop's non-finite loss (training/loop.py); torch itself never raises it.
-        if isinstance(error, (MemoryBudgetExceeded, Terminated, FloatingPointError)):
+        # is the loop's non-finite loss (training/loop.py); torch itself never raises it. A ConfigError or
+        # DataError here is the user's model or data failing after the checks passed (a model file's
+        # get_model() that fails on its second call: models/user.py says which, in one line).
+        if isinstance(error, (MemoryBudgetExceeded, Terminated, FloatingPointError, ConfigError, DataError)):
             print(f"rank {self.env.rank}: {message}", file=sys.stderr)
         else:
             traceback.print_exc()

@@ -93,22 +93,12 @@ class Runner:
             raise ConfigError(f"{self.directory} is in use by another sweep ({e.holder}); one sweep per directory "
                               "at a time: wait for it to finish, or give this one another name or runs_dir") from None
 
-    def _stored_key(self, planned: PlannedRun) -> dict | None:
-        """The key in the run's record; records of sweeps before keys moved into them have theirs
-        in <dir>/.keys/."""
-        for path in (self.directory / planned.name / SWEEP_KEY_FILE, self.directory / ".keys" / f"{planned.name}.json"):
-            try:
-                return read_json(path)
-            except (OSError, ValueError):
-                continue
-        return None
-
     def done(self, planned: PlannedRun) -> RunSummary | None:
         """The record of `planned` when it needs no launch: finished by these settings (its key),
         not cancelled, and not a failure that --retry_failed asks to run again."""
         summary = read_summary(self.directory / planned.name / "summary.json")
         if (summary is not None and summary.status in FINISHED and summary.status not in RERUN
-                and self._stored_key(planned) == planned.key()
+                and stored_key(self.directory, planned) == planned.key()
                 and not (self.retry_failed and summary.status in RETRYABLE)):
             return summary
         return None
@@ -116,13 +106,9 @@ class Runner:
     def check_records(self, runs: list[PlannedRun]) -> None:
         """Refuse (ConfigError) when a run's name holds a record made with other settings."""
         for planned in runs:
-            record = self.directory / planned.name
-            if not record.exists() or _never_got_going(record):
-                continue
-            stored = self._stored_key(planned)
-            if stored != planned.key():
-                changed = _first_difference(stored, planned.key())
-                raise ConfigError(f"{record} was recorded with other settings ({changed}); "
+            changed = other_settings(self.directory, planned)
+            if changed is not None:
+                raise ConfigError(f"{self.directory / planned.name} was recorded with other settings ({changed}); "
                                   "give the sweep another name (or runs_dir), or move the old records away")
 
     def run(self, planned: PlannedRun, command: list[str] | None = None) -> Outcome:
@@ -237,6 +223,28 @@ def _read_key(record: Path) -> dict | None:
         return read_json(record / SWEEP_KEY_FILE)
     except (OSError, ValueError):
         return None
+
+
+def stored_key(directory: Path, planned: PlannedRun) -> dict | None:
+    """The sweep key in the run's record; records of sweeps before keys moved into them have theirs
+    in <dir>/.keys/."""
+    for path in (directory / planned.name / SWEEP_KEY_FILE, directory / ".keys" / f"{planned.name}.json"):
+        try:
+            return read_json(path)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def other_settings(directory: Path, planned: PlannedRun) -> str | None:
+    """How the record under `planned`'s name differs from `planned` (its key), where one exists that was
+    made with other settings; None where there is none or it is this run's. Running refuses such a
+    record (Runner.check_records) and --status does not report it as this run's (training/slurm.py)."""
+    record = directory / planned.name
+    if not record.exists() or _never_got_going(record):
+        return None
+    stored = stored_key(directory, planned)
+    return None if stored == planned.key() else _first_difference(stored, planned.key())
 
 
 def _never_got_going(record: Path) -> bool:

@@ -418,12 +418,21 @@ class SlurmSweep:
 
     def status(self) -> list[tuple[str, str, str | None, str]]:
         """(run, state, job id, detail) of every run: queued or running from squeue, else its
-        record's status (ok, failed, oom, timeout, cancelled), or 'not submitted'."""
+        record's status (ok, failed, oom, timeout, cancelled), or 'not submitted'; 'other settings' where its
+        name holds another spec's record (the rule running applies: training/runner.py other_settings)."""
+        from training.runner import other_settings
+
         jobs = read_jobs(self.directory)
         states = queue_states(entry["job_id"] for entry in jobs.values() if entry.get("job_id"))
+
         rows = []
         for run in self.runs:
             job_id = jobs.get(run.name, {}).get("job_id")
+            changed = other_settings(self.directory, run)
+            if changed is not None:  # another spec's record under this name: not this run's, and left as it is
+                rows.append((run.name, "other settings", None, f"recorded with other settings ({changed}): not "
+                             "this spec's run; running it is refused"))
+                continue
             live = state_of(job_id, states)
             summary = read_summary(self.directory / run.name / "summary.json")
             if live:
