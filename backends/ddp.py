@@ -9,6 +9,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from backends.torch_backend import TorchBackend
 from core.dist import fake_world_allreduce_hook, is_fake_process_group
+from gptlite.errors import ConfigError
 
 MiB = 2**20
 DEFAULT_BUCKET_MIB = 25  # DistributedDataParallel's bucket_cap_mb when none is given
@@ -27,6 +28,25 @@ def buckets(param_sizes: list[int], first: float, cap: float) -> list[int]:
     return [sum(grads[i].numel() * grads[i].element_size() for i in bucket) for bucket in indices]
 
 
+class _DDP(DistributedDataParallel):
+    """DistributedDataParallel whose forward says in one line (ConfigError) what torch's reducer says in a
+    paragraph when a step left parameters without a gradient and find_unused_parameters is off: the model's
+    conditional computation that the pre-training check (training/run.py check_unused) did not see."""
+
+    def _get_name(self) -> str:  # printed as torch's
+        return "DistributedDataParallel"
+
+    def forward(self, *args, **kwargs):
+        try:
+            return super().forward(*args, **kwargs)
+        except RuntimeError as e:
+            if "Expected to have finished reduction in the prior iteration" not in str(e):
+                raise
+            raise ConfigError("ddp: the last step left parameters without a gradient (conditional computation the "
+                              "check before training did not see: experts that got no token, a branch these samples "
+                              "skip); give --find_unused_parameters (DDP's own setting)") from None
+
+
 class DDPBackend(TorchBackend):
     name = "ddp"
 
@@ -34,8 +54,9 @@ class DDPBackend(TorchBackend):
         device_ids = [self.env.device.index] if self.env.device.type == "cuda" else None
         # Gradients as views into the all-reduce buckets: one copy of the gradients, not two. No
         # --ddp_bucket_cap_mb passes None, not 25: DDP keeps its small first bucket only by default.
-        ddp = DistributedDataParallel(model, device_ids=device_ids, gradient_as_bucket_view=True,
-                                      bucket_cap_mb=self.cfg.ddp_bucket_cap_mb)
+        ddp = _DDP(model, device_ids=device_ids, gradient_as_bucket_view=True,
+                                      bucket_cap_mb=self.cfg.ddp_bucket_cap_mb,
+                                      find_unused_parameters=self.cfg.find_unused_parameters)
         if is_fake_process_group():
             ddp.register_comm_hook(None, fake_world_allreduce_hook)
         return ddp
@@ -64,4 +85,5 @@ class DDPBackend(TorchBackend):
     def describe(self) -> dict:
         first, cap = self.bucket_limits()
         return {**super().describe(), "wrapper": "DistributedDataParallel", "gradient_as_bucket_view": True,
-                "bucket_mib": cap / MiB, "first_bucket_mib": first / MiB}
+                "bucket_mib": cap / MiB, "first_bucket_mib": first / MiB,
+                "find_unused_parameters": self.cfg.find_unused_parameters}

@@ -75,6 +75,12 @@ class RunConfig:
         "backward, at more calls. Default: DDP's own, 25 MiB after a first bucket of 1 MiB (given, every bucket "
         "is this size, the first too); the planner's --variants tries a quarter and four times 25.", None,
         group="backend", metavar="MIB", backends=("ddp",))
+    find_unused_parameters: bool = _flag(
+        "DistributedDataParallel's find_unused_parameters, for a model that leaves parameters without a gradient "
+        "in a step (a mixture of experts whose experts may get no token, an unused branch or parameter): DDP then "
+        "waits for no gradient it will not get, and a parameter no rank used gets no update, as in one process. "
+        "Such a model is refused under DDP without it, and under FSDP, FSDP2, DeepSpeed and accelerate.", False,
+        group="backend", backends=("ddp",))
     ckpt_interval: int = _flag(
         "Activation checkpointing of every k-th transformer block (block index %% k == 0); 0: off. "
         "--activation_checkpoint_interval is the same flag, by the article's name.",

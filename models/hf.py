@@ -58,6 +58,11 @@ def build_config(request: ModelRequest, task: str, vocab_size: int | None):
         raise ConfigError(f"model_args: hf:{model_type} has no setting {', '.join(unknown)} (its settings include "
                           f"{some}, ...)")
     _check_sizes(default, request.args, model_type)
+    for key in sorted(set(request.args) & set(AUX_LOSS_SETTINGS)):
+        if request.args[key]:
+            raise ConfigError(f"model_args: {key}={request.args[key]!r}: hf:{model_type}'s router loss is part of the "
+                              "model's own loss, which the harness does not train (it trains cross-entropy on the "
+                              "logits, so the router's auxiliary loss would be dropped): leave it unset")
     settings = {}
     if task == "causal_lm":
         # is_decoder: encoder types that can be decoders (BERT and its family) apply a causal mask only
@@ -89,6 +94,10 @@ def build_config(request: ModelRequest, task: str, vocab_size: int | None):
     except Exception as e:  # noqa: BLE001 - the config's own validation (ValueError, TypeError, huggingface_hub's)
         raise ConfigError(f"model_args: hf:{model_type}: {one_line(e)}") from None
 
+
+# Settings that add loss terms of the model's own (mixture-of-experts routers: Mixtral, Qwen-MoE, Switch):
+# the harness trains cross-entropy on the logits alone.
+AUX_LOSS_SETTINGS = ("output_router_logits", "router_aux_loss_coef", "router_z_loss_coef")
 
 # A setting that counts or sizes something (layers, heads, widths, experts): at least 1 where the type's
 # default is. transformers builds a GPT-2 of n_layer=-1 without a complaint: no blocks at all.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -46,6 +47,23 @@ class WithLoss(nn.Module):
         return out, (self._loss(out, y) if y is not None else None)
 
 
+# FakeTensorMode logs an op it cannot run on fake tensors at error level, with a traceback (transformers'
+# Mixtral: grouped_mm's meta kernel takes bf16 only), though the caller goes on with real tensors (traced):
+# a user reads that as the run failing.
+FAKE_TENSOR_LOG = "torch._subclasses.fake_tensor"
+
+
+@contextlib.contextmanager
+def _quiet(logger: str):
+    log = logging.getLogger(logger)
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
 @dataclass
 class Workload:
     """Everything a run knows about its model and data.
@@ -70,6 +88,8 @@ class Workload:
     # targets are those tokens). check() holds a built model to that where it is small enough.
     causal: bool = False
     _meta: nn.Module | None = field(default=None, repr=False)
+    # Set by check(): the trainable parameters without a gradient on the check's samples (_without_gradient).
+    unused_parameters: tuple[str, ...] = field(default=(), repr=False)
 
     def __post_init__(self):
         # As config.json and checkpoint metadata will read it back (tuples become lists), so that
@@ -127,7 +147,8 @@ class Workload:
         data (fake tensors have none), on the model built for real and `batch` real samples: a few
         samples of real memory, so that every model that trains can be traced and counted."""
         try:
-            return run(*self.fake(batch))
+            with _quiet(FAKE_TENSOR_LOG):
+                return run(*self.fake(batch))
         except Exception:  # noqa: BLE001 - any failure on fake tensors; a real error recurs below
             x, y = self.example(batch)
             return run(contextlib.nullcontext(), self.build(0), x, y)
@@ -171,7 +192,7 @@ class Workload:
         ran = self._forward_once(x, y)
         if ran is None:
             return
-        output, loss = ran
+        model, output, loss = ran
         custom = isinstance(self.meta(), WithLoss) and self.meta()._loss is not cross_entropy
         what = f"{self.name}: loss_fn" if custom else f"{self.name}: the loss"
         if not (isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.is_floating_point()):
@@ -192,22 +213,25 @@ class Workload:
                                     f"({classes} classes: 0..{classes - 1}); with the default cross-entropy the "
                                     "targets are class ids (make the model's output cover them: its vocab_size or number of classes; "
                                     "or give a model file a loss_fn)")
+        self.unused_parameters = _without_gradient(model, loss)
 
     def _forward_once(self, x: torch.Tensor, y: torch.Tensor):
-        """(output, loss) of the model on (x, y): on the meta device (shapes only, no memory), else for
-        real where the model is small enough to build here; None where neither can be done (the run's
+        """(model, output, loss) of the model on (x, y): on the meta device (shapes only, no memory), else
+        for real where the model is small enough to build here; None where neither can be done (the run's
         first step is then the check)."""
         try:
             with contextlib.ExitStack() as patches:
                 for patch in self.fake_patches:
                     patches.enter_context(patch())
-                return self.meta()(x.to("meta"), y.to("meta"))
+                model = self.meta()
+                return (model, *model(x.to("meta"), y.to("meta")))
         except (Exception, SystemExit):  # noqa: BLE001 - e.g. data-dependent code (.item()): run it for real, below
             pass
         if self.n_params * 4 > REAL_CHECK_BYTES:
             return None
         try:
-            return self.build(0)(x, y)
+            model = self.build(0)
+            return (model, *model(x, y))
         except ConfigError:
             raise
         except (Exception, SystemExit) as e:  # noqa: BLE001 - the model's forward or loss_fn: the user's code
@@ -227,6 +251,19 @@ class Workload:
     def example(self, batch: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
         """The first `batch` training samples of step 0 (x, y), for tracing and counting."""
         return self.data.batch("train", 0, 0, 0, batch, batch)
+
+
+def _without_gradient(model: nn.Module, loss: torch.Tensor) -> tuple[str, ...]:
+    """The trainable parameters the loss's backward gives no gradient on the check's samples: conditional
+    computation (experts of a mixture that got no token, a branch or a parameter the forward never uses).
+    One process leaves them alone; the backends differ (training/run.py check_unused). autograd.grad, so
+    no .grad is left on the model."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    try:
+        grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
+    except Exception:  # noqa: BLE001 - a backward the meta device cannot run: nothing learned here
+        return ()
+    return tuple(n.removeprefix("net.") for (n, _), g in zip(named, grads) if g is None)
 
 
 def _shape(t: torch.Tensor) -> str:

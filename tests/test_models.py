@@ -79,6 +79,42 @@ def test_hf_counts_and_sizes_are_integers_of_at_least_one(args, name):
     assert workload(model="hf:gpt2", model_args="n_layer=1,n_embd=64,n_head=4").meta().net.config.n_layer == 1
 
 
+MIXTRAL = ("hf:mixtral", "num_hidden_layers=1,hidden_size=32,num_attention_heads=2,num_key_value_heads=2,"
+                         "intermediate_size=64,num_local_experts=4,num_experts_per_tok=1")
+
+
+@pytest.mark.parametrize("extra", ["output_router_logits=true", "router_aux_loss_coef=0.5"])
+def test_a_routers_own_loss_is_refused_not_dropped(extra):
+    """Mixtral's router loss was accepted and silently dropped (the harness trains cross-entropy on the
+    logits; issue 39, case 8)."""
+    with pytest.raises(ConfigError, match=rf"model_args: {extra.split('=')[0]}=.*router loss .* leave it unset"):
+        workload(model=MIXTRAL[0], model_args=f"{MIXTRAL[1]},{extra}", preset="tiny")
+
+
+def test_flops_of_a_model_fake_tensors_cannot_run_are_counted_without_an_error_log():
+    """Mixtral's grouped_mm has a bf16-only meta kernel: FakeTensorMode logged a traceback at error level
+    on every run, though the count went on with real tensors (issue 39, case 9)."""
+    import logging
+
+    from models.workload import FAKE_TENSOR_LOG
+
+    class Kept(logging.Handler):
+        records: list = []
+
+        def emit(self, record):
+            self.records.append(record)
+
+    handler = Kept(level=logging.DEBUG)
+    logging.getLogger(FAKE_TENSOR_LOG).addHandler(handler)
+    try:
+        w = workload(model=MIXTRAL[0], model_args=MIXTRAL[1], preset="tiny")
+        flops = sample_flops(w, None, 0)
+    finally:
+        logging.getLogger(FAKE_TENSOR_LOG).removeHandler(handler)
+    assert flops["source"] == "counted" and flops["model"] > 0
+    assert not [r for r in handler.records if r.levelno >= logging.ERROR], handler.records[0].getMessage()
+
+
 def test_hf_resnet18_is_the_articles_resnet18_on_cifar_shaped_images():
     w = workload(model="hf:resnet", model_args="layer_type=basic,depths=[2,2,2,2],hidden_sizes=[64,128,256,512]")
     assert w.n_params == 11_181_642  # torchvision's resnet18(num_classes=10) has the same count

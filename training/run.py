@@ -263,6 +263,29 @@ def check_blocks(workload: Workload, cfg: RunConfig) -> None:
     blocks = find_blocks(workload.meta(), cfg.block_class, needed_by)
     if cfg.ckpt_plan is not None:
         cfg.ckpt_choices(len(blocks))  # one entry per block
+    check_unused(workload, cfg)
+
+
+def check_unused(workload: Workload, cfg: RunConfig) -> None:
+    """A model that leaves parameters without a gradient (Workload.unused_parameters: conditional computation)
+    trains with one process's semantics, a parameter no sample used gets no update, only in one process and
+    under DDP with --find_unused_parameters (a parameter no rank used keeps no gradient, and AdamW skips it).
+    Without the flag DDP stops at the next step waiting for the missing gradients; FSDP turns them into zero
+    gradients that AdamW still moves (a silent drift: 3e-4 in the loss by step 10 on a top-1 mixture of
+    experts), FSDP2 and DeepSpeed ZeRO abort on mismatched collectives when the ranks' unused parameters
+    differ. Refused before anything runs (ConfigError)."""
+    unused = workload.unused_parameters
+    if not unused or cfg.backend in (None, "single") or (cfg.backend == "ddp" and cfg.find_unused_parameters):
+        return
+    names = ", ".join(unused[:3]) + (f" and {len(unused) - 3} more" if len(unused) > 3 else "")
+    what = (f"model {workload.name} leaves parameters without a gradient on its first 2 training samples ({names}: "
+            "conditional computation, such as experts that get no token or an unused parameter)")
+    if cfg.backend == "ddp":
+        raise ConfigError(f"{what}; DDP waits for every gradient: give --find_unused_parameters (DDP's own setting; "
+                          "a parameter no rank used then gets no update, as in one process)")
+    raise ConfigError(f"{what}; backend {cfg.backend} would train it differently from one process (a missing gradient "
+                      "becomes a zero one that AdamW still moves) or stop on mismatched collectives: train it with "
+                      "--backend ddp --find_unused_parameters, or in one process")
 
 
 @dataclass
