@@ -7,7 +7,7 @@ A benchmark, not a test: it times; it asserts nothing. It runs eager, compiled, 
 two eager runs give the spread), each on its own freshly built model with torch's AdamW (the
 suite's constants) under bf16 autocast, and prints one line per run. The first step of the
 compiled run includes compilation. MFU: model FLOPs (core/flops.py) over the device's dense
-bf16 peak. This is how the README's compile figure for the H100 was measured; `--compile` inside
+bf16 peak. This is how docs/compile.md's figure for the H100 was measured; `--compile` inside
 train.py is the compiled-training issue's work.
 """
 

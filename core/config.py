@@ -123,7 +123,7 @@ class RunConfig:
         "transformers model built from its config with random weights (hf:gpt2, hf:llama: a causal LM on the "
         "text; hf:resnet, hf:vit: an image classifier on CIFAR-10-shaped data); torchvision:<name> where "
         "torchvision imports; or your own .py file or module with get_model() and get_dataset() "
-        "(README, 'Your own model').", "gptlite", group="model", metavar="MODEL")
+        "(docs/models.md, 'Your own model').", "gptlite", group="model", metavar="MODEL")
     model_args: str | None = _flag(
         "Settings of a non-GPT-lite model, key=value separated by commas (values read as YAML): an HF config's "
         "fields (n_layer=2,n_embd=64 for gpt2; layer_type=basic,depths=[2,2,2,2] makes hf:resnet ResNet-18), "

@@ -1,4 +1,4 @@
-"""Your own model for train.py: `--model examples/my_model.py` (README, "Your own model").
+"""Your own model for train.py: `--model examples/my_model.py` (docs/models.md, "Your own model").
 
 The article's two functions are all train.py needs: get_model() returns any torch.nn.Module and
 get_dataset() any map-style torch Dataset of (input, target) pairs (or a (train, validation) pair

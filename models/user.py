@@ -159,7 +159,7 @@ def load(request: ModelRequest) -> Workload:
     for function in ("get_model", "get_dataset"):
         if not callable(getattr(module, function, None)):
             raise ConfigError(f"model: {request.name} defines no {function}() (a model file needs get_model() and "
-                              "get_dataset(); see README, 'Your own model')")
+                              "get_dataset(); see docs/models.md, 'Your own model')")
     if request.dropout is not None:
         raise ConfigError("dropout applies to gptlite and hf: models; give your model's its own argument in "
                           "--model_args")

@@ -221,10 +221,10 @@ def test_torchvision_is_refused_with_the_reason_where_it_does_not_import():
 
 
 def test_the_readme_model_file_is_complete(tmp_path):
-    """The README's "Your own model" file, as printed, builds, samples and computes a loss."""
+    """docs/models.md's "Your own model" file, as printed, builds, samples and computes a loss."""
     from conftest import REPO
 
-    text = (REPO / "README.md").read_text().split("## Your own model\n", 1)[1]
+    text = (REPO / "docs" / "models.md").read_text().split("## Your own model\n", 1)[1]
     code = text.split("```python\n", 1)[1].split("```", 1)[0]
     path = tmp_path / "readme_model.py"
     path.write_text(code)
