@@ -35,7 +35,7 @@ from gptlite.data import BatchLayout, CharDataset  # noqa: E402
 from gptlite.model import build_model  # noqa: E402
 from core.config import RunConfig  # noqa: E402
 from core.dist import DistEnv, destroy_process_group, gather_floats  # noqa: E402
-from training.export import plain_name  # noqa: E402
+from training.checkpoint import plain_name  # noqa: E402
 from training.loop import accumulate_gradients  # noqa: E402
 
 STEPS = 3

@@ -77,14 +77,21 @@ def param_shapes(model: torch.nn.Module) -> dict[str, list[int]]:
     return {name: list(value.shape) for name, value in model.state_dict().items()}
 
 
+WRAPPER_PARTS = {"module", "_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_offload_wrapped_module"}
+
+
+def plain_name(name: str) -> str:
+    """A parameter's name in the bare model, the wrappers' parts dropped (GPT-lite has no submodule called
+    `module`): the names a checkpoint's meta.json records and an export writes."""
+    return ".".join(part for part in name.split(".") if part not in WRAPPER_PARTS)
+
+
 def written_shapes(directory: Path, meta: dict) -> dict[str, list[int]] | None:
     """The parameter names and shapes a checkpoint holds: recorded in its meta.json, or for a
     checkpoint from before they were, read from the "torch" and "dcp" formats' own files (without
     loading the tensors); None where neither can say (DeepSpeed's engine format)."""
     if isinstance(meta.get("params"), dict):
         return meta["params"]
-    from training.export import plain_name
-
     try:
         if meta.get("format") == "torch":
             state = torch.load(directory / "model" / "state.pt", map_location="cpu", mmap=True, weights_only=True)

@@ -28,14 +28,6 @@ import torch
 from core.owned import check_out
 from training import checkpoint
 
-WRAPPER_PARTS = {"module", "_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_offload_wrapped_module"}
-
-
-def plain_name(name: str) -> str:
-    """A parameter's name in the bare GPT-lite model (GPT-lite has no submodule called `module`)."""
-    return ".".join(part for part in name.split(".") if part not in WRAPPER_PARTS)
-
-
 def resolve(path: str | Path) -> Path:
     """A checkpoint directory, or the latest one under a --save_dir."""
     path = Path(path)
@@ -64,7 +56,7 @@ def consolidated_state_dict(directory: Path) -> tuple[dict[str, torch.Tensor], d
         state = _deepspeed_state_dict(model_dir)
     else:
         raise ValueError(f"{directory}: unknown checkpoint format {fmt!r}")
-    return {plain_name(k): v.detach().float().cpu().clone() for k, v in state.items()}, meta
+    return {checkpoint.plain_name(k): v.detach().float().cpu().clone() for k, v in state.items()}, meta
 
 
 def _deepspeed_state_dict(model_dir: Path) -> dict:

@@ -31,7 +31,7 @@ from training import checkpoint
 from training.progress import Progress
 
 if TYPE_CHECKING:
-    from training.run import Setup
+    from training.setup import Setup
 
 
 def accumulate_gradients(backend: Backend, micro_batches, grad_accum: int, device: torch.device,

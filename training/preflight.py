@@ -10,7 +10,6 @@ at a time. Every problem is a ConfigError (one line, exit code 2, nothing writte
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 import zipfile
 from dataclasses import dataclass

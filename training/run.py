@@ -18,7 +18,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -36,7 +36,7 @@ from core.flops import planned_sample_flops, sample_flops
 from core.records import SWEEP_KEY_ENV, SWEEP_KEY_FILE, RunRecord, atomic_write_text
 from core.summary import RunSummary
 import models
-from gptlite.data import BatchLayout, DataError
+from gptlite.data import DataError
 from gptlite.errors import ConfigError
 from models import Workload
 from training import checkpoint, memory_check, preflight
@@ -44,6 +44,7 @@ from training.cli import report_bad_input
 from training.locks import RecordLock
 from training.loop import StepLoop
 from training.results import MemoryBudgetExceeded, finished_summary, gather_ranks
+from training.setup import Setup
 
 EXIT_OK, EXIT_FAILED = 0, 1
 
@@ -87,58 +88,6 @@ def describe_error(error: BaseException) -> str:
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     more = " (more in the log)" if len(lines) > 1 else ""
     return f"{type(error).__name__}: {lines[0]}{more}" if lines else type(error).__name__
-
-
-@dataclass
-class Setup:
-    """What a run resolved before anything started."""
-
-    resolved: Resolved
-    env: DistEnv
-    workload: Workload  # the model and its data (models/)
-    fault: Fault | None = None  # an injected fault (GPTLITE_FAULT), for the fault tests
-    init: dict | None = None  # the --init_from export, read and checked once
-    resume: preflight.Resume | None = None  # the checkpoint --resume continues
-    lock: RecordLock | None = None  # held by rank 0 while it writes the record
-    save_lock: preflight.SaveDirLock | None = None  # held by rank 0 while it writes into --save_dir
-    nvme_locks: list = field(default_factory=list)  # held by rank 0 on the NVMe swap directories
-    # Names the run in its record and its checkpoints; a resumed attempt keeps its record's.
-    run_id: str = field(default_factory=lambda: secrets.token_hex(8))
-    layout: BatchLayout = field(init=False)
-
-    def __post_init__(self):
-        self.layout = BatchLayout(self.cfg.micro_batch, self.cfg.grad_accum, self.env.world_size, self.env.rank)
-
-    @property
-    def cfg(self) -> RunConfig:
-        return self.resolved.cfg
-
-    @property
-    def backend_cls(self) -> type[Backend]:
-        return self.resolved.backend
-
-    @property
-    def data(self):
-        return self.workload.data
-
-    @property
-    def n_params(self) -> int:
-        return self.workload.n_params
-
-    def record(self) -> dict:
-        """config.json's description of the run (the part known before training)."""
-        return {
-            "run": self.cfg.to_dict(),
-            "plan": self.resolved.plan_record(),
-            "model": self.workload.description,
-            "n_params": self.n_params,
-            "world_size": self.env.world_size,
-            "global_batch": self.layout.global_batch,
-            "tokens_per_step": (self.layout.global_batch * self.workload.tokens_per_sample
-                                if self.workload.tokens_per_sample else None),
-            "data": self.data.describe(),
-            "launcher": self.env.launcher,
-        }
 
 
 def resolve(cfg: RunConfig, env: DistEnv | None = None, resolved: Resolved | None = None,

@@ -19,7 +19,6 @@ from pathlib import Path
 from core.configfile import load_yaml
 from gptlite.errors import ConfigError
 from training.launch import REPO, launch_command, launcher_for
-from training.slurm import SlurmSettings
 
 # Flags the sweep sets itself for every run; a spec cannot set them in train_args.
 SWEEP_OWNED = {"backend", "fsdp_config", "deepspeed_config", "runs_dir", "run_name", "overwrite", "quiet", "model",
@@ -32,6 +31,49 @@ SWEEP_OWNED = {"backend", "fsdp_config", "deepspeed_config", "runs_dir", "run_na
 def _non_empty(name: str, values: list) -> None:
     if not values:
         raise ConfigError(f"matrix.{name} must list at least one value")
+
+
+@dataclass
+class SlurmSettings:
+    """The spec's `executor:` section (sweep.py's flags of the same names override it)."""
+
+    partition: str | None = None  # default: the cluster's default partition
+    account: str | None = None
+    time_min: int = 60  # each job's time limit, minutes
+    nodes: int = 1  # nodes per run: torchrun on each, its c10d rendezvous on the job's first host
+    gpus_per_node: int = 0  # 0: CPU ranks; else one rank per GPU, at most this many on a node
+    cpus_per_task: int | None = None  # CPUs for a node's ranks; default: one per rank
+    array_parallelism: int = 64  # jobs of one array running at once
+    signal_delay_s: int = 120  # SIGUSR2 this long before the time limit: the run stops, or checkpoints and requeues
+    max_requeues: int = 3  # how many times a run with checkpoints is requeued after its time limit
+    sbatch: dict = field(default_factory=dict)  # more sbatch options, e.g. {qos: high, constraint: a100}
+    setup: list[str] = field(default_factory=list)  # shell lines before each run, e.g. ["module load cuda"]
+
+    def __post_init__(self):
+        for name in ("time_min", "nodes", "array_parallelism", "signal_delay_s"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"executor.{name} must be an integer >= 1 (got {value!r})")
+        for name in ("gpus_per_node", "max_requeues"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ConfigError(f"executor.{name} must be an integer >= 0 (got {value!r})")
+        if self.cpus_per_task is not None and (not isinstance(self.cpus_per_task, int) or self.cpus_per_task < 1):
+            raise ConfigError(f"executor.cpus_per_task must be an integer >= 1 (got {self.cpus_per_task!r})")
+        if self.time_min * 60 <= self.signal_delay_s + 30:
+            raise ConfigError(f"executor.time_min {self.time_min} cannot hold a run: the job is signalled to stop "
+                              f"executor.signal_delay_s ({self.signal_delay_s} s) before its limit, and a run needs "
+                              f"30 s to start; give time_min > {(self.signal_delay_s + 30) // 60} or a shorter "
+                              "signal_delay_s")
+        for name in ("sbatch", "setup"):
+            kind = dict if name == "sbatch" else list
+            if not isinstance(getattr(self, name), kind):
+                raise ConfigError(f"executor.{name} must be a {'mapping' if kind is dict else 'list'}")
+        reserved = {"time", "nodes", "partition", "account", "cpus-per-task", "cpus_per_task", "array", "signal",
+                    "output", "error", "ntasks-per-node", "gpus-per-node"} & set(self.sbatch)
+        if reserved:
+            raise ConfigError(f"executor.sbatch: '{sorted(reserved)[0]}' is set by the sweep (executor's own keys); "
+                              "set it there")
 
 
 @dataclass
