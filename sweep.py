@@ -81,7 +81,7 @@ def main(argv=None) -> int:
             if args.max_batch:
                 raise ConfigError("--max_batch runs its probes one after another, here: use --executor local")
             return _on_slurm(args, spec, runs, skipped)
-        check_runs(runs, spec.directory, planner=_plan_checkpointing)
+        check_runs(runs, spec.directory)
         runner = Runner(_max_batch_dir(spec, args) if args.max_batch else spec.directory, spec.timeout_s,
                         retry_failed=args.retry_failed)
         if not args.dry_run:
@@ -133,7 +133,7 @@ def _on_slurm(args, spec, runs, skipped) -> int:
         sweep.check_tools()
         sweep.cancel(print)
         return 0
-    check_runs(runs, spec.directory, planner=_plan_checkpointing)
+    check_runs(runs, spec.directory)
     runner = Runner(spec.directory, spec.timeout_s, retry_failed=args.retry_failed)
     runner.check_records(runs)
     sweep.check()
@@ -165,14 +165,6 @@ def _on_slurm(args, spec, runs, skipped) -> int:
 def _exit_code(counts: collections.Counter) -> int:
     """1 when a run of the sweep did not end as it should (an oom is a finding, not a failure)."""
     return 1 if counts["failed"] or counts["timeout"] or counts["left alone"] or counts["cancelled"] else 0
-
-
-def _plan_checkpointing(*args, **kwargs):
-    """--ckpt_policy auto's planner (analysis/ckpt_plan.py), as train.py hands it in: the packages below
-    never import analysis."""
-    from analysis.ckpt_plan import plan_for_record
-
-    return plan_for_record(*args, **kwargs)
 
 
 def _progress(total: int, desc: str):

@@ -32,14 +32,5 @@ Records go to --runs_dir/--run_name: config.json, metrics.jsonl, summary.json
 
 
 
-def plan_checkpointing(*args, **kwargs):
-    """--ckpt_policy auto's planner: the memory estimator's (analysis/ckpt_plan.py), which sits above
-    the training packages, so this script, above them all, hands it in."""
-    from analysis.ckpt_plan import plan_for_record
-
-    return plan_for_record(*args, **kwargs)
-
-
 if __name__ == "__main__":
-    exit_process(main(parse_args(parser=build_parser(description=DESCRIPTION, examples=EXAMPLES)),
-                      planner=plan_checkpointing))
+    exit_process(main(parse_args(parser=build_parser(description=DESCRIPTION, examples=EXAMPLES))))

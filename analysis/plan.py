@@ -206,7 +206,7 @@ def variants(config: str) -> list[tuple[str, dict]]:
                 return [(f"buckets_{name}", {"zero_optimization": {"reduce_bucket_size": max(2, int(size * f) // 2 * 2)}})
                         for name, f in (("quarter", 0.25), ("x4", 4))]
             if zero.get("stage") == 3:
-                from analysis.memory_model import DS_PERSISTENCE
+                from estimator.memory_model import DS_PERSISTENCE
 
                 out = []
                 prefetch = _number(zero.get("stage3_prefetch_bucket_size", 5e7))
@@ -355,7 +355,7 @@ def calibrate(workload, block_class: str | None, micro_batches: tuple[int, int],
     of every block add, as a share of the larger micro-batch's time (ckpt_plan.measured_costs)."""
     import torch
 
-    from analysis.ckpt_plan import forward_backward, measured_costs, seconds_of
+    from estimator.ckpt_plan import forward_backward, measured_costs, seconds_of
 
     dev = torch.device(device)
     model = workload.build(0).to(dev)
@@ -506,7 +506,7 @@ def evaluate(cand: Candidate, train_argv: list[str], world: int, per_node: int, 
     """One candidate: resolved as train.py would (refused: `refused` says why), its peak estimated
     against the budget, its step time predicted part by part; its communication the theory's bytes cut
     by its buckets, or with `counted` (analysis.project.count_flags) the calls and bytes counted."""
-    from analysis.estimate import estimate_from_record
+    from estimator.estimate import estimate_from_record
     from analysis.project import _offload_seconds, price_comm
     from core.config import interval_choices
     from core.flops import sample_flops

@@ -121,7 +121,7 @@ def counted_traffic(counted: dict, theory: dict, world: int) -> dict:
 def resolve_entry(entry: str, train_argv: list[str], world: int, per_node: int):
     """training.run.Setup of configuration `entry` of the run `train_argv` on `world` GPUs, `per_node` to a
     node, resolved as train.py resolves it (training/describe.py), --ckpt_policy auto's plan included."""
-    from analysis.ckpt_plan import plan_for_record
+    from estimator.ckpt_plan import plan_for_record
     from training.describe import resolve_flags
 
     return resolve_flags(run_flags(entry, train_argv), world, per_node, planner=plan_for_record)
@@ -134,7 +134,7 @@ def project(entry: str, train_argv: list[str], world: int, gpu: dict, net: dict,
     calls are the backend's real ones at that world size; otherwise its theory's, cut into calls by
     the configuration's own bucket sizes where it names them (Backend.comm_schedule), else
     a.bucket_mib; either way the share its schedule puts on the critical path is `wait ms`."""
-    from analysis.estimate import estimate_from_record
+    from estimator.estimate import estimate_from_record
     from analysis.runs import config_label
     from core.flops import planned_sample_flops, sample_flops
 

@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from analysis import figures, tables
-from analysis.estimate import estimate_run
+from estimator.estimate import estimate_run
 from analysis.runs import load_metrics, load_runs
 
 FIGURES = {

@@ -46,7 +46,7 @@ BACKENDS = {"single": ["--backend", "single"], "ddp": ["--backend", "ddp"],
 HAND_SET = {"none": [], **{f"full/{k}": ["--ckpt_interval", str(k)] for k in (1, 2, 4)},
             **{f"selective/{k}": ["--ckpt_interval", str(k), "--ckpt_policy", "selective"] for k in (1, 2)}}
 # Inside the range, not at its ends: a budget exactly at a policy's estimated peak leaves the plan no room
-# for the estimator's error (analysis/ckpt_plan.py HEADROOM).
+# for the estimator's error (estimator/ckpt_plan.py HEADROOM).
 FRACTIONS = (0.05, 0.275, 0.5, 0.725, 0.95)
 
 
@@ -56,7 +56,7 @@ def backend_name(flags: list[str]) -> str:
 
 def budgets(common: list[str], backend: list[str]) -> list[float]:
     """Five budgets (GiB) from full checkpointing's estimated peak to none's, for this configuration."""
-    from analysis.estimate import estimate, record_arguments
+    from estimator.estimate import estimate, record_arguments
 
     dry = subprocess.run([sys.executable, str(REPO / "train.py"), *common, *backend, "--dry_run"], cwd=REPO,
                          capture_output=True, text=True, check=True)

@@ -97,7 +97,7 @@ class RunConfig:
         "T x T scores) are recomputed. Applies to the blocks --ckpt_interval picks; needs ckpt_impl "
         "torch_nonreentrant. auto: with --mem_budget_gb and without --ckpt_interval, none, selective or full "
         "for each block, the plan of least recompute cost (--ckpt_cost) whose estimated peak per rank fits "
-        "the budget (analysis/ckpt_plan.py, on the memory estimator), printed before training and recorded "
+        "the budget (estimator/ckpt_plan.py, on the memory estimator), printed before training and recorded "
         "as --ckpt_plan.", "full", choices=CKPT_POLICIES, group="activation checkpointing")
     ckpt_cost: str = _flag(
         "With --ckpt_policy auto, what a block's recompute costs. measured: rank 0 times the real model's "

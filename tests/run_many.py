@@ -23,7 +23,7 @@ from training.run import main  # noqa: E402
 
 def run_all(runs: list[list[str]]) -> int:
     parser = build_parser(description=train.DESCRIPTION, examples=train.EXAMPLES)
-    codes = [main(parse_args(argv, parser=parser), planner=train.plan_checkpointing) for argv in runs]
+    codes = [main(parse_args(argv, parser=parser)) for argv in runs]
     return 0 if all(code == 0 for code in codes) else 1
 
 

@@ -265,7 +265,7 @@ def _in_process(tool: str, argv: list[str]) -> subprocess.CompletedProcess:
         from training.run import main
 
         parser = build_parser(description=train.DESCRIPTION, examples=train.EXAMPLES)
-        return in_process(lambda a: main(parse_args(a, parser=parser), planner=train.plan_checkpointing), argv)
+        return in_process(lambda a: main(parse_args(a, parser=parser)), argv)
     import sweep
 
     return in_process(sweep.main, argv)

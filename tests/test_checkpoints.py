@@ -185,7 +185,7 @@ def _resume(tmp_path, save_dir, *flags, steps=STEPS, name="r", as_process=False)
     from training.run import main
 
     parser = build_parser(description=train.DESCRIPTION, examples=train.EXAMPLES)
-    return in_process(lambda a: main(parse_args(a, parser=parser), planner=train.plan_checkpointing), argv)
+    return in_process(lambda a: main(parse_args(a, parser=parser)), argv)
 
 
 def _snapshot(record):

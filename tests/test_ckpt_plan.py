@@ -1,4 +1,4 @@
-"""Checkpointing by memory budget (analysis/ckpt_plan.py): the solver against brute force, and the
+"""Checkpointing by memory budget (estimator/ckpt_plan.py): the solver against brute force, and the
 plans of GPT-lite and an HF Llama-style model against the hand-set policies, on the estimator."""
 
 import itertools
@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from analysis import ckpt_plan
-from analysis.estimate import estimate
+from estimator import ckpt_plan
+from estimator.estimate import estimate
 from backends.activation_checkpointing import save_ops_for
 from conftest import REPO, base_env
 from core.flops import block_flops_by_op
@@ -56,8 +56,8 @@ def test_the_solver_finds_the_least_cost_plan_brute_force_finds(seed):
 
 def _models():
     import models
-    from analysis.estimate import _gptlite_workload
-    from analysis.traced_model import TracedModel
+    from estimator.traced_model import _gptlite_workload
+    from estimator.traced_model import TracedModel
     from core.config import RunConfig
 
     gpt = RunConfig(preset="small").model_config(vocab_size=65)
@@ -172,7 +172,7 @@ def test_the_cli_prints_a_plan_or_names_the_smallest_reachable_peak():
 
 def _budget_between(config: dict, world: int) -> float:
     """A budget halfway between full checkpointing's estimated peak and no checkpointing's, in GiB."""
-    from analysis.estimate import record_arguments
+    from estimator.estimate import record_arguments
 
     model, args, kwargs = record_arguments({**config, "world_size": world})
     peaks = [estimate(model, *args[:4], interval, *args[5:], **kwargs).total_bytes for interval in (0, 1)]

@@ -28,7 +28,7 @@ def _train_here(*args):
     from training.run import main
 
     parser = build_parser(description=train.DESCRIPTION, examples=train.EXAMPLES)
-    return in_process(lambda a: main(parse_args(a, parser=parser), planner=train.plan_checkpointing), args)
+    return in_process(lambda a: main(parse_args(a, parser=parser)), args)
 
 
 def test_unknown_backend_error_lists_the_allowed_ones(tmp_path):

@@ -41,7 +41,7 @@ def dry_run(flags: list[str], world: int) -> dict:
     os.environ.update(env)
     try:
         parser = build_parser(description=train.DESCRIPTION, examples=train.EXAMPLES)
-        proc = in_process(lambda a: main(parse_args([*a, "--dry_run"], parser=parser), planner=train.plan_checkpointing),
+        proc = in_process(lambda a: main(parse_args([*a, "--dry_run"], parser=parser)),
                           flags)
     finally:
         for name, value in saved.items():
@@ -61,7 +61,8 @@ def dry_runs():
 def test_the_estimator_resolves_train_py_flags_as_train_py_does(case, dry_runs, capsys):
     """analysis.estimate takes train.py's flags (names and defaults) and its `config` is the dry run's;
     the estimate itself is the estimate of that record (what the report gives the run)."""
-    from analysis.estimate import estimate_from_record, main
+    from estimator.estimate import estimate_from_record
+    from analysis.estimate import main
 
     flags, world = CASES[case]
     assert main(["--world", str(world), *flags, "--json"]) == 0
@@ -75,7 +76,7 @@ def test_the_estimator_resolves_train_py_flags_as_train_py_does(case, dry_runs, 
 def test_an_fsdp_file_is_estimated_at_the_precision_train_py_runs_it():
     """`--precision bf16` with an FSDP file: the run gathers bf16 parameters, and so does the estimate
     (it used to estimate the file's fp32)."""
-    from analysis.estimate import estimate_from_record
+    from estimator.estimate import estimate_from_record
     from training.describe import describe
 
     flags = ["--fsdp_config", "fsdp_configs/shard_grad_op.yaml", "--preset", "tiny"]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from analysis import load_runs
-from analysis.estimate import Counts, activation_per_block, estimate, estimate_from_record, estimate_run
+from estimator.estimate import Counts, activation_per_block, estimate, estimate_from_record, estimate_run
 from backends.fsdp import FSDPBackend
 from core.config import RunConfig
 from core.dist import DistEnv
@@ -69,7 +69,7 @@ def test_zero_gradient_buckets_set_the_peak_of_a_small_model():
     which grows by exactly their bytes with them. Small buckets and ZeRO-Offload on CPU: the
     all-gather of the updated parameters through gloo's buffer of their size sets it (as measured
     for ResNet-18), which a CUDA run does not have."""
-    from analysis.traced_model import traced_for_run
+    from estimator.traced_model import traced_for_run
 
     mlp = traced_for_run({"model": "examples/my_model.py", "model_args": "width=64,depth=4"})
 
@@ -234,7 +234,7 @@ def get_dataset():
 
 
 def test_a_model_whose_forward_reads_data_is_traced_and_counted_for_real(tmp_path):
-    from analysis.traced_model import TracedModel
+    from estimator.traced_model import TracedModel
     from core.flops import sample_flops
     import models
 
@@ -340,8 +340,8 @@ def test_each_policy_keeps_per_block_what_the_estimator_says(model):
     formula, selective's kept operator outputs traced on fake tensors) are within 10% of what the real
     model keeps for backward, run on real tensors through the run's own checkpoint wrappers."""
     import models
-    from analysis.estimate import gptlite_activations, traced_activations
-    from analysis.traced_model import TracedModel
+    from estimator.estimate import gptlite_activations, traced_activations
+    from estimator.traced_model import TracedModel
     from backends.activation_checkpointing import apply_ac
     from core.blocks import find_blocks
 

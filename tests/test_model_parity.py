@@ -75,7 +75,7 @@ CASES = [(model, backend) for k, backend in enumerate(BACKENDS) for model in MOD
 # input and gloo's copy of it) varies from run to run, so the measured peak of identical runs does
 # (this test's configuration, 6 to 10 runs each: GPT-2 3.54-3.92 MiB, Llama 2.30-2.58, ResNet-18
 # 129/147/165; the user file 1.44-1.76 in the sweep's, 20 runs). The estimate counts what the
-# program's order fixes (analysis/estimate.py), up to 20% below the highest of those runs.
+# program's order fixes (estimator/estimate.py), up to 20% below the highest of those runs.
 ESTIMATE_TOLERANCE = {"fsdp2": 0.25}
 # ResNet-18's measured peak also holds the CPU convolution library's (oneDNN's) temporaries in
 # backward: its weight gradient of the widest convolution (512 x 512 x 3 x 3, 9.4 MB) made and
@@ -90,8 +90,8 @@ ESTIMATE_MAY_BE_BELOW = {"resnet18": 0.20}
 
 def assert_estimate_close(run, backend: str = "single", model: str | None = None) -> None:
     """The memory estimator's peak for the run's configuration (the model traced once on fake tensors,
-    analysis/traced_model.py) is close to the peak the run measured."""
-    from analysis.estimate import estimate_from_record
+    estimator/traced_model.py) is close to the peak the run measured."""
+    from estimator.estimate import estimate_from_record
 
     estimate, measured = estimate_from_record(run.config).total_bytes, run.summary["mem_peak_bytes"]
     tolerance = ESTIMATE_TOLERANCE.get(backend, 0.10)

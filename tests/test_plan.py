@@ -264,7 +264,7 @@ def test_the_calibration_times_its_two_micro_batches_taking_turns(monkeypatch):
     runs/reference/nvidia-h100-80gb-hbm3-plan)."""
     import time
 
-    from analysis import ckpt_plan
+    from estimator import ckpt_plan
     from training.describe import resolve_flags
 
     order = []

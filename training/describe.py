@@ -69,7 +69,7 @@ def describe(train_argv: Sequence[str], world: int = 1, ranks_per_node: int | No
              planner: Callable | None = None) -> dict:
     """config.json's description of the run `train_argv` names on `world` ranks (what `train.py
     --dry_run` prints for rank 0 of that world), with `environment.device`: what analysis.estimate's
-    estimate_from_record and the other tools read. `planner`: --ckpt_policy auto's (train.py's
-    plan_checkpointing); without one, auto is refused in one line as training.run refuses it."""
+    estimate_from_record and the other tools read. `planner`: --ckpt_policy auto's (default: the
+    estimator's, as the run's own)."""
     setup = resolve_flags(train_argv, world, ranks_per_node, planner)
     return {**setup.record(), "environment": {"device": str(setup.env.device)}}

@@ -6,8 +6,8 @@ number times the model's bytes (parameters and buffers, from the meta-device mod
 and on CUDA each rank at least the model's bytes free on its device. That floor holds under every
 backend and sharding; a run below it ends in the allocator's failure (bad_alloc, SIGKILL by the
 kernel's OOM killer) after its record exists. Above the floor the run is left to measure: the
-activation and optimizer peak is the estimator's business (analysis/estimate.py, which sits above
-training and is not imported here), and --mem_budget_gb is a budget the run's measured peak is held
+activation and optimizer peak is the estimator's business (estimator/estimate.py, which --ckpt_policy
+auto plans with; a run is not refused on it), and --mem_budget_gb is a budget the run's measured peak is held
 to (a run over it is recorded `oom`, which sweep.py --max_batch relies on), not a refusal.
 """
 

@@ -156,10 +156,11 @@ def resolve(cfg: RunConfig, env: DistEnv | None = None, resolved: Resolved | Non
 
 def planned_checkpointing(setup: Setup, planner: Callable | None) -> Resolved:
     """--ckpt_policy auto: the run with the plan that fits --mem_budget_gb as its --ckpt_plan, printed.
-    The plan comes from the memory estimator, which sits above training: train.py passes its planner
-    in (`planner(config, budget_gb, workload, choices)`: analysis/ckpt_plan.plan_for_record), so no
-    package imports upward. With --ckpt_cost measured rank 0 times the recompute; the plan each rank
-    runs is rank 0's (Run.agree_on_plan). Raises ConfigError naming the smallest budget a plan fits."""
+    The plan comes from the memory estimator (the estimator layer, below training: `planner(config,
+    budget_gb, workload, choices)`, estimator/ckpt_plan.plan_for_record unless a caller hands in its own,
+    as analysis.estimate does to print the plan). With --ckpt_cost measured rank 0 times the recompute;
+    the plan each rank runs is rank 0's (Run.agree_on_plan). Raises ConfigError naming the smallest budget
+    a plan fits."""
     cfg = setup.cfg
     if cfg.ckpt_plan is not None:
         raise ConfigError("ckpt_plan is what --ckpt_policy auto decides: give one or the other")
@@ -174,9 +175,7 @@ def planned_checkpointing(setup: Setup, planner: Callable | None) -> Resolved:
                   f"{describe_plan(recorded['ckpt_plan'].split(','))}", flush=True)
         return dataclasses.replace(setup.resolved, cfg=dataclasses.replace(cfg, ckpt_plan=recorded["ckpt_plan"]))
     if planner is None:
-        raise ConfigError("ckpt_policy auto plans with the memory estimator, which only train.py brings; "
-                          "here give the plan itself as --ckpt_plan (python -m analysis.estimate --ckpt_policy auto "
-                          "prints one)")
+        from estimator.ckpt_plan import plan_for_record as planner
     config = {**setup.record(), "environment": {"device": str(setup.env.device)}}
     choices = plan_choices_under(((config.get("plan") or {}).get("config") or {}).get("zero_optimization", {}).get("stage"))
     if cfg.ckpt_save_ops is not None and "selective" not in choices:
@@ -263,7 +262,7 @@ def exit_process(code: int) -> None:
 
 
 def main(cfg: RunConfig, planner: Callable | None = None) -> int:
-    """Run `cfg`; `planner`: what --ckpt_policy auto plans with (train.py passes the estimator's)."""
+    """Run `cfg`; `planner`: what --ckpt_policy auto plans with (default: the estimator's)."""
     try:
         setup = resolve(cfg, planner=planner)
     except (ConfigError, DataError) as e:

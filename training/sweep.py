@@ -419,10 +419,10 @@ def _sha256(path: Path) -> str | None:
 def check_runs(runs: list[PlannedRun], directory: Path, planner=None) -> None:
     """Every planned run resolved as train.py will resolve it (flags, config files, world size, and
     its model and data: training/run.py check_model, each distinct model once), before the first
-    starts: a bad spec is refused whole (ConfigError naming the run). With `planner` (sweep.py hands
-    in train.py's, analysis/ckpt_plan.plan_for_record), each `auto:<GiB>` run is planned too, on
-    counted costs (whether a plan fits does not depend on them): a budget no plan fits is refused
-    here, naming the smallest budget a plan fits, rather than when its turn comes."""
+    starts: a bad spec is refused whole (ConfigError naming the run). Each `auto:<GiB>` run is planned
+    too (by `planner`, else the estimator's, estimator/ckpt_plan.plan_for_record), on counted costs
+    (whether a plan fits does not depend on them): a budget no plan fits is refused here, naming the
+    smallest budget a plan fits, rather than when its turn comes."""
     import dataclasses
 
     import torch
@@ -451,9 +451,11 @@ def check_runs(runs: list[PlannedRun], directory: Path, planner=None) -> None:
                 checked[model] = _check_model(cfg)
             # Each run: its backend or flags may need blocks the model does not have (fsdp, not ddp).
             check_blocks(checked[model], cfg)
-            if planner is not None and cfg.ckpt_policy == "auto":
+            if cfg.ckpt_policy == "auto":
+                from estimator.ckpt_plan import plan_for_record
                 from training.run import resolve
 
+                planner = planner or plan_for_record
                 # A description (dry run, no name): a run recorded before may be planned again.
                 resolve(dataclasses.replace(cfg, dry_run=True, run_name=None), env,
                         planner=lambda *a, **k: planner(*a, **{**k, "measure": False}), workload=checked[model])

@@ -3,7 +3,7 @@ peak per rank stays within a budget in GiB at the least recompute cost, solved e
 
     python -m analysis.estimate --preset small --micro_batch 8 --ckpt_policy auto --mem_budget_gb 0.15
 
-Every moment of a training step that the estimator weighs (analysis/estimate.py) holds the bytes
+Every moment of a training step that the estimator weighs (estimator/estimate.py) holds the bytes
 kept for backward by the blocks below it (all blocks at the start of backward, the first i during
 block i's backward) plus bytes no checkpointing choice changes. A plan therefore meets the budget
 exactly when, for every k, the kept bytes of the first k blocks stay within the budget less the
@@ -28,7 +28,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from analysis.estimate import Estimate
+from estimator.estimate import Estimate
 from backends.activation_checkpointing import save_ops_for
 from core.config import CKPT_CHOICES
 from gptlite.errors import ConfigError
@@ -136,7 +136,7 @@ def plan_for_record(config: dict, budget_gb: float, workload, choices: Sequence[
     `workload`: the run's model (models.load), whose FLOPs are counted per block and operator. With
     `measure` and `run.ckpt_cost` measured, the recompute is timed on the run's device
     (measured_costs) where the model can be built whole there."""
-    from analysis.estimate import estimate, record_arguments
+    from estimator.estimate import estimate, record_arguments
     from core.flops import block_flops_by_op
 
     model, args, kwargs = record_arguments(config)

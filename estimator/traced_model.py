@@ -1,6 +1,6 @@
 """What the memory estimator needs to know about any model, traced once without real memory.
 
-GPT-lite's activations have explicit formulas (analysis/memory_model.py); another model's are
+GPT-lite's activations have explicit formulas (estimator/memory_model.py); another model's are
 measured by running its forward once on fake tensors (torch's FakeTensorMode: shapes, dtypes and
 storages, no memory, no data) with autograd's saved-tensor hooks: every tensor the forward keeps
 for backward is counted once, by storage, against the block that saved it first (parameters and
@@ -29,7 +29,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from analysis.memory_model import Counts
+from estimator.memory_model import Counts
 from core.blocks import find_blocks
 
 
@@ -159,11 +159,19 @@ class _Tokens:
         return x, x
 
 
+def _gptlite_workload(cfg):
+    """GPT-lite of GPTConfig `cfg` as a workload, to count its FLOPs by operator."""
+    from gptlite.model import GPTLite, meta_model
+    from models.workload import Workload
+
+    return Workload("gptlite", {"name": "gptlite", **cfg.to_dict()}, _Tokens(cfg.block_size), lambda: GPTLite(cfg),
+                    _meta=meta_model(cfg))
+
+
 @functools.lru_cache(maxsize=16)
 def _gptlite_cached(key: str) -> TracedModel:
     from gptlite.model import GPTConfig
 
-    from analysis.estimate import _gptlite_workload
 
     return TracedModel.of(_gptlite_workload(GPTConfig(**json.loads(key))))
 

@@ -1,5 +1,5 @@
 """GPT-lite's memory model: parameter counts, the activations a block keeps, and how each backend
-lays out the model states. The terms analysis/estimate.py adds up (its docstring gives the formulas
+lays out the model states. The terms estimator/estimate.py adds up (its docstring gives the formulas
 and their accuracy).
 """
 
