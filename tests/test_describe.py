@@ -142,3 +142,45 @@ def test_a_simulated_world_runs_the_configuration_train_py_resolves(dry_runs, tm
         expected = {k: v for k, v in dry_runs[case]["run"].items() if k not in owned}
         assert {k: v for k, v in result["run"].items() if k not in owned} == expected
         assert result["plan"] == dry_runs[case]["plan"]
+
+
+_OPENED: list = []  # paths opened while a test below watches (an audit hook cannot be removed)
+_WATCHING: list = []
+
+
+def _watch(event, args):
+    if _WATCHING and event == "open" and args and isinstance(args[0], (str, bytes)):
+        _OPENED.append(str(args[0]))
+
+
+@pytest.mark.parametrize("flags", [
+    ["--save_every", "1"],
+    ["--save_every", "1", "--resume", "--overwrite"],
+    ["--ckpt_policy", "auto", "--mem_budget_gb", "1", "--save_every", "1"],
+], ids=["save", "resume", "auto"])
+def test_resolving_for_a_tool_touches_no_record_checkpoint_or_lock(tmp_path, flags):
+    """What estimate, project, plan and fake_world resolve (a dry run) never opens, locks or creates anything
+    in the runs directory or the checkpoint directory it names, whoever owns them (issue 41)."""
+    import shutil
+    import sys
+
+    from training.describe import resolve_flags
+
+    runs, ck = tmp_path / "runs", tmp_path / "ck"
+    shutil.copytree(REPO / "runs" / "reference" / "nvidia-h100-80gb-hbm3" / "gpu_reference" /
+                    "single-w1-paper-mb8-bf16-ckpt0", runs / "r")
+    (ck / "step_00000001").mkdir(parents=True)
+    (ck / "step_00000001" / "meta.json").write_text('{"step": 1}')
+    (ck / "latest").write_text("step_00000001\n")
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    if _watch not in _WATCHING:
+        sys.addaudithook(_watch)
+    _OPENED.clear()
+    _WATCHING.append(_watch)
+    try:
+        resolve_flags(["--preset", "tiny", "--backend", "ddp", "--runs_dir", str(runs), "--run_name", "r", "--save_dir",
+                       str(ck), *flags], 2)
+    finally:
+        _WATCHING.clear()
+    assert [p for p in _OPENED if p.startswith(str(tmp_path))] == []
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before

@@ -102,18 +102,18 @@ def resolve(cfg: RunConfig, env: DistEnv | None = None, resolved: Resolved | Non
     cfg = resolved.cfg
     if cfg.init_from is not None and not Path(cfg.init_from).is_file():
         raise ConfigError(f"init_from: file not found: {cfg.init_from}")
-    if (cfg.run_name is not None and not cfg.overwrite and not cfg.resume
-            and (Path(cfg.runs_dir) / cfg.run_name).exists()):
-        raise ConfigError(f"run_name: {Path(cfg.runs_dir) / cfg.run_name} already exists "
-                          "(choose another --run_name, pass --overwrite, or --resume it)")
     fault = Fault.from_environment(cfg.backend, env.rank)  # a malformed GPTLITE_FAULT is bad input
     workload = check_model(cfg, workload)
     setup = Setup(resolved, env, workload, fault)
     if cfg.ckpt_policy == "auto":
         setup.resolved = resolved = planned_checkpointing(setup, planner)
         cfg = resolved.cfg
-    if cfg.dry_run:
+    if cfg.dry_run:  # a description (train.py --dry_run, and every tool's): no record, checkpoint or lock read
         return setup
+    if (cfg.run_name is not None and not cfg.overwrite and not cfg.resume
+            and (Path(cfg.runs_dir) / cfg.run_name).exists()):
+        raise ConfigError(f"run_name: {Path(cfg.runs_dir) / cfg.run_name} already exists "
+                          "(choose another --run_name, pass --overwrite, or --resume it)")
     # Before anything is built or recorded (a dry run builds nothing: it may describe a run meant
     # for a bigger machine).
     memory_check.check_model_fits(cfg, env, workload.meta())
