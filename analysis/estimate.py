@@ -27,17 +27,20 @@ def main(argv=None) -> int:
 
     p = OneLineParser(prog="python -m analysis.estimate", description=__doc__.splitlines()[0], allow_abbrev=False,
                       formatter_class=argparse.RawDescriptionHelpFormatter,
-                      usage="python -m analysis.estimate [--world W] [--ranks_per_node N] [--json] [train.py flags]",
+                      usage="python -m analysis.estimate [--world W] [--gpus_per_node N] [--json] [train.py flags]",
                       epilog="\n".join(["Every other flag is train.py's, with train.py's names and defaults (python "
                                          "train.py --help), resolved as the run resolves them (training/describe.py): "
                                          "the estimate is of the run those flags launch on --world ranks. --device "
                                          "cuda estimates a GPU run from a machine without one.", "",
                                          *__doc__.splitlines()[2:7]]))
     p.add_argument("--world", type=int, default=1, help="ranks the run is launched on")
-    p.add_argument("--ranks_per_node", type=int, default=None,
+    p.add_argument("--gpus_per_node", type=int, default=None,
                    help="ranks (GPUs) per node: HYBRID_SHARD's default shard group (default: --world)")
     p.add_argument("--json", action="store_true", help="print JSON: the estimate's parts, the plan of --ckpt_policy "
                    "auto, and `config`, the run resolved (train.py --dry_run's record)")
+    from training.cli import refuse_renamed
+
+    refuse_renamed(p, argv)
     args, train_argv = p.parse_known_args(argv)
     chosen = []
 
@@ -50,9 +53,9 @@ def main(argv=None) -> int:
     try:
         from training.describe import describe
 
-        config = describe(train_argv, args.world, args.ranks_per_node, planner=planner)
+        config = describe(train_argv, args.world, args.gpus_per_node, planner=planner)
         model, positional, kwargs = record_arguments(config)
-        est = estimate(model, *positional, ranks_per_node=args.ranks_per_node, **kwargs)
+        est = estimate(model, *positional, ranks_per_node=args.gpus_per_node, **kwargs)
     except (ConfigError, DataError) as e:
         print(f"estimate: error: {e}", file=sys.stderr)
         return 2

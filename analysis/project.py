@@ -1,10 +1,10 @@
 """Project a model's training to W GPUs of a named kind and network, for every backend.
 
-    python -m analysis.project --gpus 8 64 --gpu H100-SXM --network infiniband-ndr \\
+    python -m analysis.project --world 8 64 --gpu H100-SXM --network infiniband-ndr \\
         --preset paper --micro_batch 1 --precision bf16 --attention sdpa
-    python -m analysis.project --gpus 8 --out reports/project --preset paper --micro_batch 1 --precision bf16
-    python -m analysis.project --gpus 8 64 --counted --configs ddp ds_configs/z3.json --preset tiny
-    python -m analysis.project --gpus 8 --model hf:llama --model_args num_hidden_layers=8,hidden_size=1024 \\
+    python -m analysis.project --world 8 --out reports/project --preset paper --micro_batch 1 --precision bf16
+    python -m analysis.project --world 8 64 --counted --configs ddp ds_configs/z3.json --preset tiny
+    python -m analysis.project --world 8 --model hf:llama --model_args num_hidden_layers=8,hidden_size=1024 \\
         --precision bf16 --attention sdpa
 
 The run is train.py's flags (any model that trains: GPT-lite, hf:, a model file; train.py's names and
@@ -268,13 +268,13 @@ def main(argv=None) -> int:
     hw = yaml.safe_load(HARDWARE.read_text())
     p = OneLineParser(prog="python -m analysis.project", description=__doc__.splitlines()[0], allow_abbrev=False,
                       formatter_class=argparse.RawDescriptionHelpFormatter,
-                      usage="python -m analysis.project [--gpus W ...] [--gpu GPU] [--network NET] [--configs C ...] "
+                      usage="python -m analysis.project [--world W ...] [--gpu GPU] [--network NET] [--configs C ...] "
                             "[--counted] [--out DIR] [train.py flags]",
                       epilog="Every other flag is train.py's, with train.py's names and defaults (the model, "
                              "--micro_batch, --grad_accum, --precision, --attention, checkpointing: python train.py "
                              "--help), resolved for each configuration as the run resolves it (training/describe.py), "
                              "on a GPU. The configuration itself is --configs'.\n\n" + "\n".join(__doc__.splitlines()[2:5]))
-    p.add_argument("--gpus", type=int, nargs="+", default=[8, 64], help="world sizes to project to")
+    p.add_argument("--world", type=int, nargs="+", default=[8, 64], help="world sizes (ranks, GPUs) to project to")
     p.add_argument("--gpu", default="H100-SXM", choices=tuple(hw["gpus"]))
     p.add_argument("--network", default="infiniband-ndr", choices=tuple(hw["networks"]))
     p.add_argument("--mfu", type=float, default=Assumptions.mfu)
@@ -287,13 +287,16 @@ def main(argv=None) -> int:
                         "run per configuration and W on this machine (about a minute each for the paper preset "
                         "on 2 CPU cores); the figure stays on theory")
     p.add_argument("--out", default=None, help="directory for projection.md and samples_vs_gpus.png")
+    from training.cli import refuse_renamed
+
+    refuse_renamed(p, argv)
     args, train_argv = p.parse_known_args(argv)
     for c in args.configs or []:
         if c in ("single", "accelerate") or (c not in ("ddp", "fsdp", "fsdp2") and not (
                 c.endswith((".yaml", ".json")) and (REPO / c).is_file())):
             p.error(f"--configs {c}: must be ddp, fsdp, fsdp2, or an existing fsdp_configs/*.yaml or "
                     "ds_configs/*.json file (relative to the repository)")
-    for flag, values in (("--gpus", args.gpus), ("--configs", args.configs or [])):
+    for flag, values in (("--world", args.world), ("--configs", args.configs or [])):
         twice = next((v for v in values if values.count(v) > 1), None)
         if twice is not None:
             p.error(f"{flag}: each at most once ({twice} is given {values.count(twice)} times)")
@@ -307,8 +310,8 @@ def main(argv=None) -> int:
     if not 0 < args.mfu <= 1 or not 0 <= args.overlap <= 1:
         p.error("--mfu must be in (0, 1], --overlap in [0, 1]")
     if any(w < 1 or (w > hw["gpus"][args.gpu]["gpus_per_node"] and w % hw["gpus"][args.gpu]["gpus_per_node"])
-           for w in args.gpus):
-        p.error(f"--gpus: each must be >= 1 and, beyond one node, whole nodes of {hw['gpus'][args.gpu]['gpus_per_node']}")
+           for w in args.world):
+        p.error(f"--world: each must be >= 1 and, beyond one node, whole nodes of {hw['gpus'][args.gpu]['gpus_per_node']}")
     a = Assumptions(mfu=args.mfu, overlap=args.overlap)
     try:  # the run's flags and every configuration file read before any work: a bad one is refused in one line
         from backends import deepspeed_config, fsdp_config
@@ -326,7 +329,7 @@ def main(argv=None) -> int:
                 deepspeed_config.read(str(REPO / c))
             elif c.endswith(".yaml"):
                 fsdp_config.load(str(REPO / c))
-        result = table(train_argv, args.gpus, args.gpu, args.network, a, args.configs, args.counted)
+        result = table(train_argv, args.world, args.gpu, args.network, a, args.configs, args.counted)
     except (ConfigError, DataError) as e:
         p.error(str(e))
     except RuntimeError as e:
@@ -344,7 +347,7 @@ def main(argv=None) -> int:
         ranked = group.sort_values("samples/s", ascending=False)
         lines += [f"W = {w}:", ranked.to_string(index=False, float_format=lambda v: f"{v:,.3g}"), ""]
     article = given.model == "gptlite" and given.preset == "paper" and set(result["micro x accum"]) == {"1x1"}
-    if article and 8 in args.gpus and set(ARTICLE) <= set(result["config"]):
+    if article and 8 in args.world and set(ARTICLE) <= set(result["config"]):
         eight = result[result["gpus"] == 8].set_index("config")
         lines += ["the article's 8-GPU measurements (micro-batch 1) beside this projection's order:"]
         order = sorted(ARTICLE, key=lambda c: -ARTICLE[c])

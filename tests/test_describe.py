@@ -112,7 +112,7 @@ def test_the_projection_resolves_each_configuration_as_train_py_does(entry):
     (["--micro_batch", "-4"], "micro_batch"),
     (["--deepspeed_config", "ds_configs/z3.json", "--fsdp_config", "fsdp_configs/fsdp2.yaml"], "fsdp_config"),
     (["--config", "ds_configs/z3.json"], "unrecognized arguments: --config"),
-    (["--fsdp_config", "fsdp_configs/hybrid_shard.yaml", "--world", "2", "--ranks_per_node", "1"],
+    (["--fsdp_config", "fsdp_configs/hybrid_shard.yaml", "--world", "2", "--gpus_per_node", "1"],
      "hybrid_shard_size 1 must be >= 2"),
     (["--ckpt_policy", "auto"], "mem_budget_gb"),
 ])

@@ -153,7 +153,10 @@ def test_estimate_against_the_gpu_reference_runs():
 def _estimate_cli(capsys, *argv: str) -> tuple[int, dict | str]:
     from analysis.estimate import main
 
-    code = main([*argv, "--device", "cpu", "--json"])
+    try:
+        code = main([*argv, "--device", "cpu", "--json"])
+    except SystemExit as e:  # the parser's own refusals
+        code = e.code
     out, err = capsys.readouterr()
     return code, (json.loads(out) if code == 0 else err)
 
@@ -167,7 +170,8 @@ def test_the_cli_applies_every_model_flag_or_refuses_it(capsys):
     fewer = _estimate_cli(capsys, "--preset", "tiny", "--n_layer", "2")[1]
     assert fewer["params"] < base["params"]
     for argv, message in ((("--model_args", "n_layer=2"), "model_args apply to hf:"),
-                          (("--world", "4", "--ranks_per_node", "0"), "ranks_per_node must be an integer >= 1"),
+                          (("--world", "4", "--gpus_per_node", "0"), "gpus_per_node must be an integer >= 1"),
+                          (("--ranks_per_node", "2"), "--ranks_per_node is now --gpus_per_node"),
                           (("--world", "0"), "world must be an integer >= 1"),
                           (("--model", "hf:gpt2", "--n_layer", "2"), "n_layer applies to --model gptlite")):
         code, err = _estimate_cli(capsys, "--preset", "tiny", *argv)

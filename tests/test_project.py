@@ -22,7 +22,7 @@ def _project(entry, world, net, gpu=H100, nvlink_latency_us=HW["nvlink_latency_u
 
 @pytest.mark.launch
 def test_the_cli_projects_every_backend_to_8_and_64_gpus(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "analysis.project", "--gpus", "8", "64", "--out", str(tmp_path),
+    proc = subprocess.run([sys.executable, "-m", "analysis.project", "--world", "8", "64", "--out", str(tmp_path),
                            *PAPER], cwd=REPO, env=base_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     for label in ("ddp", "deepspeed.z1", "deepspeed.z3", "fsdp.full_shard", "fsdp2.fsdp2", "fsdp.hybrid_shard"):
@@ -51,7 +51,7 @@ def test_a_slower_network_never_speeds_a_backend_up_and_zero3_moves_more_than_dd
     assert z3["comm GiB/step"] == pytest.approx(1.5 * z1["comm GiB/step"])  # 3 Psi against 2 Psi, same dtypes
 
 
-@pytest.mark.parametrize("flags", [pytest.param(["--mfu", "0"], marks=pytest.mark.launch), ["--gpus", "12"], ["--overlap", "2"], ["--configs", "single"],
+@pytest.mark.parametrize("flags", [pytest.param(["--mfu", "0"], marks=pytest.mark.launch), ["--world", "12"], ["--gpus", "8"], ["--overlap", "2"], ["--configs", "single"],
                                    ["--configs", "ds_configs/z9.json"], ["--backend", "ddp"],
                                    ["--deepspeed_config", "ds_configs/z3.json"], ["--device", "cpu"],
                                    ["--micro_batch", "0"], ["--model", "hf:nosuchmodel"], ["--preset", "huge"]])
@@ -76,7 +76,7 @@ def test_what_would_fail_later_is_refused_before_any_work(tmp_path, capsys):
     bad, taken = tmp_path / "bad.json", tmp_path / "taken"
     bad.write_text('{"train_batch_size": ')
     taken.write_text("x")
-    for flags, message in ((["--gpus", "8", "8"], "--gpus: each at most once"),
+    for flags, message in ((["--world", "8", "8"], "--world: each at most once"),
                            (["--configs", "ddp", "ddp"], "--configs: each at most once"),
                            (["--out", str(taken)], f"{taken} exists and is not a directory"),
                            (["--configs", "ddp", str(bad)], "not valid JSON")):

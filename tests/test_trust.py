@@ -67,8 +67,8 @@ TOOL_CASES = [
     (["-m", "analysis.estimate", "--deepspeed_config", "ds_configs/z3.json", "--fsdp_config",
       "fsdp_configs/fsdp2.yaml"], "fsdp_config applies to backends fsdp and fsdp2 (got backend 'deepspeed')"),
     (["-m", "analysis.estimate", "--fsdp_config", "fsdp_configs/hybrid_shard.yaml", "--world", "2",
-      "--ranks_per_node", "1"], "hybrid_shard_size 1 must be >= 2"),
-    (["-m", "analysis.estimate", "--world", "3", "--ranks_per_node", "2"], "ranks_per_node 2 must divide world 3"),
+      "--gpus_per_node", "1"], "hybrid_shard_size 1 must be >= 2"),
+    (["-m", "analysis.estimate", "--world", "3", "--gpus_per_node", "2"], "gpus_per_node 2 must divide world 3"),
 ]
 AS_PROCESS = (0, 1, 2, 4)  # one refusal of each tool as a process (its exit code, its one line); the rest here
 

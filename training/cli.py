@@ -64,6 +64,21 @@ class OneLineParser(argparse.ArgumentParser):
         sys.exit(report_bad_input(f"{self.prog}: error: {message}"))
 
 
+# The tools' shared names for one idea (issue 41): a spelling a tool used before, and the name now.
+RENAMED_FLAGS = {"--ranks_per_node": "--gpus_per_node", "--gpus": "--world"}
+
+
+def refuse_renamed(parser: argparse.ArgumentParser, argv: list[str] | None) -> None:
+    """A flag under a name the tools no longer use: one line naming the new one (before parsing, since
+    the tools pass unknown flags on to train.py's parser, which would only call it unknown)."""
+    for token in sys.argv[1:] if argv is None else argv:
+        if token == "--":
+            break
+        name = str(token).split("=", 1)[0]
+        if name in RENAMED_FLAGS:
+            parser.error(f"{name} is now {RENAMED_FLAGS[name]}, the name every tool uses for it")
+
+
 class _RaisingParser(OneLineParser):
     def error(self, message: str):
         raise ConfigError(message)

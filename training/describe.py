@@ -32,12 +32,12 @@ def simulated_env(world: int = 1, ranks_per_node: int | None = None, device: str
     """Rank 0 of `world` ranks, `ranks_per_node` to a node (default: all on one), on `device`: a
     description, not a process group. `cuda` is accepted where CUDA is not (a GPU run described
     from a laptop); `auto` is this machine's."""
-    for name, value in (("world", world), ("ranks_per_node", ranks_per_node)):
+    for name, value in (("world", world), ("gpus_per_node", ranks_per_node)):
         if value is not None and (not isinstance(value, int) or value < 1):
             raise ConfigError(f"{name} must be an integer >= 1 (got {value!r})")
     per_node = ranks_per_node or world
     if world % per_node and world > per_node:
-        raise ConfigError(f"ranks_per_node {per_node} must divide world {world} (whole nodes)")
+        raise ConfigError(f"gpus_per_node {per_node} must divide world {world} (whole nodes)")
     if device not in DEVICES:
         raise ConfigError(f"device must be one of {', '.join(DEVICES)} (got {device!r})")
     if device == "auto":
