@@ -709,7 +709,9 @@ def _measured(row: dict, runs: list, runs_dir: Path, rank: int) -> dict:
     else:
         spread = [ok[0].samples_per_s_p25, ok[0].samples_per_s_p75] if ok else [None, None]
     peaks = [o.summary.mem_peak_bytes for _, o in runs if o.summary.mem_peak_bytes]
-    out = {"command": row["command"], "record": str(runs_dir / runs[0][0].name), "status": status,
+    label = " ".join(str(row[k]) for k in ("config", "micro x accum", "ckpt") if k in row)
+    out = {"candidate": label, "command": row["command"],
+           "record": str(runs_dir / runs[0][0].name), "status": status,
            "measured_samples_per_s": statistics.median(s.samples_per_s for s in ok) if ok else None,
            "pred_samples_per_s": row["pred_samples_per_s"], "measured_spread": spread,
            "measured_peak_gb": max(peaks) / GiB if peaks else None, "est_peak_gb": row["est_peak_gb"], "rank": rank}
@@ -1042,8 +1044,9 @@ def _print_verified(verified: list[dict], fitted: dict | None, fitting: list[dic
     import pandas as pd
 
     print = functools.partial(builtins.print, file=file or sys.stdout)
-    print("\npredicted against measured (peaks in GiB):")
-    table = pd.DataFrame(verified).drop(columns=["record", "records", "measured_spread"], errors="ignore")
+    print("\npredicted against measured (peaks in GiB; each candidate's command below the table):")
+    table = pd.DataFrame(verified).drop(columns=["record", "records", "measured_spread", "command"], errors="ignore")
+    table.insert(0, "#", range(1, len(verified) + 1))
     if "measured_runs" in table:  # each run's samples/s, in the order they ran
         table["measured_runs"] = ["/".join("-" if x is None else f"{x:.3g}" for x in runs)
                                   for runs in table["measured_runs"]]
@@ -1052,6 +1055,8 @@ def _print_verified(verified: list[dict], fitted: dict | None, fitting: list[dic
                  [(v["measured_spread"][1] - v["measured_spread"][0]) / v["measured_samples_per_s"]
                   if v["measured_samples_per_s"] and None not in v["measured_spread"] else None for v in verified])
     print(table.to_string(index=False, float_format=lambda v: f"{v:,.4g}"))
+    for i, v in enumerate(verified, 1):  # a command is 100-200 characters: never a column
+        print(f"  {i}: {v['command']}")
     if fitted:
         overhead = ", ".join(f"{c} x {o:.3g}" for c, o in fitted["overhead"].items())
         steps = (f" (its micro-steps' fixed cost x {fitted['micro_step_factor']:.3g})"
