@@ -1,4 +1,4 @@
-"""The planner (analysis/plan.py): the candidates it searches, the budget that prunes them, the ranking,
+"""The planner (analysis/plan/): the candidates it searches, the budget that prunes them, the ranking,
 the commands it prints (which train.py resolves as the planner did), this machine's calibration, the
 CLI's bad input, and --verify's real runs through the sweep runner."""
 

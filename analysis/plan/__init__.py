@@ -1,0 +1,391 @@
+"""Plan a run: which configuration to train a model with on W ranks under a memory budget per rank.
+
+    python -m analysis.plan --world 2 --gpu here --mem_budget_gb 0.3 --global_batch 16 --preset small
+    python -m analysis.plan --world 8 --gpu H100-SXM --mem_budget_gb 40 --global_batch 64 \\
+        --preset paper --precision bf16 --attention sdpa
+
+The model is train.py's flags (any model that trains: GPT-lite, hf:, a model file; train.py's names
+and defaults). The planner chooses the rest: the backend configuration (ddp and every shipped
+fsdp_configs/ and ds_configs/ file, or --configs), micro-batch x accumulation with micro x accumulation
+x W = --global_batch, and checkpointing (none, full every k, selective every k: --ckpt). Each candidate
+is resolved as train.py resolves it (training/describe.py: a refused one is listed with train.py's
+reason), its peak per rank estimated (analysis.estimate; over the budget less the estimator's error
+band, MARGIN, 15%: dropped, naming the part that breaks it), and its step timed by a
+model whose parts are printed:
+
+    compute   --gpu NAME: FLOPs per sample (counted, plus what checkpointing recomputes) x samples per
+              rank / (the precision's peak x MFU), as analysis.project;
+              --gpu here: calibrated on this machine's device: the model's forward and backward timed
+              at two micro-batches (a fixed time per micro-step plus a time per sample), the optimizer
+              step timed, and the recompute of full and selective checkpointing timed as a share of a
+              micro-step's time
+    comm      each backend's collectives by theory (Backend.comm_theory) over alpha-beta links
+              (hardware.yaml for a named GPU; --gpu here: all_reduce timed between W local processes),
+              cut into the calls the configuration's bucket sizes make (Backend.comm_schedule: each
+              call pays the link's latency); with --counted, the calls and bytes counted by running
+              the candidate as rank 0 of W under the fake process group (training.fake_world)
+    wait      the share of comm nothing overlaps (Backend.comm_schedule): DeepSpeed stage 0's all-reduce
+              after backward, ZeRO-1/2's gather in the optimizer step and reductions without
+              overlap_comm, ZeRO-3's gathers with stage3_prefetch_bucket_size 0, FSDP's backward
+              gathers with backward_prefetch null, DDP's last bucket (ready when backward ends); on
+              the critical path, never hidden
+    offload   host<->device bytes / PCIe and the CPU optimizer's time (a named GPU only)
+    step      compute + (1 - overlap) x comm + wait + offload;  samples/s = global batch / step
+
+--variants DIR adds the variants of the compared configurations that change speed or memory (bucket
+sizes, prefetching: variants()), written into DIR as the files their commands name (DDP's are flags).
+The answer is ranked by predicted samples/s, with each candidate's exact launch command.
+--verify K runs the top K and two further down (here, or as Slurm jobs with --executor slurm;
+--verify_rounds R runs each R times, taking turns), refits the step model on them and picks the
+fastest measured. --out DIR writes plan.md and plan.png (every
+candidate's estimated peak against its predicted samples/s, with the frontier and the budget).
+"""
+
+from __future__ import annotations
+
+import argparse
+import builtins
+import functools
+import json
+import math
+import shlex
+import sys
+from pathlib import Path
+
+import yaml
+
+from gptlite.data import DataError
+from gptlite.errors import ConfigError
+from analysis.plan.candidates import (CHOSEN_FLAGS, CKPT, Candidate, GiB, MARGIN, REPO, RUN_OWN_FLAGS, WARM_S,
+    _check_ckpt_within_blocks, _check_config, _number, _source, candidates, configurations, variants,
+    write_variants)  # noqa: F401 - the planner's API, as one module had it
+from analysis.plan.device import (CALIBRATION_LINE, Device, Link, _probe_rank, calibrate, calibration_line,
+    calibration_points, here_device, named_device, probe_link)  # noqa: F401 - the planner's API, as one module had it
+from analysis.plan.cost import _FLOPS, command, evaluate, plan, rank  # noqa: F401 - the planner's API, as one module had it
+from analysis.plan.verify import SLURM_OWN, _measured, _on_slurm, flag_pairs, to_verify, verify  # noqa: F401 - the planner's API, as one module had it
+from analysis.plan.refit import _bounded_lstsq, refit, replay  # noqa: F401 - the planner's API, as one module had it
+
+
+def main(argv=None) -> int:
+    from analysis.project import HARDWARE
+    from training.cli import OneLineParser
+
+    hw = yaml.safe_load(HARDWARE.read_text())
+    p = OneLineParser(prog="python -m analysis.plan", description=__doc__.splitlines()[0], allow_abbrev=False,
+                      formatter_class=argparse.RawDescriptionHelpFormatter,
+                      usage="python -m analysis.plan --world W --mem_budget_gb M --global_batch B [--gpu GPU|here] "
+                            "[--configs C ...] [--variants DIR] [--ckpt P ...] [--top N] [--json] [train.py's model flags]",
+                      epilog="Every other flag is train.py's, with train.py's names and defaults (the model: --model, "
+                             "--preset, --model_args, --block_size, --precision, --attention, ...: python train.py "
+                             "--help). What the planner chooses (the backend and its file, --micro_batch, "
+                             "--grad_accum, checkpointing) is refused among them.\n\n" + __doc__.split("\n\n", 2)[2])
+    p.add_argument("--world", type=int, required=True, help="ranks (GPUs) the run is launched on")
+    p.add_argument("--gpus_per_node", type=int, default=None, help="ranks per node (default: the GPU's node, "
+                   "hardware.yaml; --gpu here: --world)")
+    p.add_argument("--gpu", default="here", choices=("here", *hw["gpus"]),
+                   help="a GPU of analysis/hardware.yaml, or here: this machine, its compute calibrated and its link probed")
+    p.add_argument("--network", default="infiniband-ndr", choices=tuple(hw["networks"]), help="between nodes")
+    p.add_argument("--mem_budget_gb", type=float, required=True, help="memory per rank, GiB (train.py's flag)")
+    p.add_argument("--global_batch", type=int, required=True,
+                   help="samples per optimizer step, fixed as a recipe fixes it: micro x accumulation x world")
+    p.add_argument("--configs", nargs="+", default=None, metavar="CONFIG",
+                   help="single, ddp, fsdp, fsdp2, or fsdp_configs/ and ds_configs/ files (default: all shipped)")
+    p.add_argument("--variants", default=None, metavar="DIR",
+                   help="also plan the variants of the configurations that change speed or memory, written into DIR "
+                        "as files the commands name: DDP's buckets a quarter and 4x its 25 MiB (--ddp_bucket_cap_mb: "
+                        "flags, no file), DeepSpeed ZeRO-1/2 reduce buckets a quarter and 4x the file's, ZeRO-3 "
+                        "without prefetch and with 100x the file's persistence threshold (priced with --counted), "
+                        "FSDP FULL_SHARD/HYBRID_SHARD without backward prefetch")
+    p.add_argument("--counted", action="store_true",
+                   help="price each fitting candidate's real collectives (calls and bytes), counted by running it as rank "
+                        "0 of --world under the fake process group (training.fake_world: a few seconds each), not the "
+                        "theory's bytes cut by the configuration's buckets: "
+                        "ZeRO-3's and FSDP's gathers go module by module")
+    p.add_argument("--ckpt", nargs="+", default=list(CKPT), metavar="P",
+                   help="checkpointing candidates: none, full/K, selective/K (every K-th block)")
+    p.add_argument("--micro_batches", type=int, nargs="+", default=None, help="only these micro-batches")
+    p.add_argument("--mfu", type=float, default=0.4, help="a named GPU's model FLOPs utilisation")
+    p.add_argument("--overlap", type=float, default=0.5, help="share of communication hidden behind compute")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="also write DIR/plan.md (the tables and the pick) and DIR/plan.png (every candidate's estimated "
+                        "peak against its predicted samples/s, the frontier, the budget, the verified runs as measured)")
+    p.add_argument("--top", type=int, default=10, help="rows of the ranked table shown")
+    p.add_argument("--json", action="store_true", help="print one JSON object: candidates (ranked) and pick, "
+                   "and with --verify, verified")
+    p.add_argument("--verify", type=int, default=0, metavar="K",
+                   help="run the top K candidates and two from further down on this machine (--gpu here), as "
+                        "ordinary records under --runs_dir, and pick the fastest measured one within the budget")
+    p.add_argument("--verify_steps", type=int, default=8, help="steps of each verifying run (2 warm-up steps and the "
+                   "last, profiled for memory, are not timed)")
+    p.add_argument("--verify_rounds", type=int, default=1, metavar="R",
+                   help="run each verified candidate R times, taking turns (every candidate once, then again): its "
+                        "samples/s is the median of its runs, its spread their range (this machine's speed "
+                        "drifts between runs more than within one)")
+    p.add_argument("--runs_dir", default="runs/plan", help="where verifying runs are recorded")
+    p.add_argument("--timeout_s", type=float, default=900, help="each verifying run's limit")
+    from training.slurm import add_flags
+
+    # --verify's runs as Slurm jobs (on nodes like this machine: the calibration's); a run's shape
+    # is the plan's own (--world, --gpus_per_node).
+    add_flags(p, where="the executor's default", skip=SLURM_OWN)
+    args, train_argv = p.parse_known_args(argv)
+    if args.world < 1 or args.global_batch < 1:
+        p.error("--world and --global_batch must be >= 1")
+    if not (math.isfinite(args.mem_budget_gb) and args.mem_budget_gb > 0):
+        p.error(f"--mem_budget_gb must be a number of GiB > 0 (got {args.mem_budget_gb:g})")
+    if args.gpus_per_node is not None and args.gpus_per_node < 1:
+        p.error(f"--gpus_per_node must be >= 1 (got {args.gpus_per_node})")
+    if not 0 < args.mfu <= 1 or not 0 <= args.overlap <= 1:
+        p.error("--mfu must be in (0, 1], --overlap in [0, 1]")
+    if args.top < 1:
+        p.error(f"--top must be >= 1 (got {args.top}): the rows of the ranked table shown")
+    if not (math.isfinite(args.timeout_s) and args.timeout_s > 0):
+        p.error(f"--timeout_s must be a number of seconds > 0 (got {args.timeout_s:g}): each verifying run's limit")
+    for flag, values in (("--configs", args.configs or []), ("--ckpt", args.ckpt), ("--micro_batches", args.micro_batches or [])):
+        twice = next((v for v in values if values.count(v) > 1), None)
+        if twice is not None:
+            p.error(f"{flag}: each at most once ({twice} is given {values.count(twice)} times)")
+    for m in args.micro_batches or []:
+        if m < 1:
+            p.error(f"--micro_batches: each >= 1 (got {m})")
+    for c in args.configs or []:
+        try:
+            _check_config(c)
+        except ConfigError as e:
+            p.error(str(e))
+    if args.verify and args.gpu != "here":
+        p.error("--verify runs the candidates on this machine: it needs --gpu here")
+    if args.verify_rounds != 1 and not args.verify:
+        p.error("--verify_rounds: it repeats the runs of --verify K; give --verify too")
+    if args.verify < 0 or args.verify_steps < 4 or args.verify_rounds < 1:
+        p.error("--verify must be >= 0, --verify_rounds >= 1 and --verify_steps >= 4 (2 warm-up steps and the "
+                "profiled last one are not timed)")
+    if args.gpu == "here" and args.gpus_per_node is not None and args.gpus_per_node < args.world:
+        p.error("--gpus_per_node: --gpu here plans on this machine, one node of all --world ranks")
+    if args.out:  # before any calibration or run: bad input records nothing
+        from training.preflight import writable_out
+
+        try:
+            writable_out("--out", args.out)
+        except ConfigError as e:
+            p.error(str(e))
+    per_node = args.gpus_per_node or (args.world if args.gpu == "here" else hw["gpus"][args.gpu]["gpus_per_node"])
+    try:
+        from training.cli import config_from_argv
+
+        given, defaults = config_from_argv(train_argv), config_from_argv([])
+        for name in CHOSEN_FLAGS:
+            if getattr(given, name) != getattr(defaults, name):
+                raise ConfigError(f"--{name}: the planner chooses it (--configs, --micro_batches, --ckpt narrow the choice)")
+        for name in RUN_OWN_FLAGS:
+            if getattr(given, name) != getattr(defaults, name):
+                raise ConfigError(f"--{name}: one run's own, not the model's: every candidate's command would carry it "
+                                  "(add it to the command you pick)")
+        ckpt = tuple(Candidate("ddp", 1, 1, k).ckpt for k in args.ckpt)
+        if args.ckpt != list(CKPT):
+            _check_ckpt_within_blocks(ckpt, given)
+        configs = args.configs or configurations(args.world, per_node)
+        asked = candidates(configs, args.world, args.global_batch, ckpt, args.micro_batches)  # the question checked first
+        slurm = None
+        if args.verify and args.executor == "slurm":  # checked before anything is written or run
+            from training.slurm import SlurmSettings, settings_from
+
+            slurm = settings_from(SlurmSettings(), args, skip=SLURM_OWN)
+        bases = write_variants(configs, args.variants) if args.variants else {}
+        configs = [*configs, *bases]
+        if args.gpu == "here":
+            if not args.json:
+                print("calibrating this machine (the model's step timed; the link between its ranks probed) ...",
+                      file=sys.stderr, flush=True)
+            device = here_device(train_argv, args.world, per_node, args.overlap,
+                                 sorted({c.micro_batch for c in asked}))
+        else:
+            device = named_device(args.gpu, args.network, args.mfu, args.overlap, given.precision)
+        rows = plan(train_argv, args.world, per_node, args.mem_budget_gb, args.global_batch, device, configs, ckpt,
+                    args.micro_batches, progress=not args.json, bases=bases, counted=args.counted)
+        if args.counted:
+            failed = sorted({r["bytes"] for r in rows if r.get("bytes", "").startswith("theory (")})
+            device.notes.append(f"comm: the fitting candidates' collectives counted as rank 0 of {args.world} under "
+                                "the fake process group" + (f"; not counted, on the theory's bytes: {'; '.join(failed)}"
+                                                             if failed else ""))
+        fitting = [r for r in rows if r.get("fits")]
+        verified, fitted = [], None
+        if args.verify and fitting:
+            if not args.json:
+                _print_table(rows, fitting, device, args)
+                rounds = f", {args.verify_rounds} rounds" if args.verify_rounds > 1 else ""
+                print(f"\nverifying: the top {args.verify} and two further down, {args.verify_steps} steps each"
+                      f"{rounds}, into {args.runs_dir}", flush=True)
+            verified = verify(rows, args.verify, train_argv, args.world, Path(args.runs_dir).resolve(), args.verify_steps,
+                              args.timeout_s, slurm, args.verify_rounds)
+            fitted = refit(rows, verified, args.global_batch)
+    except (ConfigError, DataError) as e:
+        p.error(str(e))
+    except RuntimeError as e:
+        print(f"python -m analysis.plan: {e}", file=sys.stderr)
+        return 1
+    within = [v for v in verified if v["status"] == "ok" and v["measured_peak_gb"] is not None
+              and v["measured_peak_gb"] <= args.mem_budget_gb]
+    best = max(within, key=lambda v: v["measured_samples_per_s"] or 0.0, default=None)
+    pick = best["command"] if best else (fitting[0]["command"] if fitting and not args.verify else None)
+    ties = _ties(best, within)
+    if args.out:
+        try:
+            write_out(Path(args.out), rows, fitting, device, args, verified, fitted, pick, ties,
+                      sys.argv[1:] if argv is None else argv)
+        except OSError as e:
+            p.error(f"--out {args.out}: cannot write there ({e.strerror or e})")
+    if args.json:
+        shown = [{**{k: v for k, v in r.items() if k != "candidate"}, "config_flags": r["candidate"].flags()}
+                 for r in rows]
+        calibration = ({"calibration": {"micro_step_s": device.micro_step_s, "sample_s": device.sample_s,
+                                        "optimizer_s": device.optimizer_s, "recompute": device.recompute}}
+                       if device.flops_per_s is None else {})  # what replay() needs to re-price the plan
+        print(json.dumps({"device": device.name, "assumptions": device.notes, **calibration, "candidates": shown,
+                          "pick": pick,
+                          **({"verified": verified, "refit": fitted, "ties_with_pick": ties} if args.verify else {})},
+                         indent=2))
+        return 0 if pick else 1
+    if args.verify and fitting:
+        _print_verified(verified, fitted, fitting, pick, ties)
+        return 0 if pick else 1
+    return _print_table(rows, fitting, device, args)
+
+
+def _print_verified(verified: list[dict], fitted: dict | None, fitting: list[dict], pick: str | None,
+                    ties: list[str], file=None) -> None:
+    import pandas as pd
+
+    print = functools.partial(builtins.print, file=file or sys.stdout)
+    print("\npredicted against measured (peaks in GiB; each candidate's command below the table):")
+    table = pd.DataFrame(verified).drop(columns=["record", "records", "measured_spread", "command"], errors="ignore")
+    table.insert(0, "#", range(1, len(verified) + 1))
+    if "measured_runs" in table:  # each run's samples/s, in the order they ran
+        table["measured_runs"] = ["/".join("-" if x is None else f"{x:.3g}" for x in runs)
+                                  for runs in table["measured_runs"]]
+    # The spread over the median: one run's timed steps' interquartile range, or its runs' range.
+    table.insert(table.columns.get_loc("measured_samples_per_s") + 1, "spread",
+                 [(v["measured_spread"][1] - v["measured_spread"][0]) / v["measured_samples_per_s"]
+                  if v["measured_samples_per_s"] and None not in v["measured_spread"] else None for v in verified])
+    print(table.to_string(index=False, float_format=lambda v: f"{v:,.4g}"))
+    for i, v in enumerate(verified, 1):  # a command is 100-200 characters: never a column
+        print(f"  {i}: {v['command']}")
+    if fitted:
+        overhead = ", ".join(f"{c} x {o:.3g}" for c, o in fitted["overhead"].items())
+        steps = (f" (its micro-steps' fixed cost x {fitted['micro_step_factor']:.3g})"
+                 if "micro_step_factor" in fitted else "")
+        print(f"\nrefitted on {fitted['runs']} verified candidates: compute x {fitted['compute_factor']:.3g}{steps}, overlap "
+              f"{fitted['overlap']:.2f}; each verified configuration's overhead: {overhead}; re-ranked, "
+              f"the top {min(5, len(fitting))}:")
+        again = sorted(fitting, key=lambda r: -r["refit_samples_per_s"])[:5]
+        print(pd.DataFrame(again)[["config", "micro x accum", "ckpt", "est_peak_gb", "pred_samples_per_s",
+                                   "refit_samples_per_s"]].to_string(index=False, float_format=lambda v: f"{v:,.4g}"))
+    print("\npick (fastest measured within the budget):", pick or "none of the verified runs")
+    for command in ties:
+        print(f"  a tie, not a win: {command} (its spread overlaps the pick's)")
+
+
+def frontier(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The (memory, samples/s) points no other point beats on both: less memory and more samples/s,
+    by increasing memory."""
+    best, out = -math.inf, []
+    for mem, rate in sorted(points, key=lambda p: (p[0], -p[1])):
+        if rate > best:
+            out.append((mem, rate))
+            best = rate
+    return out
+
+
+def write_out(out: Path, rows: list[dict], fitting: list[dict], device: Device, args, verified: list[dict],
+              fitted: dict | None, pick: str | None, ties: list[str], argv: list[str]) -> None:
+    """--out DIR: plan.md (the ranked table, what was verified, the pick) and plan.png (every
+    candidate's estimated peak against its predicted samples/s, the frontier, the budget, and the
+    verified runs as measured)."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    out.mkdir(parents=True, exist_ok=True)
+    text = io.StringIO()
+    _print_table(rows, fitting, device, args, file=text)
+    if args.verify and fitting:
+        _print_verified(verified, fitted, fitting, pick, ties, file=text)
+    shown = [r for r in rows if "pred_samples_per_s" in r]
+    # After --verify's refit, every candidate where the refitted model puts it.
+    speed, said = ("refit_samples_per_s", "refitted") if fitted else ("pred_samples_per_s", "predicted")
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    if shown:
+        frame = {"estimated peak per rank (GiB)": [r["est_peak_gb"] for r in shown],
+                 f"{said} samples/s": [r[speed] for r in shown],
+                 "config": [r["config"] for r in shown],
+                 "fits": ["fits" if r.get("fits") else "over the budget" for r in shown]}
+        sns.scatterplot(frame, x="estimated peak per rank (GiB)", y=f"{said} samples/s", hue="config", style="fits",
+                        style_order=["fits", "over the budget"], ax=ax, s=40)
+        edge = frontier([(r["est_peak_gb"], r[speed]) for r in shown])
+        ax.plot(*zip(*edge), color="grey", drawstyle="steps-post", linewidth=1, label=f"frontier ({said})")
+    ax.axvline(args.mem_budget_gb, color="red", linestyle="--", linewidth=1, label=f"budget {args.mem_budget_gb:g} GiB")
+    ax.axvline(args.mem_budget_gb * (1 - MARGIN), color="red", linestyle=":", linewidth=1,
+               label=f"budget less the estimator's band ({MARGIN:.0%})")
+    measured = [v for v in verified if v.get("measured_samples_per_s") and v.get("measured_peak_gb") is not None]
+    if measured:
+        ax.scatter([v["measured_peak_gb"] for v in measured], [v["measured_samples_per_s"] for v in measured],
+                   marker="x", color="black", s=60, label="verified: measured")
+    chosen = next((v for v in measured if v["command"] == pick), None) or \
+        next((r for r in shown if r.get("command") == pick and not verified), None)
+    if chosen:
+        x = chosen.get("measured_peak_gb", chosen.get("est_peak_gb"))
+        y = chosen.get("measured_samples_per_s", chosen.get(speed))
+        ax.scatter([x], [y], marker="*", color="gold", edgecolor="black", s=250, zorder=5, label="pick")
+    ax.set(title=f"{len(rows)} candidates, world {args.world}, global batch {args.global_batch}, on {device.name}",
+           xlabel="peak per rank, GiB (estimated; verified runs: measured)",
+           ylabel=f"samples/s ({said}; verified runs: measured)")
+    ax.legend(fontsize="x-small", ncol=2)
+    fig.tight_layout()
+    fig.savefig(out / "plan.png", dpi=110)
+    plt.close(fig)
+    (out / "plan.md").write_text(
+        f"# Plan: world {args.world}, budget {args.mem_budget_gb:g} GiB per rank, global batch {args.global_batch}\n\n"
+        f"`python -m analysis.plan {shlex.join(argv)}`\n\n"
+        f"```\n{text.getvalue().strip()}\n```\n\n"
+        + (f"Pick:\n\n```\n{pick}\n```\n\n" if pick else "No pick: no candidate fits.\n\n")
+        + f"![estimated peak against {said} samples/s](plan.png)\n")
+
+
+def _ties(best: dict | None, within: list[dict]) -> list[str]:
+    """The commands of the verified runs within the budget whose measured spread (one run's timed
+    steps' quartiles of samples/s, or its runs' range: _measured) overlaps the pick's: as fast as the
+    pick within the noise of the measurement."""
+    from analysis.tables import within_spread
+
+    if best is None:
+        return []
+    return [v["command"] for v in within if v is not best
+            and within_spread(tuple(v.get("measured_spread") or (None, None)),
+                              tuple(best.get("measured_spread") or (None, None)))]
+
+
+def _print_table(rows: list[dict], fitting: list[dict], device: Device, args, file=None) -> int:
+    print = functools.partial(builtins.print, file=file or sys.stdout)
+    print(f"{len(rows)} candidates on {device.name}, world {args.world}, budget {args.mem_budget_gb:g} GiB per rank, "
+          f"global batch {args.global_batch}: {len(fitting)} fit, "
+          f"{sum('breaks' in r for r in rows)} over the budget, {sum('refused' in r for r in rows)} refused by train.py")
+    for note in device.notes:
+        print(f"  {note}")
+    if fitting:
+        import pandas as pd
+
+        columns = ["config", "micro x accum", "ckpt", "est_peak_gb", "margin_gb", "compute_ms", "comm_ms", "wait_ms",
+                   "offload_ms", "step_ms", "pred_samples_per_s"]
+        table = pd.DataFrame(fitting[:args.top])[columns]
+        print(table.to_string(index=False, float_format=lambda v: f"{v:,.4g}"))
+        print("\npredicted pick:" if args.verify else "\npick:", fitting[0]["command"])
+    else:
+        least = min((r for r in rows if "est_peak_gb" in r), key=lambda r: r["est_peak_gb"], default=None)
+        print("no candidate fits" + (f": the smallest estimated peak is {least['est_peak_gb']:.3g} GiB "
+                                     f"({least['command']}; {least['breaks']})" if least else ""))
+        return 1
+    return 0

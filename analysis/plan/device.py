@@ -1,0 +1,209 @@
+"""The device a plan is priced on: a named GPU (analysis/hardware.yaml) or this machine, its model step
+calibrated and the link between its ranks probed."""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import math
+import re
+import statistics
+import time
+from dataclasses import dataclass
+
+import yaml
+
+from analysis.plan.candidates import WARM_S
+
+
+@dataclass
+class Link:
+    """An alpha-beta link: bus GB/s and latency (microseconds) per ring step; where it came from."""
+
+    gb_s: float
+    latency_us: float
+    source: str
+
+
+@dataclass
+class Device:
+    """What the step-time model knows of the device: a named GPU's datasheet, or this machine measured."""
+
+    name: str
+    inside: Link  # between the ranks of a node
+    between: Link  # between nodes
+    flops_per_s: float | None = None  # peak x MFU (a named GPU)
+    micro_step_s: float = 0.0  # calibrated: fixed seconds per micro-step
+    sample_s: float = 0.0  # calibrated: seconds per sample of forward and backward
+    optimizer_s: float = 0.0  # calibrated: the optimizer step
+    recompute: dict = dataclasses.field(default_factory=dict)  # calibrated: {full, selective}: extra share
+    pcie_gb_s: float | None = None
+    cpu_adam_gparams_s: float = 1.0
+    overlap: float = 0.5
+    memory_gib: float | None = None
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+
+def named_device(name: str, network: str, mfu: float, overlap: float, precision: str) -> Device:
+    """A GPU of analysis/hardware.yaml: its datasheet peak for `precision` x MFU and its links."""
+    from analysis.project import HARDWARE
+
+    hw = yaml.safe_load(HARDWARE.read_text())
+    gpu, net = hw["gpus"][name], hw["networks"][network]
+    peak = gpu["fp32_tflops" if precision == "fp32" else "bf16_tflops"] * 1e12
+    return Device(name, Link(gpu["nvlink_gb_s"], hw["nvlink_latency_us"], "datasheet (hardware.yaml)"),
+                  Link(net["gb_s_per_gpu"], net["latency_us"], f"{network} (hardware.yaml)"), flops_per_s=peak * mfu,
+                  pcie_gb_s=gpu["pcie_gb_s"], overlap=overlap, memory_gib=gpu["memory_gib"],
+                  notes=[f"compute: {precision} peak {peak / 1e12:g} TFLOP/s x MFU {mfu}", f"overlap {overlap}"])
+
+
+def calibrate(workload, block_class: str | None, micro_batches: tuple[int, int], device: str, save_ops,
+              reps: int = 3, precision: str = "fp32") -> dict:
+    """This machine's device, measured on the real model (seed 0) in the run's `precision`: a
+    micro-step's forward and backward at two micro-batches (each shape's first call untimed, a GPU
+    warmed up on the larger, then the two taking turns, the median of `reps` each) fitted as fixed +
+    per-sample seconds; the optimizer's step (AdamW); and what full and selective checkpointing
+    of every block add, as a share of the larger micro-batch's time (ckpt_plan.measured_costs)."""
+    import torch
+
+    from estimator.ckpt_plan import forward_backward, measured_costs, seconds_of
+
+    dev = torch.device(device)
+    model = workload.build(0).to(dev)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    batches = {m: tuple(t.to(dev) for t in workload.example(m)) for m in micro_batches}
+
+    def timed(m: int) -> float:
+        return seconds_of(dev, lambda: forward_backward(model, *batches[m], precision))
+
+    times: dict[int, list[float]] = {m: [] for m in micro_batches}
+    with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
+        for m in micro_batches:  # each shape's first call (kernel choice, allocation) is not timed
+            timed(m)
+        # The first micro-batch timed on a GPU read slow: on an H100, micro-batch 8 at 59.3 ms where the
+        # grid's own runs say 43 (8x8 against 32x2, runs/reference/nvidia-h100-80gb-hbm3-plan), which
+        # put 26 ms on every micro-step where they say 6.5; on an H200, micro-batch 1 timed first, 19 against
+        # 6.5. So a GPU runs the largest for WARM_S first (a GPU from idle raises its clocks under load;
+        # the cause is not established), and the points take turns, each rep timing both.
+        started = time.perf_counter()
+        while dev.type == "cuda" and time.perf_counter() - started < WARM_S:
+            timed(max(micro_batches))
+        for _ in range(reps):
+            for m in micro_batches:
+                times[m].append(timed(m))
+    seconds = {m: statistics.median(t) for m, t in times.items()}
+    step = statistics.median([seconds_of(dev, optimizer.step) for _ in range(reps + 1)][1:])
+    small, large = micro_batches
+    per_sample = max(0.0, (seconds[large] - seconds[small]) / (large - small))
+    fixed = max(0.0, seconds[small] - small * per_sample)
+    extra = measured_costs(workload, block_class, large, device, save_ops, ["full", "selective"], 0,
+                           precision=precision) or {}
+    return {"micro_step_s": fixed, "sample_s": per_sample, "optimizer_s": step,
+            "recompute": {k: v / seconds[large] for k, v in extra.items()}, "timed": seconds}
+
+
+def calibration_line(c: dict) -> str:
+    """The calibrated line as a plan prints it (its assumptions; replay reads it back from a plan
+    saved before --json carried `calibration`)."""
+    return (f"{c['micro_step_s'] * 1e3:.1f} ms per micro-step + {c['sample_s'] * 1e3:.2f} ms per sample, "
+            f"optimizer step {c['optimizer_s'] * 1e3:.1f} ms")
+
+
+CALIBRATION_LINE = re.compile(r"([\d.]+) ms per micro-step \+ ([\d.]+) ms per sample, optimizer step ([\d.]+) ms")
+
+
+def calibration_points(micro_batches: list[int], gpu: bool) -> tuple[int, int]:
+    """The two micro-batches the calibration times to fit its fixed + per-sample line: the smallest
+    and largest compared (from micro-batch 1, the calibration put 19 ms on each micro-step on an H200
+    where the candidates' own 8 and 32 say 6.5: runs/reference/nvidia-h200/README.md; from 8, 26 ms on
+    an H100, so the first point timed, not micro-batch 1, read slow: see calibrate); on a
+    CPU, the smallest but at most an eighth of the largest. The fixed part is the line's intercept,
+    2 t(4) - t(8) between 4 and 8, twice the noise of t(4): on this machine (GPT-lite small,
+    2026-11-26) it read 238 ms per micro-step where 1 and 8 read none, and the planner ranked every
+    8 x 1 candidate above 4 x 2 (benchmarks/plan_regret.py: regret 32%). A CPU's step has no launch
+    overhead to speak of; a GPU's repeats within about 1%."""
+    large, small = max(micro_batches), min(micro_batches)
+    if not gpu:
+        small = max(1, min(small, large // 8))
+    return (small, large) if small < large else (small, 2 * small)
+
+
+def probe_link(world: int, sizes: tuple[int, int] = (1024, 8 * 2**20), reps: int = 5) -> Link:
+    """all_reduce timed between `world` local processes (gloo, this machine): a small message gives
+    the latency per ring step, a large one the bus bandwidth."""
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        ctx = mp.get_context("spawn")
+        queue = ctx.SimpleQueue()
+        procs = [ctx.Process(target=_probe_rank, args=(r, world, f"{tmp}/store", sizes, reps, queue))
+                 for r in range(world)]
+        for proc in procs:
+            proc.start()
+        for proc in procs:
+            proc.join(120)
+        if any(proc.exitcode != 0 for proc in procs):
+            raise RuntimeError("the all_reduce probe between local processes failed")
+        small_s, large_s = queue.get()
+    steps = 2 * (world - 1)
+    bus = 2 * (world - 1) / world * sizes[1]
+    return Link(bus / max(large_s - small_s, 1e-9) / 1e9, small_s / steps * 1e6,
+                f"all_reduce timed between {world} local processes (gloo)")
+
+
+def _probe_rank(rank: int, world: int, store: str, sizes, reps: int, queue) -> None:
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world)
+    times = []
+    for size in sizes:
+        t = torch.zeros(size // 4)
+        dist.all_reduce(t)  # warm-up
+        dist.barrier()
+        started = time.perf_counter()
+        for _ in range(reps):
+            dist.all_reduce(t)
+        times.append((time.perf_counter() - started) / reps)
+    if rank == 0:
+        queue.put(times)
+    dist.destroy_process_group()
+
+
+def here_device(train_argv: list[str], world: int, per_node: int, overlap: float,
+                micro_batches: list[int]) -> Device:
+    """This machine: compute calibrated on its device (at calibration_points of the `micro_batches`
+    compared) with the CPU threads one of `per_node` ranks gets (core/dist.set_cpu_threads), its
+    ranks' link probed."""
+    import torch
+
+    from core.dist import set_cpu_threads
+    from training.describe import resolve_flags, simulated_env
+
+    setup = resolve_flags([*train_argv, "--backend", "single"], 1)
+    cfg = setup.cfg
+    threads = torch.get_num_threads()
+    set_cpu_threads(simulated_env(min(world, per_node), None, cfg.device))
+    try:
+        points = calibration_points(micro_batches, torch.device(setup.env.device).type == "cuda")
+        c = calibrate(setup.workload, cfg.block_class, points, str(setup.env.device), cfg.save_ops(),
+                      precision=cfg.precision)
+    finally:
+        torch.set_num_threads(threads)
+        # The verifying runs are other processes on the same GPU: what the calibration's caching allocator
+        # keeps (46 GiB for the paper preset at micro-batch 64 on an H100) is missing from theirs, and put
+        # out of memory a candidate the budget admits (2026-11-26, runs/reference/nvidia-h100-80gb-hbm3-plan/).
+        if torch.cuda.is_initialized():
+            gc.collect()
+            torch.cuda.empty_cache()
+    inside = probe_link(world) if world > 1 else Link(math.inf, 0.0, "one rank: nothing to communicate")
+    timed = ", ".join(f"micro-batch {m}: {s * 1e3:.1f} ms" for m, s in c["timed"].items())
+    return Device(f"here ({setup.env.device})", inside, inside, micro_step_s=c["micro_step_s"],
+                  sample_s=c["sample_s"], optimizer_s=c["optimizer_s"], recompute=c["recompute"], overlap=overlap,
+                  notes=[f"compute calibrated on {setup.env.device}: forward and backward {timed}; "
+                         f"{calibration_line(c)}; recompute of every block: "
+                         + ", ".join(f"{k} +{v:.0%}" for k, v in c["recompute"].items()),
+                         f"link: {inside.source}: {inside.gb_s:.2f} GB/s, {inside.latency_us:.0f} us per ring step",
+                         f"overlap {overlap}"])
