@@ -157,7 +157,7 @@ def project(entry: str, train_argv: list[str], world: int, gpu: dict, net: dict,
     compute_s = (flops["model"] + flops["recomputed"]) * samples / (peak * 1e12 * a.mfu)
     traffic, comm_s, wait_s = price_comm(setup, world, per_node, (gpu["nvlink_gb_s"], nvlink_latency_us),
                                          (net["gb_s_per_gpu"], net["latency_us"]), a.bucket_mib, counted)
-    offload_s = _offload_seconds(resolved, n_params, world, gpu, a)
+    offload_s = offload_seconds(resolved, n_params, world, gpu, a)
     step_s = compute_s + (1 - a.overlap) * comm_s + wait_s + offload_s
     label = config_label(cfg.backend, cfg.fsdp_config, cfg.deepspeed_config, cfg.ddp_bucket_cap_mb)
     return {"config": label, "gpus": world, "nodes": math.ceil(world / per_node),
@@ -221,7 +221,7 @@ def comm_and_wait(traffic: dict, schedule: dict, per_node: int, inside: tuple[fl
     return comm, wait
 
 
-def _offload_seconds(resolved, n_params: int, world: int, gpu: dict, a: Assumptions) -> float:
+def offload_seconds(resolved, n_params: int, world: int, gpu: dict, a: Assumptions) -> float:
     """Host<->device traffic and the CPU optimizer step of the offloading configurations."""
     plan = resolved.plan
     offload_params = offload_opt = False

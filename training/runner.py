@@ -181,7 +181,7 @@ class Runner:
         """The run's outcome, its final summary written here when the run could not write one
         itself: only into the run's own record (its key), or a new one, holding the record's lock."""
         record = self.directory / planned.name
-        lock = _wait_for(lambda: RecordLock(str(self.directory), planned.name), SETTLE_WAIT_S)
+        lock = wait_for(lambda: RecordLock(str(self.directory), planned.name), SETTLE_WAIT_S)
         if isinstance(lock, LockHeld):  # a rank still alive, or another process took the record
             return _left_alone(planned, seconds, f"still held by {lock.holder} {SETTLE_WAIT_S:g} s after the run")
         try:
@@ -254,7 +254,7 @@ def _never_got_going(record: Path) -> bool:
     return summary is not None and summary.status in RETRYABLE + RERUN and not (record / "config.json").exists()
 
 
-def _wait_for(take, timeout_s: float):
+def wait_for(take, timeout_s: float):
     """take() (a lock), retried until it is free or `timeout_s` passed; then the last LockHeld."""
     deadline = time.monotonic() + timeout_s
     while True:

@@ -245,9 +245,9 @@ class SlurmSweep:
     def _write_jobs(self, update: dict) -> None:
         """Merge `update` into the job list, holding its lock (a --cancel may write beside a submission)."""
         from training.locks import FileLock, LockHeld
-        from training.runner import _wait_for
+        from training.runner import wait_for
 
-        lock = _wait_for(lambda: FileLock(self.folder / "jobs.lock"), 60.0)
+        lock = wait_for(lambda: FileLock(self.folder / "jobs.lock"), 60.0)
         if isinstance(lock, LockHeld):
             raise ConfigError(f"{self.folder / JOBS_FILE}: {lock}")
         try:

@@ -21,7 +21,7 @@ def evaluate(cand: Candidate, train_argv: list[str], world: int, per_node: int, 
     against the budget, its step time predicted part by part; its communication the theory's bytes cut
     by its buckets, or with `counted` (analysis.project.count_flags) the calls and bytes counted."""
     from estimator.estimate import estimate_from_record
-    from analysis.project import _offload_seconds, price_comm
+    from analysis.project import offload_seconds, price_comm
     from core.config import interval_choices
     from core.flops import sample_flops
     from training.describe import MODEL_FIELDS, resolve_flags
@@ -67,7 +67,7 @@ def evaluate(cand: Candidate, train_argv: list[str], world: int, per_node: int, 
     if device.pcie_gb_s is not None:
         from analysis.project import Assumptions
 
-        offload = _offload_seconds(resolved, setup.n_params, world, {"pcie_gb_s": device.pcie_gb_s},
+        offload = offload_seconds(resolved, setup.n_params, world, {"pcie_gb_s": device.pcie_gb_s},
                                    Assumptions(cpu_adam_gparams_s=device.cpu_adam_gparams_s))
     step = compute + (1 - device.overlap) * comm + wait + offload
     row.update(backend=cfg.backend, bytes="counted" if counted is not None else "theory", calls=sum(t[2] for t in traffic.values()),
