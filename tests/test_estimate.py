@@ -105,7 +105,10 @@ def test_the_estimate_of_a_run_comes_from_its_recorded_plan():
 # tests/test_model_parity.py measured (there: 25%). At the matrix's micro-batch 4 the activations are
 # small beside those buffers: FSDP2 with every block checkpointed was estimated 13.1% under its measured peak in the
 # CI run of 2026-11-27 04:29 (within 10% in the run before it, 03:52).
-PEAK_TOLERANCE = {"fsdp2.fsdp2": 0.25, "fsdp2.fsdp2_no_reshard": 0.25}
+# FSDP1's sharded strategies vary too at this micro-batch with every block checkpointed: in the CI run of
+# 2026-11-27 08:01 (commit 3c0a7e4) FULL_SHARD and HYBRID_SHARD, the same sharding on one node and
+# estimated alike (3.443 MiB), measured 3.744 and 3.933 MiB in the same run: 8.0% and 12.5% under.
+PEAK_TOLERANCE = {"fsdp2.fsdp2": 0.25, "fsdp2.fsdp2_no_reshard": 0.25, "fsdp.full_shard": 0.20, "fsdp.hybrid_shard": 0.20}
 
 
 @pytest.mark.distributed
