@@ -455,10 +455,10 @@ def check_runs(runs: list[PlannedRun], directory: Path, planner=None) -> None:
                 from estimator.ckpt_plan import plan_for_record
                 from training.run import resolve
 
-                planner = planner or plan_for_record
+                plans = planner or plan_for_record
                 # A description (dry run, no name): a run recorded before may be planned again.
                 resolve(dataclasses.replace(cfg, dry_run=True, run_name=None), env,
-                        planner=lambda *a, **k: planner(*a, **{**k, "measure": False}), workload=checked[model])
+                        planner=lambda *a, **k: plans(*a, **{**k, "measure": False}), workload=checked[model])
         except (ConfigError, DataError) as e:
             raise ConfigError(f"run {run.name}: {e}") from None
 

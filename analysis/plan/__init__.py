@@ -56,14 +56,14 @@ import yaml
 
 from gptlite.data import DataError
 from gptlite.errors import ConfigError
-from analysis.plan.candidates import (CHOSEN_FLAGS, CKPT, Candidate, GiB, MARGIN, REPO, RUN_OWN_FLAGS, WARM_S,
-    _check_ckpt_within_blocks, _check_config, _number, _source, candidates, configurations, variants,
+from analysis.plan.candidates import (CHOSEN_FLAGS, CKPT, Candidate, GiB, MARGIN, RUN_OWN_FLAGS,
+    _check_ckpt_within_blocks, _check_config, candidates, configurations, variants,
     write_variants)  # noqa: F401 - the planner's API, as one module had it
-from analysis.plan.device import (CALIBRATION_LINE, Device, Link, _probe_rank, calibrate, calibration_line,
+from analysis.plan.device import (CALIBRATION_LINE, Device, Link, calibrate, calibration_line,
     calibration_points, here_device, named_device, probe_link)  # noqa: F401 - the planner's API, as one module had it
-from analysis.plan.cost import _FLOPS, command, evaluate, plan, rank  # noqa: F401 - the planner's API, as one module had it
-from analysis.plan.verify import SLURM_OWN, _measured, _on_slurm, flag_pairs, to_verify, verify  # noqa: F401 - the planner's API, as one module had it
-from analysis.plan.refit import _bounded_lstsq, refit, replay  # noqa: F401 - the planner's API, as one module had it
+from analysis.plan.cost import command, evaluate, plan, rank  # noqa: F401 - the planner's API, as one module had it
+from analysis.plan.verify import SLURM_OWN, _measured, flag_pairs, to_verify, verify  # noqa: F401 - the planner's API, as one module had it
+from analysis.plan.refit import refit, replay  # noqa: F401 - the planner's API, as one module had it
 
 
 def main(argv=None) -> int:
