@@ -73,13 +73,17 @@ demo: setup
 	$(PY) -m analysis.report runs/sweeps/cpu_quick --out $(REPORT_DIR)
 	@echo "Report: $(REPORT_DIR)/report.md"
 
+# Tests run in TEST_WORKERS pytest-xdist processes, a test module to a worker (their fixtures are
+# per module); the launches several modules read are made once and shared (tests/launches.py).
+# TEST_WORKERS=0: in this process, one test after another.
+TEST_WORKERS ?= 2
 test: $(VENV)/.test
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # The inner loop: the unit tier, the tests that start no process (docs/testing.md). `make test` runs
 # every tier: unit, launch, distributed, slurm (gpu where a GPU is).
 test-fast: $(VENV)/.test
-	$(PY) -m pytest -m unit $(PYTEST_ARGS)
+	$(PY) -m pytest -m unit -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) *.egg-info

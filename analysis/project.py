@@ -99,10 +99,12 @@ def count_flags(flags: list[str], world: int, gpus_per_node: int, what: str) -> 
     import subprocess
     import tempfile
 
+    from training import launch
+
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "counted.json"
-        proc = subprocess.run([sys.executable, "-m", "training.fake_world", "--world", str(world), "--gpus_per_node",
-                               str(gpus_per_node), "--out", str(out), "--", *flags, "--device", "auto"],
+        proc = subprocess.run(launch.python_command("-m", "training.fake_world", "--world", world, "--gpus_per_node",
+                                                    gpus_per_node, "--out", out, "--", *flags, "--device", "auto"),
                               cwd=REPO, capture_output=True, text=True)
         if proc.returncode != 0 or not out.exists():
             tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]

@@ -16,6 +16,7 @@ import pytest
 from training.launch import REPO, TRAIN, launch_command, launch_env  # noqa: F401 (TRAIN: for the tests)
 
 from launches import LAUNCH_TIMEOUT_S, PARITY_ARGS, REFERENCE_STEPS, Launched  # noqa: F401 (for the tests)
+import forkserver  # noqa: E402
 
 pytest_plugins = ["tiers"]  # tier markers, the unit tier's guard, the launch counts (tests/tiers.py)
 
@@ -112,12 +113,98 @@ def in_process(main, argv: list[str]) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(list(argv), code, out.getvalue(), err.getvalue())
 
 
+_SERVER: list = []  # the test run's fork server (tests/forkserver.py), started by the first fork launch
+
+
+def fork_server() -> str:
+    """The fork server's socket, starting the server the first time (stopped by pytest_unconfigure).
+    Launch commands started by what the test starts (a sweep's runner) find it through the environment."""
+    if not _SERVER:
+        import tempfile
+
+        _SERVER.append(forkserver.Server(tempfile.mkdtemp(prefix="gptlite-forkserver-"), base_env()))
+    path = _SERVER[0].socket()
+    os.environ[forkserver.SOCKET_ENV] = path
+    return path
+
+
+def pytest_unconfigure(config):
+    if _SERVER:
+        _SERVER[0].stop()
+
+
+def fork_command(launcher: str, nproc: int, script: Path = TRAIN) -> list[str]:
+    """launch_command's fork-launcher twin: the ranks of `launcher` forked from the fork server."""
+    fork_server()
+    return [sys.executable, str(Path(forkserver.__file__)), "launch", "--launcher", launcher,
+            "--nproc", str(1 if launcher == "python" else nproc), str(script)]
+
+
+def fork_python_command(*args) -> list[str]:
+    """training.launch.python_command's fork-launcher twin."""
+    fork_server()
+    return [sys.executable, str(Path(forkserver.__file__)), "launch", "--launcher", "python", "--nproc", "1",
+            *map(str, args)]
+
+
+@pytest.fixture
+def forked_launchers(monkeypatch):
+    """What a CLI called in this process launches (a sweep's or the planner's runs, the projection's
+    fake-world counts) forked from the fork server: its own logic as it is, each run without its
+    start-up."""
+    import training.launch
+    import training.sweep
+
+    fork_server()
+    monkeypatch.setattr(training.sweep, "launch_command", fork_command)
+    monkeypatch.setattr(training.launch, "python_command", fork_python_command)
+    for name, value in base_env().items():  # the environment the CLI would have been started with
+        monkeypatch.setenv(name, value)
+
+
+def python(*args, env: dict | None = None, timeout: float = LAUNCH_TIMEOUT_S, real: bool = False,
+           cwd: Path = REPO) -> subprocess.CompletedProcess:
+    """`python ARGS` (a script or `-m MODULE`, then its arguments) to completion: forked from the
+    fork server, or a real interpreter with `real` (where starting one is what the test checks)."""
+    args = [str(a) for a in args]
+    if real:
+        return subprocess.run([sys.executable, *args], cwd=cwd, env={**base_env(), **(env or {})},
+                              capture_output=True, text=True, timeout=timeout)
+    script = args[:2] if args[0] == "-m" else args[:1]
+    return launch(Path(script[-1]) if len(script) == 1 else script, args[len(script):], "python", 1, timeout,
+                  env, cwd=cwd)
+
+
+def launch(script, args: list[str], launcher: str = "python", nproc: int = 2, timeout: float = LAUNCH_TIMEOUT_S,
+           env: dict | None = None, real: bool = False, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    """`script args` under `launcher` on `nproc` ranks, to completion: the real launcher with `real`,
+    else forked from the fork server (tests/forkserver.py: the same ranks without their start-up).
+    `script`: a path, or ["-m", MODULE]."""
+    env = {**base_env(), **(env or {})}
+    if real or launcher not in forkserver.LAUNCHERS:
+        return subprocess.run([*launch_command(launcher, nproc, script), *args], cwd=cwd, env=env,
+                              capture_output=True, text=True, timeout=timeout)
+    import tempfile
+
+    argv = [*(script if isinstance(script, list) else [str(script)]), *map(str, args)]
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        try:
+            code = forkserver.launch(argv, launcher, 1 if launcher == "python" else nproc, env=env, cwd=str(cwd),
+                                     stdout=out.fileno(), stderr=err.fileno(), timeout=timeout,
+                                     socket_path=fork_server())
+        except TimeoutError:
+            out.seek(0), err.seek(0)
+            raise subprocess.TimeoutExpired(argv, timeout, out.read(), err.read()) from None
+        out.seek(0), err.seek(0)
+        return subprocess.CompletedProcess([f"fork:{launcher}", *argv], code, out.read(), err.read())
+
+
 def train(runs_dir: Path, name: str, *args: str, launcher: str = "python", nproc: int = 2,
-          timeout: float = LAUNCH_TIMEOUT_S, env: dict | None = None) -> Run:
-    """Run train.py to completion (or failure) and return its record."""
-    cmd = [*launch_command(launcher, nproc), "--runs_dir", str(runs_dir), "--run_name", name, "--quiet", *args]
-    proc = subprocess.run(cmd, cwd=REPO, env={**base_env(), **(env or {})}, capture_output=True, text=True,
-                          timeout=timeout)
+          timeout: float = LAUNCH_TIMEOUT_S, env: dict | None = None, real: bool = False) -> Run:
+    """Run train.py to completion (or failure) and return its record: forked from the fork server,
+    or under the real launcher with `real` (where the launcher is what the test is about)."""
+    proc = launch(TRAIN, ["--runs_dir", str(runs_dir), "--run_name", name, "--quiet", *args], launcher=launcher,
+                  nproc=nproc, timeout=timeout, env=env, real=real)
     return Run(proc, Path(runs_dir) / name)
 
 
@@ -136,7 +223,12 @@ def runs_dir(tmp_path: Path) -> Path:
 @pytest.fixture(scope="session")
 def launches(tmp_path_factory) -> Launched:
     """The real launches of tests/launches.py's table, each made once per test run, when a test first
-    reads it: `launches.get(name, request)`."""
+    reads it: `launches.get(name, request)`. Under pytest-xdist the workers of a run share them (in
+    the directory above each worker's own)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = tmp_path_factory.getbasetemp().parent / "launches"
+        root.mkdir(exist_ok=True)
+        return Launched(root)
     return Launched(tmp_path_factory.mktemp("launches"))
 
 

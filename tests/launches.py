@@ -23,12 +23,13 @@ fake-world and Slurm tests at once.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from training.launch import REPO, launch_command
+from training.launch import REPO
 
 # Small, fast and exact: no dropout, fp32, a learning rate that moves the weights from step 0.
 PARITY_ARGS = ("--preset", "tiny", "--dropout", "0", "--precision", "fp32", "--lr_warmup_steps", "0",
@@ -49,6 +50,7 @@ class Launch:
     args: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
     timeout: float = LAUNCH_TIMEOUT_S
+    real: bool = False  # under the real launcher; else forked (tests/forkserver.py)
 
 
 def _two_ranks(*flags: str, micro: int = 4, accum: int = 1, steps: int = REFERENCE_STEPS) -> tuple[str, ...]:
@@ -143,7 +145,8 @@ LAUNCHES: dict[str, Launch] = {
                  "test_compile::test_compiled_run_matches_eager", "test_compile::test_an_eager_run_records_no_compilation",
                  "test_compile::test_a_compile_memory_budget_recomputes_inside_the_compiled_blocks",
                  "test_allocator::test_a_run_records_its_allocator_settings"),
-        args=(*PARITY_ARGS, "--steps", str(REFERENCE_STEPS), "--micro_batch", "8", "--mem_profile_steps", "1")),
+        args=(*PARITY_ARGS, "--steps", str(REFERENCE_STEPS), "--micro_batch", "8", "--mem_profile_steps", "1"),
+        real=True),
     "matrix": Launch(
         "sweeps/cpu_quick.yaml in the parity settings: 15 configurations x checkpointing off and every block, "
         "2 ranks, micro-batch 4, through sweep.py", "sweep",
@@ -157,7 +160,7 @@ LAUNCHES: dict[str, Launch] = {
         timeout=3600),
     "ddp-2x2": Launch("DDP with 2-step accumulation (no_sync)", "train",
                       readers=("test_parity::test_ddp_on_two_processes_matches_single",), launcher="torchrun",
-                      args=_two_ranks("--backend", "ddp", micro=2, accum=2)),
+                      args=_two_ranks("--backend", "ddp", micro=2, accum=2), real=True),
     "fsdp.shard_grad_op-2x2": Launch("FSDP SHARD_GRAD_OP with accumulation (no_sync)", "train",
                                      readers=("test_fsdp::fsdp_runs",), launcher="torchrun",
                                      args=_two_ranks("--fsdp_config", "fsdp_configs/shard_grad_op.yaml", micro=2, accum=2)),
@@ -171,7 +174,7 @@ LAUNCHES: dict[str, Launch] = {
                                   launcher="torchrun", args=_two_ranks("--fsdp_config", "fsdp_configs/fsdp2_offload.yaml")),
     "z2-2x2": Launch("ZeRO-2 with accumulation, the deepspeed launcher", "train", readers=("test_deepspeed::ds_runs",),
                      launcher="deepspeed", args=_two_ranks("--deepspeed_config", "ds_configs/z2.json", micro=2, accum=2),
-                     timeout=DS_TIMEOUT_S),
+                     timeout=DS_TIMEOUT_S, real=True),
     "z3_infinity-2x2": Launch("ZeRO-Infinity (CPU) with accumulation, DeepSpeed under torchrun", "train",
                               readers=("test_deepspeed::ds_runs",), launcher="torchrun",
                               args=_two_ranks("--deepspeed_config", "ds_configs/z3_infinity.json", micro=2, accum=2),
@@ -200,28 +203,58 @@ class Launched:
         assert reader in launch.readers, (f"{reader} reads launch {name!r} but the table does not name it: add it to "
                                           f"LAUNCHES[{name!r}].readers in tests/launches.py")
         if name not in self.done:
-            try:
-                self.done[name] = self._make(name, launch)
-            except BaseException as e:  # every test reading it fails with this, without launching again
-                self.done[name] = e
+            self.done[name] = self._once(name, launch)
         if isinstance(self.done[name], BaseException):
             raise self.done[name]
         return self.done[name]
 
+    def _once(self, name: str, launch: Launch):
+        """The launch, made once per test run: by this process, or by another pytest-xdist worker of
+        the same run (`root` is theirs too), which this one waits for and reads. A launch that failed
+        fails every test reading it, in every worker, with its error, without launching again."""
+        from filelock import FileLock
+
+        made = self.root / f"{name}.made.json"
+        with FileLock(str(self.root / f"{name}.lock")):
+            if not made.exists():
+                try:
+                    result = self._make(name, launch)
+                except BaseException as e:  # noqa: BLE001
+                    made.write_text(json.dumps({"error": f"{type(e).__name__}: {e}"}))
+                    return e
+                proc = getattr(result, "proc", None)
+                made.write_text(json.dumps({"error": None, "proc": proc and [
+                    list(map(str, proc.args)), proc.returncode, proc.stdout, proc.stderr]}))
+                return result
+        return self._made_elsewhere(name, launch, json.loads(made.read_text()))
+
+    def _made_elsewhere(self, name: str, launch: Launch, made: dict):
+        from conftest import Run
+
+        if made["error"]:
+            return RuntimeError(f"launch {name!r} (made by another pytest-xdist worker) failed: {made['error']}")
+        directory = self.root / name
+        if launch.kind == "train":
+            return Run(subprocess.CompletedProcess(*made["proc"]), directory / name)
+        if launch.kind == "sweep":
+            return directory / "runs"
+        import torch
+
+        return [torch.load(p) for p in sorted((directory / "out").glob("rank*.pt"))]
+
     def _make(self, name: str, launch: Launch):
-        from conftest import base_env, train
+        from conftest import launch as start, train
 
         directory = self.root / name
         env = dict(launch.env)
         if launch.kind == "train":
             return train(directory, name, *launch.args, launcher=launch.launcher, timeout=launch.timeout,
-                         env=env).check_ok()
+                         env=env, real=launch.real).check_ok()
         if launch.kind == "sweep":
             path = directory / "spec.yaml"
             directory.mkdir(parents=True)
             path.write_text(matrix_spec(directory / "runs"))
-            proc = subprocess.run([sys.executable, str(REPO / "sweep.py"), str(path)], cwd=REPO,
-                                  env={**base_env(), **env}, capture_output=True, text=True, timeout=launch.timeout)
+            proc = sweep_forked(path, env)
             assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
             return directory / "runs"
         if launch.kind == "probe":
@@ -230,15 +263,31 @@ class Launched:
             plan = directory / "plan.json"
             directory.mkdir(parents=True)
             plan.write_text(json.dumps(PROBE_GROUPS))
-            cmd = launch_command(launch.launcher, 2)
-            cmd[-1] = str(REPO / "tests" / "ckpt_probe.py")  # the launcher's script: the probe instead of train.py
-            proc = subprocess.run([*cmd, str(directory / "out"), str(plan)], cwd=REPO, env={**base_env(), **env},
-                                  capture_output=True, text=True, timeout=launch.timeout)
+            proc = start(REPO / "tests" / "ckpt_probe.py", [str(directory / "out"), str(plan)], launch.launcher, 2,
+                         timeout=launch.timeout, env=env, real=launch.real)
             assert proc.returncode == 0, proc.stderr[-4000:]
             ranks = [torch.load(p) for p in sorted((directory / "out").glob("rank*.pt"))]
             assert len(ranks) == 2
             return ranks
         raise ValueError(f"launch kind {launch.kind!r}")
+
+
+def sweep_forked(spec: Path, env: dict) -> subprocess.CompletedProcess:
+    """sweep.py's main on `spec`, in this process, its runs launched by the fork launcher
+    (conftest.fork_command) instead of torchrun and deepspeed: the sweep's own logic and runner as
+    they are, each run's ranks without their start-up (test_sweep.py and the Slurm tests run sweep.py
+    itself)."""
+    from unittest import mock
+
+    import sweep as sweep_cli
+    import training.sweep
+    from conftest import base_env, fork_command, fork_server, in_process
+
+    fork_server()  # started (and named in the environment the runner passes on) before the first run
+    # The environment sweep.py would have been started with (one thread per rank: base_env), which
+    # its runner passes on to each run.
+    with mock.patch.dict(os.environ, {**base_env(), **env}), mock.patch.object(training.sweep, "launch_command", fork_command):
+        return in_process(sweep_cli.main, [str(spec)])
 
 
 def matrix_spec(runs_dir: Path) -> str:

@@ -3,12 +3,10 @@ analysis.estimate, analysis.project and training.fake_world resolve from train.p
 one `train.py --dry_run` prints for the same flags under a launcher of the same world."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
-from conftest import REPO, base_env, in_process
+from conftest import REPO, in_process
 
 LLAMA = "num_hidden_layers=2,hidden_size=64,num_attention_heads=2,num_key_value_heads=2,intermediate_size=128"
 
@@ -128,14 +126,13 @@ def test_the_estimator_refuses_what_train_py_refuses_in_one_line(argv, message):
 def test_a_simulated_world_runs_the_configuration_train_py_resolves(dry_runs, tmp_path):
     """training.fake_world runs the flags as train.py resolves them: its run's settings and backend plan
     are the dry run's, but for the settings fake_world owns (steps, where it writes)."""
-    from training import fake_world
-
     owned = {"steps", "warmup_steps", "eval_batches", "quiet", "runs_dir", "run_name", "nvme_path", "dry_run"}
     cases = ("fsdp-bf16", "z3")
     (tmp_path / "cases.json").write_text(json.dumps([[CASES[c][1], 8, CASES[c][0]] for c in cases]))
-    proc = subprocess.run([sys.executable, str(REPO / "tests" / "fake_world_batch.py"), str(tmp_path / "cases.json"),
-                           str(tmp_path / "out.json")], cwd=REPO, env=base_env(), capture_output=True, text=True,
-                          timeout=600)  # training.fake_world.simulate, both in one process
+    from conftest import python
+
+    proc = python(REPO / "tests" / "fake_world_batch.py", tmp_path / "cases.json", tmp_path / "out.json",
+                  timeout=600)  # training.fake_world.simulate, both in one process
     assert proc.returncode == 0, proc.stderr
     for case, result in zip(cases, json.loads((tmp_path / "out.json").read_text())):
         flags, world = CASES[case]

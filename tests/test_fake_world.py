@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from analysis import load_runs
-from conftest import REPO, base_env
+from conftest import REPO, base_env, python
 
 MEMORY_TOLERANCE = 0.10  # the bar: the peak within 10% (measured: 0.0-3.5%)
 DROPPED = {"--runs_dir", "--run_name", "--local_rank"}  # the record's own place; the launcher's rank
@@ -15,9 +15,8 @@ DROPPED = {"--runs_dir", "--run_name", "--local_rank"}  # the record's own place
 
 def _fake_world(world: int, train_flags: list[str], tmp_path, gpus_per_node: int = 8) -> dict:
     out = tmp_path / "fake.json"
-    proc = subprocess.run([sys.executable, "-m", "training.fake_world", "--world", str(world), "--gpus_per_node",
-                           str(gpus_per_node), "--out", str(out), "--", *train_flags], cwd=REPO, env=base_env(),
-                          capture_output=True, text=True, timeout=600)
+    proc = python("-m", "training.fake_world", "--world", world, "--gpus_per_node", gpus_per_node, "--out", out, "--",
+                  *train_flags, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     return json.loads(out.read_text())
 
@@ -54,9 +53,8 @@ def _fake_worlds(cases: list, tmp_path) -> list[dict]:
     results = {}
     for n, batch in enumerate(_batches(cases)):
         (tmp_path / f"cases{n}.json").write_text(json.dumps([cases[i] for i in batch]))
-        proc = subprocess.run([sys.executable, str(REPO / "tests" / "fake_world_batch.py"),
-                               str(tmp_path / f"cases{n}.json"), str(tmp_path / f"out{n}.json")], cwd=REPO,
-                              env=base_env(), capture_output=True, text=True, timeout=900)
+        proc = python(REPO / "tests" / "fake_world_batch.py", tmp_path / f"cases{n}.json", tmp_path / f"out{n}.json",
+                      timeout=900)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
         results.update(zip(batch, json.loads((tmp_path / f"out{n}.json").read_text())))
     return [results[i] for i in range(len(cases))]

@@ -2,13 +2,10 @@
 
 import json
 import math
-import subprocess
-import sys
 
 import pytest
 import yaml
 
-from conftest import REPO, base_env
 from core.summary import RunSummary
 from training.max_batch import SearchError, largest_fitting, search
 from training.runner import Outcome
@@ -69,14 +66,17 @@ def test_a_probe_that_fails_gives_no_answer():
 
 
 @pytest.mark.launch
-def test_real_search_under_a_cpu_budget(tmp_path):
+def test_real_search_under_a_cpu_budget(tmp_path, forked_launchers):
+    """sweep.py --max_batch's main in this process, its probes real runs (forked: conftest.forked_launchers)."""
+    import sweep
+    from conftest import in_process
+
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump({"name": "mb", "runs_dir": str(tmp_path / "runs"), "steps": 6,
                                     "matrix": {"backend": ["single"], "preset": ["tiny"]},
                                     "train_args": {"dropout": 0.0}}))
     budget = 0.012  # GiB: about 12.9 MB, which a handful of tiny-preset samples fill
-    proc = subprocess.run([sys.executable, str(REPO / "sweep.py"), str(spec), "--max_batch", "--mem_budget_gb",
-                           str(budget)], cwd=REPO, env=base_env(), capture_output=True, text=True, timeout=900)
+    proc = in_process(sweep.main, [spec, "--max_batch", "--mem_budget_gb", budget])
     assert proc.returncode == 0, proc.stderr
     (result,) = json.loads((tmp_path / "runs" / "max_batch" / f"budget_{budget:g}GiB" / "max_batch.json").read_text())
     best = result["best_micro_batch"]

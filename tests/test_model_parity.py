@@ -104,10 +104,8 @@ def references(tmp_path_factory) -> dict:
     """Per model: the single-process runs without and with checkpointing every block, each saving
     its final state (what training left in the buffers, e.g. BatchNorm's running statistics)."""
     import json
-    import subprocess
-    import sys
 
-    from conftest import REPO, base_env, record
+    from conftest import REPO, python, record
 
     runs = tmp_path_factory.mktemp("model_references")
     argvs = {(model, ckpt): [*COMMON, *args, "--backend", "single", "--micro_batch", "4", "--grad_accum", "2",
@@ -117,8 +115,7 @@ def references(tmp_path_factory) -> dict:
              for model, args in MODELS.items() for ckpt in (0, 1)}
     # The eight one-process references in one interpreter (tests/run_many.py: train.py's main on each).
     (runs / "runs.json").write_text(json.dumps(list(argvs.values())))
-    proc = subprocess.run([sys.executable, str(REPO / "tests" / "run_many.py"), str(runs / "runs.json")], cwd=REPO,
-                          env=base_env(), capture_output=True, text=True, timeout=900)
+    proc = python(REPO / "tests" / "run_many.py", runs / "runs.json", timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return {model: {ckpt: record(runs / f"{model}-ckpt{ckpt}").check_ok() for ckpt in (0, 1)} for model in MODELS}
 

@@ -48,7 +48,7 @@ def test_the_planner_on_a_named_gpu_and_the_projection_price_a_configuration_ali
 
 
 @pytest.mark.distributed  # fake-process-group runs, one process each (as tests/test_fake_world.py)
-def test_counted_candidates_are_priced_by_the_calls_their_runs_make(tmp_path, monkeypatch):
+def test_counted_candidates_are_priced_by_the_calls_their_runs_make(tmp_path, monkeypatch, forked_launchers):
     """--counted: each fitting candidate run as rank 0 of W under the fake process group, once per
     configuration, accumulation and checkpointing; ZeRO-3 gathers module by module, so its counted
     calls are many times the theory's 25 MiB buckets, without prefetch the forward's half of them
@@ -262,25 +262,28 @@ def test_the_calibration_times_its_two_micro_batches_taking_turns(monkeypatch):
     """Each shape's first call is not timed, then the two micro-batches take turns, so neither is timed
     alone in the machine's first seconds (an H100 timed the first at 59 ms where the runs said 43:
     runs/reference/nvidia-h100-80gb-hbm3-plan)."""
-    import time
-
     from estimator import ckpt_plan
     from training.describe import resolve_flags
 
-    order = []
+    order, first = [], []
     real = ckpt_plan.forward_backward
 
-    def recorded(model, x, y, precision):  # each shape's first call made slow: it must not be timed
-        if x.shape[0] not in order:
-            time.sleep(1.0)
+    def recorded(model, x, y, precision):
+        first.append(x.shape[0] not in order)
         order.append(x.shape[0])
         real(model, x, y, precision)
 
+    def clock(dev, fn):  # each shape's first call "takes" 1000 s, the others 1 ms: no wall clock
+        calls = len(first)
+        fn()
+        return 1000.0 if len(first) > calls and first[-1] else 0.001
+
     monkeypatch.setattr(ckpt_plan, "forward_backward", recorded)
+    monkeypatch.setattr(ckpt_plan, "seconds_of", clock)
     setup = resolve_flags([*TINY, "--backend", "single"], 1)
     c = plan.calibrate(setup.workload, setup.cfg.block_class, (2, 8), "cpu", setup.cfg.save_ops(), reps=1)
     assert order[:4] == [2, 8, 2, 8], order
-    assert max(c["timed"].values()) < 1.0, c["timed"]  # one timed call each: not the slow first
+    assert max(c["timed"].values()) < 1000, c["timed"]  # one timed call each: not the slow first
 
 
 def test_here_is_calibrated_where_the_candidates_run(monkeypatch, capsys):
@@ -378,11 +381,12 @@ def test_verify_rounds_take_turns_and_take_each_candidates_median(tmp_path, monk
 
 
 @pytest.mark.distributed
-def test_verify_runs_the_top_candidate_and_two_more_and_picks_the_fastest_measured(tmp_path):
-    """--verify 1 on the tiny preset: three real runs through the sweep runner (torchrun, 2 ranks),
-    ordinary records, predicted beside measured, and the pick the fastest measured within the budget."""
+def test_verify_runs_the_top_candidate_and_two_more_and_picks_the_fastest_measured(tmp_path, forked_launchers):
+    """--verify 1 on the tiny preset: three real runs through the sweep runner (2 ranks, forked:
+    conftest.forked_launchers), ordinary records, predicted beside measured, and the pick the fastest
+    measured within the budget."""
     runs = tmp_path / "runs"
-    proc = _cli("--world", "2", "--mem_budget_gb", "1", "--global_batch", "16", "--configs", "ddp", "--ckpt", "none",
+    proc = _here("--world", "2", "--mem_budget_gb", "1", "--global_batch", "16", "--configs", "ddp", "--ckpt", "none",
                 "full/1", "--micro_batches", "4", "8", "--verify", "1", "--verify_steps", "4", "--runs_dir", str(runs),
                 "--json", "--out", str(tmp_path / "plan"), *TINY)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from analysis.project import HARDWARE, Assumptions, configurations, count, project
-from conftest import REPO, base_env
+from conftest import REPO, base_env, python
 
 HW = yaml.safe_load(HARDWARE.read_text())
 H100 = HW["gpus"]["H100-SXM"]
@@ -22,8 +22,7 @@ def _project(entry, world, net, gpu=H100, nvlink_latency_us=HW["nvlink_latency_u
 
 @pytest.mark.launch
 def test_the_cli_projects_every_backend_to_8_and_64_gpus(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "analysis.project", "--world", "8", "64", "--out", str(tmp_path),
-                           *PAPER], cwd=REPO, env=base_env(), capture_output=True, text=True, timeout=600)
+    proc = python("-m", "analysis.project", "--world", "8", "64", "--out", tmp_path, *PAPER, timeout=600)
     assert proc.returncode == 0, proc.stderr
     for label in ("ddp", "deepspeed.z1", "deepspeed.z3", "fsdp.full_shard", "fsdp2.fsdp2", "fsdp.hybrid_shard"):
         assert label in proc.stdout

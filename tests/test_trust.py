@@ -344,6 +344,10 @@ def test_checkpoints_are_not_kept_inside_a_record(tmp_path):
     assert Run(make_setup(tmp_path, run_name="other")).execute() == EXIT_OK
     with pytest.raises(ConfigError, match=r"save_dir: .*runs/other/ckpt is inside the run record .*runs/other, which"):
         make_setup(tmp_path, save_dir=str(tmp_path / "runs" / "other" / "ckpt"), save_every=1)
+    # A record still running has no summary yet: its config.json says what it is.
+    (tmp_path / "runs" / "other" / "summary.json").unlink()
+    with pytest.raises(ConfigError, match=r"save_dir: .*runs/other/ckpt is inside the run record .*runs/other, which"):
+        make_setup(tmp_path, save_dir=str(tmp_path / "runs" / "other" / "ckpt"), save_every=1)
 
 
 @pytest.mark.parametrize("target", ["step_00000004/model/state.pt", "latest"])

@@ -14,8 +14,9 @@ is. `make test-fast` runs `-m unit`; `make test` runs them all.
 What the suite starts is counted by the suite itself: every Python interpreter started under it
 (launchers, ranks, CLIs, sweeps' runs, Slurm jobs) runs tests/launch_counter/sitecustomize.py,
 which appends a line to the file GPTLITE_TEST_LAUNCH_LOG names; each test is charged the lines
-that appeared while it (and the fixtures it set up) ran. The end of the run prints, per tier, the
-tests, their time and the interpreters and commands they started.
+that appeared while it (and the fixtures it set up) ran. Ranks forked by the fork launcher
+(tests/forkserver.py) start no interpreter: each adds a "[fork]" line, counted apart. The end of the
+run prints, per tier, the tests, their time and the interpreters, forks and commands they started.
 """
 
 from __future__ import annotations
@@ -81,12 +82,15 @@ def tier_of(item) -> str:
     return found.pop() if found else "unit"
 
 
-def _launch_lines() -> int:
+def _launch_lines() -> tuple[int, int]:
+    """(interpreters, forks) in the launch log so far: forks are the ranks tests/forkserver.py forked."""
     try:
         with open(os.environ[LOG_ENV], "rb") as f:
-            return f.read().count(b"\n")
+            lines = f.read().splitlines()
     except (KeyError, FileNotFoundError):
-        return 0
+        return 0, 0
+    forks = sum(1 for line in lines if b" [fork] " in line)
+    return len(lines) - forks, forks
 
 
 class Tiers:
@@ -122,16 +126,12 @@ class Tiers:
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item, nextitem):
-        tier = item.stash[TIER]
-        lines, commands, t0 = _launch_lines(), _state["commands"], time.monotonic()
-        _state["unit"] = item.nodeid if tier == "unit" else None
+        item.stash[STARTED] = (*_launch_lines(), _state["commands"], time.monotonic())
+        _state["unit"] = item.nodeid if item.stash[TIER] == "unit" else None
         try:
             yield
         finally:
             _state["unit"] = None
-            row = self.rows.setdefault(item.nodeid, {"outcome": "passed"})
-            row.update(tier=tier, seconds=time.monotonic() - t0, interpreters=_launch_lines() - lines,
-                       commands=_state["commands"] - commands)
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_teardown(self, item, nextitem):
@@ -141,15 +141,30 @@ class Tiers:
         _state["unit"] = None
         yield
 
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item, call):
+        """The test's row (tier, seconds, what it started), on its teardown's report: the process that
+        reports the run (the controller, under pytest-xdist) reads it there."""
+        outcome = yield
+        if call.when == "teardown" and STARTED in item.stash:
+            interpreters, forks, commands, t0 = item.stash[STARTED]
+            now = _launch_lines()
+            row = dict(tier=item.stash[TIER], seconds=time.monotonic() - t0, interpreters=now[0] - interpreters,
+                       forks=now[1] - forks, commands=_state["commands"] - commands)
+            outcome.get_result().user_properties.append((ROW, row))
+
     def pytest_runtest_logreport(self, report):
         row = self.rows.setdefault(report.nodeid, {"outcome": "passed"})
         if report.failed:
             row["outcome"] = "failed"
         elif report.skipped and row["outcome"] == "passed":
             row["outcome"] = "skipped"
+        for key, value in report.user_properties:
+            if key == ROW:
+                row.update(value)
 
     def pytest_terminal_summary(self, terminalreporter):
-        if not self.rows:
+        if not self.rows or hasattr(terminalreporter.config, "workerinput"):  # a pytest-xdist worker: the controller sums
             return
         totals = defaultdict(lambda: defaultdict(float))
         for row in self.rows.values():
@@ -159,20 +174,25 @@ class Tiers:
                 t = totals[tier]
                 t["tests"] += 1
                 t[row["outcome"]] += 1
-                for key in ("seconds", "interpreters", "commands"):
-                    t[key] += row[key]
+                for key in ("seconds", "interpreters", "forks", "commands"):
+                    t[key] += row.get(key, 0)
         write = terminalreporter.write_line
         terminalreporter.section("tiers: tests, time and processes started (tests/tiers.py)")
         write(f"{'tier':<12} {'tests':>6} {'passed':>7} {'failed':>7} {'skipped':>8} {'seconds':>9} "
-              f"{'interpreters':>13} {'commands':>9}")
+              f"{'interpreters':>13} {'forks':>6} {'commands':>9}")
         for tier in (*TIERS, "all"):
             if tier in totals:
                 t = totals[tier]
                 write(f"{tier:<12} {int(t['tests']):>6} {int(t['passed']):>7} {int(t['failed']):>7} "
                       f"{int(t['skipped']):>8} {t['seconds']:>9.1f} {int(t['interpreters']):>13} "
-                      f"{int(t['commands']):>9}")
+                      f"{int(t['forks']):>6} {int(t['commands']):>9}")
+        workers = getattr(terminalreporter.config.option, "numprocesses", None)
+        write(f"wall clock: {time.monotonic() - self.started:.1f} s"
+              + (f" ({workers} pytest-xdist workers: a tier's seconds add its tests' own, side by side)"
+                 if workers else ""))
         write("interpreters: Python processes started under the test (launchers, ranks, CLIs, sweeps' runs, "
-              "Slurm jobs); commands: processes the test process itself started")
+              "Slurm jobs); forks: ranks forked by the fork launcher (tests/forkserver.py); commands: processes "
+              "the test process itself started")
         if os.environ.get(REPORT_ENV):  # every test's row, for comparing two runs of the suite
             import json
 
@@ -181,6 +201,8 @@ class Tiers:
 
 
 TIER = pytest.StashKey[str]()
+STARTED = pytest.StashKey[tuple]()
+ROW = "gptlite-tier-row"
 
 
 def pytest_configure(config):

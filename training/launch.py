@@ -27,11 +27,17 @@ def launcher_for(backend: str) -> str:
     return {"single": "python", "deepspeed": "deepspeed"}.get(backend, "torchrun")
 
 
+def python_command(*args: str) -> list[str]:
+    """The command that starts a Python process of this interpreter on `args` (a script or `-m
+    MODULE`, then its arguments): every process the suite starts without a launcher starts here."""
+    return [sys.executable, *map(str, args)]
+
+
 def launch_command(launcher: str, nproc: int, script: Path = TRAIN) -> list[str]:
     """The command that starts `script` on `nproc` local ranks (plain python: one process)."""
     bindir = Path(sys.executable).parent
     if launcher == "python":
-        return [sys.executable, str(script)]
+        return python_command(script)
     if launcher == "deepspeed":
         return [str(bindir / "deepspeed"), "--num_gpus", str(nproc), "--master_port", str(free_port()), str(script)]
     if launcher == "torchrun":

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from core.owned import check_out
+from core.owned import check_out, is_record
 from core.records import read_json, read_summary
 from gptlite.errors import ConfigError
 from training import checkpoint
@@ -190,12 +190,12 @@ def recorded_run_id(record_dir: Path | None) -> str | None:
 
 def outside_records(save_dir: str, record_dir: Path | None) -> None:
     """`save_dir` is not inside a run record (this run's, or any other's: a directory with a run's
-    summary.json): a record is replaced as a whole (--overwrite, --resume starting over, a sweep's
-    retry), and checkpoints in it would go with it."""
+    summary.json, or a run's config.json while it runs: core.owned.is_record): a record is replaced as
+    a whole (--overwrite, --resume starting over, a sweep's retry), and checkpoints in it would go with it."""
     path = Path(save_dir).resolve()
     ours = record_dir.resolve() if record_dir is not None else None
     for ancestor in (path, *path.parents):
-        if ancestor == ours or read_summary(ancestor / "summary.json") is not None:
+        if ancestor == ours or read_summary(ancestor / "summary.json") is not None or is_record(ancestor):
             raise ConfigError(f"save_dir: {save_dir} is inside the run record {ancestor}, which is replaced as a whole "
                               "(--overwrite, a sweep's retry) with everything in it; keep checkpoints outside records")
 
