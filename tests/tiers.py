@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 
 TIERS = ("unit", "launch", "distributed", "slurm", "gpu")
+SLOWEST_FIRST = ("slurm", "distributed", "launch", "unit", "gpu")
 COUNTER = Path(__file__).resolve().parent / "launch_counter"
 LOG_ENV = "GPTLITE_TEST_LAUNCH_LOG"
 REPORT_ENV = "GPTLITE_TEST_REPORT"  # a file to write each test's tier, outcome, seconds and launches to
@@ -116,6 +117,14 @@ class Tiers:
             if tier == "unit" and not item.get_closest_marker("unit"):
                 item.add_marker(pytest.mark.unit)
             item.stash[TIER] = tier
+        # Modules with the slowest tiers first, each module's tests together and in their order: the
+        # workers (make test: pytest-xdist, a module to a worker) start on the long modules and end on
+        # short ones, instead of one worker finishing the Slurm tests alone while the other waits.
+        rank = {}
+        for item in items:
+            module = item.nodeid.split("::")[0]
+            rank[module] = min(rank.get(module, len(TIERS)), SLOWEST_FIRST.index(item.stash[TIER]))
+        items.sort(key=lambda item: rank[item.nodeid.split("::")[0]])  # stable: the order within a rank stays
 
     def pytest_runtest_setup(self, item):
         if item.stash[TIER] == "gpu":
