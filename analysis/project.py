@@ -61,6 +61,16 @@ class Assumptions:
     cpu_adam_gparams_s: float = 1.0  # billions of parameters a CPU Adam steps per second per GPU
 
 
+def add_cost_flags(p, hw: dict) -> None:
+    """The flags a step-time prediction takes beside the GPU, one name, default and meaning for every
+    tool that predicts (this projection and the planner): the network between nodes and the Assumptions."""
+    p.add_argument("--network", default="infiniband-ndr", choices=tuple(hw["networks"]), help="between nodes")
+    p.add_argument("--mfu", type=float, default=Assumptions.mfu,
+                   help="a named GPU's model FLOPs utilisation (default: %(default)s)")
+    p.add_argument("--overlap", type=float, default=Assumptions.overlap,
+                   help="share of communication hidden behind compute (default: %(default)s)")
+
+
 def configurations() -> list[str]:
     files = sorted((REPO / "fsdp_configs").glob("*.yaml")) + sorted((REPO / "ds_configs").glob("*.json"))
     return ["ddp", *(str(p.relative_to(REPO)) for p in files if "nvme" not in p.name)]
@@ -278,9 +288,7 @@ def main(argv=None) -> int:
                              "on a GPU. The configuration itself is --configs'.\n\n" + "\n".join(__doc__.splitlines()[2:5]))
     p.add_argument("--world", type=int, nargs="+", default=[8, 64], help="world sizes (ranks, GPUs) to project to")
     p.add_argument("--gpu", default="H100-SXM", choices=tuple(hw["gpus"]))
-    p.add_argument("--network", default="infiniband-ndr", choices=tuple(hw["networks"]))
-    p.add_argument("--mfu", type=float, default=Assumptions.mfu)
-    p.add_argument("--overlap", type=float, default=Assumptions.overlap)
+    add_cost_flags(p, hw)
     p.add_argument("--configs", nargs="+", default=None, metavar="CONFIG",
                    help="ddp, fsdp, fsdp2, or fsdp_configs/ and ds_configs/ files (default: all shipped)")
     p.add_argument("--counted", action="store_true",

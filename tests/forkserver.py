@@ -100,6 +100,20 @@ def _preload() -> None:
                     print(f"forkserver: not preloaded: {info.name} ({e})", file=sys.stderr, flush=True)
 
 
+def _cache_cpuinfo() -> None:
+    """py-cpuinfo answers get_cpu_info() by starting an interpreter (1.2 s of CPU on the CI machine),
+    and DeepSpeed asks it each time it loads a CPU op (twice per op: its -march and SIMD flags): 32
+    interpreters in one test run. The same machine gives the same answer: asked once here, every
+    fork reads it."""
+    try:
+        import cpuinfo
+
+        info = cpuinfo.get_cpu_info()
+    except Exception:  # noqa: BLE001 (not installed or failing: DeepSpeed falls back as it would)
+        return
+    cpuinfo.get_cpu_info = lambda: dict(info)
+
+
 def serve(path: str) -> None:
     import gc
 
@@ -107,6 +121,7 @@ def serve(path: str) -> None:
     ready = os.dup(1)  # stdout says "ready" only: what the imports print goes to stderr
     os.dup2(2, 1)
     _preload()
+    _cache_cpuinfo()
     base_path = [p for p in sys.path if p]
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)

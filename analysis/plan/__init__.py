@@ -56,6 +56,7 @@ import yaml
 
 from gptlite.data import DataError
 from gptlite.errors import ConfigError
+from analysis.project import add_cost_flags
 from analysis.plan.candidates import (CHOSEN_FLAGS, CKPT, Candidate, GiB, MARGIN, RUN_OWN_FLAGS,
     _check_ckpt_within_blocks, _check_config, candidates, configurations, variants,
     write_variants)  # noqa: F401 - the planner's API, as one module had it
@@ -84,7 +85,7 @@ def main(argv=None) -> int:
                    "hardware.yaml; --gpu here: --world)")
     p.add_argument("--gpu", default="here", choices=("here", *hw["gpus"]),
                    help="a GPU of analysis/hardware.yaml, or here: this machine, its compute calibrated and its link probed")
-    p.add_argument("--network", default="infiniband-ndr", choices=tuple(hw["networks"]), help="between nodes")
+    add_cost_flags(p, hw)
     p.add_argument("--mem_budget_gb", type=float, required=True, help="memory per rank, GiB (train.py's flag)")
     p.add_argument("--global_batch", type=int, required=True,
                    help="samples per optimizer step, fixed as a recipe fixes it: micro x accumulation x world")
@@ -104,8 +105,6 @@ def main(argv=None) -> int:
     p.add_argument("--ckpt", nargs="+", default=list(CKPT), metavar="P",
                    help="checkpointing candidates: none, full/K, selective/K (every K-th block)")
     p.add_argument("--micro_batches", type=int, nargs="+", default=None, help="only these micro-batches")
-    p.add_argument("--mfu", type=float, default=0.4, help="a named GPU's model FLOPs utilisation")
-    p.add_argument("--overlap", type=float, default=0.5, help="share of communication hidden behind compute")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="also write DIR/plan.md (the tables and the pick) and DIR/plan.png (every candidate's estimated "
                         "peak against its predicted samples/s, the frontier, the budget, the verified runs as measured)")
