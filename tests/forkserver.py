@@ -392,6 +392,7 @@ class Server:
         return self.path
 
     def stop(self) -> None:
+        """Stop the server; its directory (socket and log) goes with it unless it died (the log says why)."""
         if self.proc is None or self.proc.poll() is not None:
             return
         try:
@@ -399,8 +400,12 @@ class Server:
                 sock.connect(self.path)
                 _send(sock, {"stop": True})
             self.proc.wait(timeout=30)
-        except (OSError, Exception):  # noqa: BLE001
+        except Exception:  # noqa: BLE001
             self.proc.kill()
+            return
+        import shutil
+
+        shutil.rmtree(self.directory, ignore_errors=True)
 
 
 def _launch_main(args: list[str]) -> int:
