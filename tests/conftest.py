@@ -133,18 +133,16 @@ def pytest_unconfigure(config):
         _SERVER[0].stop()
 
 
-def fork_command(launcher: str, nproc: int, script: Path = TRAIN) -> list[str]:
+def fork_command(launcher: str, nproc: int, script: Path = TRAIN, *args) -> list[str]:
     """launch_command's fork-launcher twin: the ranks of `launcher` forked from the fork server."""
     fork_server()
     return [sys.executable, str(Path(forkserver.__file__)), "launch", "--launcher", launcher,
-            "--nproc", str(1 if launcher == "python" else nproc), str(script)]
+            "--nproc", str(1 if launcher == "python" else nproc), str(script), *map(str, args)]
 
 
 def fork_python_command(*args) -> list[str]:
     """training.launch.python_command's fork-launcher twin."""
-    fork_server()
-    return [sys.executable, str(Path(forkserver.__file__)), "launch", "--launcher", "python", "--nproc", "1",
-            *map(str, args)]
+    return fork_command("python", 1, *args)
 
 
 @pytest.fixture
