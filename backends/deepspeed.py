@@ -133,6 +133,11 @@ class DeepSpeedBackend(Backend):
                                                  choices=cfg.ckpt_choices(len(blocks)) if cfg.ckpt_plan is not None else None)
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=model, model_parameters=[p for p in model.parameters() if p.requires_grad], config=plan.config)
+        # DeepCompile (the config's compile block, {"deepcompile": true}): DeepSpeed compiles the
+        # whole engine with its ZeRO passes; engine.compile() is what turns it on.
+        self.deepcompile = bool((plan.config.get("compile") or {}).get("deepcompile"))
+        if self.deepcompile:
+            self.engine.compile()
         self.model = self.engine
         self._last_micro_step = True
 
@@ -217,6 +222,7 @@ class DeepSpeedBackend(Backend):
             "name": self.name,
             "activation_checkpointing": self.activation_checkpointing,
             "compile": self.compiled,
+            "deepcompile": self.deepcompile,
             "zero_stage": plan.stage,
             "offload_optimizer": plan.offload_optimizer,
             "offload_param": plan.offload_param,

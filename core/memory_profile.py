@@ -27,6 +27,7 @@ On CUDA the profiled window runs too, for the breakdown; the peak stays the allo
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from dataclasses import dataclass
 
 import torch
@@ -76,6 +77,10 @@ class ProfiledWindow:
 
     def __exit__(self, *exc):
         self.profiler.__exit__(*exc)
+        table = os.environ.get("GPTLITE_PROFILE_TABLE")
+        if table:  # where the profiled step's time goes, op by op (docs/measuring.md)
+            sort = "self_cuda_time_total" if self.device.type == "cuda" else "self_cpu_time_total"
+            Path(table).write_text(self.profiler.key_averages().table(sort_by=sort, row_limit=40) + "\n")
         return False
 
     def snapshot(self, roles: dict[int, tuple[str, int, str]]) -> None:

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Every backend at its best on one GPU (issue 43), in one short device session, most important
+# runs first: the paper preset in bf16 with sdpa, world 1, each run a plain train.py record.
+#
+#   bash benchmarks/gpu_best.sh RUNS_DIR [ONLY...]
+#
+# RUNS_DIR gets one record per run, its log (NAME.log) and, for the runs that ask for it, the
+# profiled step's op table (NAME.profile.txt, GPTLITE_PROFILE_TABLE). ONLY: run just these names.
+# After each run one line: name, exit code, seconds, samples/s, MFU, peak GiB, status.
+# Env: PRESET (paper), STEPS (30), WARM (10), MB (8), MB2 ("16 32": the checkpointing micro-
+# batches), MB_MFU (64), DEVICE (auto), TAR (a .tgz refreshed after every run).
+#
+# Launches: DDP, FSDP and FSDP2 through torchrun (one rank), DeepSpeed through plain python
+# (its world of one; ds_configs/*_tuned.json use torch's AdamW, so no op is compiled first).
+set -u
+RUNS=${1:?usage: gpu_best.sh RUNS_DIR [ONLY...]}; shift
+ONLY=" $* "
+PRESET=${PRESET:-paper}; STEPS=${STEPS:-30}; WARM=${WARM:-10}; MB=${MB:-8}; MB2=${MB2:-16 32}
+MB_MFU=${MB_MFU:-64}; DEVICE=${DEVICE:-auto}
+mkdir -p "$RUNS"
+common=(--preset "$PRESET" --attention sdpa --precision bf16 --mem_profile_steps 1 --eval_batches 1
+        --quiet --device "$DEVICE" --runs_dir "$RUNS")
+TORCHRUN=(python -m torch.distributed.run --standalone --nproc_per_node 1)
+
+run() {  # run NAME TIMEOUT_S PROFILE(0/1) STEPS WARM COMMAND...
+    local name=$1 limit=$2 profile=$3 steps=$4 warm=$5; shift 5
+    [[ "$ONLY" = "  " || "$ONLY" = *" $name "* ]] || return 0
+    local start=$SECONDS rc
+    if [[ $profile = 1 ]]; then export GPTLITE_PROFILE_TABLE="$RUNS/$name.profile.txt"; else unset GPTLITE_PROFILE_TABLE; fi
+    timeout "$limit" "$@" "${common[@]}" --steps "$steps" --warmup_steps "$warm" --run_name "$name" \
+        >"$RUNS/$name.log" 2>&1
+    rc=$?
+    python - "$RUNS/$name" "$name" "$rc" "$((SECONDS - start))" <<'EOF'
+import json, sys
+from pathlib import Path
+d, name, rc, secs = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+try:
+    s = json.loads((d / "summary.json").read_text())
+    peak = (s.get("mem_peak_bytes") or 0) / 2**30
+    print(f"{name:28s} rc={rc} {secs:>4s}s  {s.get('samples_per_s') or 0:8.1f} samples/s  "
+          f"MFU {s.get('mfu') or 0:.3f}  peak {peak:6.2f} GiB  {s.get('status')}", flush=True)
+except Exception as e:  # no record: the log's end says why
+    print(f"{name:28s} rc={rc} {secs:>4s}s  no summary ({type(e).__name__})", flush=True)
+    print("".join(Path(str(d) + ".log").read_text().splitlines(True)[-6:]), flush=True)
+EOF
+    [[ -z "${TAR:-}" ]] || tar czf "$TAR" -C "$(dirname "$RUNS")" "$(basename "$RUNS")"
+}
+
+S=$STEPS W=$WARM
+# 1. The backends at micro-batch MB: the baseline, DDP, then ZeRO and FSDP tuned.
+run single-mb$MB            200 1 $S $W python train.py --micro_batch $MB
+run ddp-mb$MB               200 1 $S $W "${TORCHRUN[@]}" train.py --backend ddp --micro_batch $MB
+run z1_tuned-mb$MB          200 1 $S $W python train.py --deepspeed_config ds_configs/z1_tuned.json --micro_batch $MB
+run z2_tuned-mb$MB          200 1 $S $W python train.py --deepspeed_config ds_configs/z2_tuned.json --micro_batch $MB
+run fsdp2_no_reshard-mb$MB  200 1 $S $W "${TORCHRUN[@]}" train.py --fsdp_config fsdp_configs/fsdp2_no_reshard.yaml --micro_batch $MB
+run z0_tuned-mb$MB          200 0 $S $W python train.py --deepspeed_config ds_configs/z0_tuned.json --micro_batch $MB
+run z3_tuned-mb$MB          200 0 $S $W python train.py --deepspeed_config ds_configs/z3_tuned.json --micro_batch $MB
+run full_shard_tuned-mb$MB  200 0 $S $W "${TORCHRUN[@]}" train.py --fsdp_config fsdp_configs/full_shard_tuned.yaml --micro_batch $MB
+run fsdp2-mb$MB             200 0 $S $W "${TORCHRUN[@]}" train.py --fsdp_config fsdp_configs/fsdp2.yaml --micro_batch $MB
+# 2. Checkpointing every block, full and selective, against none, at two micro-batches.
+for mb in $MB2; do
+    run single-mb$mb          200 0 $S $W python train.py --micro_batch $mb
+    run single-mb$mb-full     200 0 $S $W python train.py --micro_batch $mb --ckpt_interval 1 --ckpt_policy full
+    run single-mb$mb-selective 200 0 $S $W python train.py --micro_batch $mb --ckpt_interval 1 --ckpt_policy selective
+done
+# 3. MFU: compiled blocks, fused AdamW (CUDA's default here), the largest micro-batch, profiled.
+run single-mb$MB_MFU-compile 300 1 20 6 python train.py --micro_batch $MB_MFU --compile
+# 4. DeepCompile (ZeRO-3) against eager ZeRO-3 above.
+run z3_deepcompile-mb$MB     240 0 20 6 python train.py --deepspeed_config ds_configs/z3_deepcompile.json --micro_batch $MB
+exit 0
