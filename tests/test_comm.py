@@ -69,3 +69,20 @@ def test_host_device_copies_are_counted_by_direction_and_same_device_copies_are_
     span = next(e for e in events if e.name == "span")
     result = transfers(events, [(span.start_time_ns, span.end_time_ns)])
     assert result == {"to_device_bytes": 4512, "to_host_bytes": 0, "copies": 2}
+
+
+def test_a_profiled_step_writes_its_op_table_where_GPTLITE_PROFILE_TABLE_says(tmp_path, monkeypatch):
+    import torch
+
+    from core.memory_profile import ProfiledWindow
+
+    table = tmp_path / "step.profile.txt"
+    a = torch.randn(64, 64)
+    with ProfiledWindow(torch.device("cpu")):
+        a @ a
+    assert not table.exists()  # unset: no table
+    monkeypatch.setenv("GPTLITE_PROFILE_TABLE", str(table))
+    with ProfiledWindow(torch.device("cpu")):
+        a @ a
+    text = table.read_text()
+    assert "aten::mm" in text and "Self CPU" in text

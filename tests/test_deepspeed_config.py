@@ -16,7 +16,8 @@ SHIPPED = deepspeed_config.shipped_configs()
 REQUIRED = {"z0", "z1", "z2", "z3", "z2_offload", "z3_infinity", "z3_infinity_nvme", "zeropp"}
 
 
-def _plan(path, tmp_path=None, world=2, device="cpu", **flags):
+def _plan(path, tmp_path=None, world=2, device=None, **flags):
+    device = device or ("cuda" if "deepcompile" in Path(path).stem else "cpu")  # DeepCompile: CUDA only
     if "nvme" in Path(path).stem:
         flags.setdefault("nvme_path", str(tmp_path))
     return deepspeed_plan.plan(RunConfig(deepspeed_config=str(path), **flags), world, device)
@@ -42,10 +43,27 @@ def test_every_shipped_config_trains_like_the_torch_backends(path, tmp_path, mon
     assert plan.config["scheduler"]["params"]["warmup_type"] == "linear"
     assert plan.precision == "fp32"
     zero = plan.config["zero_optimization"]
+    if tuned(path):  # tuned for speed (runs/reference/nvidia-h200/gpu_best): buckets of 5e7-5e8, overlapped
+        assert zero["reduce_bucket_size"] >= 5e7 and zero["overlap_comm"] and zero["contiguous_gradients"]
+        assert params["torch_adam"] is True  # torch's AdamW: no DeepSpeed op compiled before the first step
+        if plan.stage in (1, 2):
+            assert zero["allgather_bucket_size"] >= 5e7
+        return
     if plan.stage in (1, 2):  # the article's reduced buckets, not DeepSpeed's 5e8 defaults
         assert zero["reduce_bucket_size"] <= 5e5 and zero["allgather_bucket_size"] <= 5e5 and zero["overlap_comm"]
     if plan.stage == 3:
         assert zero["reduce_bucket_size"] <= 5e5 and zero["stage3_prefetch_bucket_size"] <= 5e5
+
+
+def test_deepcompile_is_refused_off_cuda_in_one_line():
+    path = REPO / "ds_configs" / "z3_deepcompile.json"
+    with pytest.raises(ConfigError, match=r"z3_deepcompile.json: compile.deepcompile needs a CUDA device"):
+        _plan(path, device="cpu")
+    assert _plan(path).config["compile"] == {"deepcompile": True}  # planned as written where CUDA is
+
+
+def tuned(path) -> bool:
+    return path.stem.endswith("_tuned") or "deepcompile" in path.stem
 
 
 def test_whitelisted_top_level_keys_are_ones_deepspeed_reads():
@@ -210,7 +228,8 @@ def test_a_config_given_inline_as_base64_plans_as_its_file_does(path):
 
     encoded = base64.urlsafe_b64encode(path.read_bytes()).decode()
     assert deepspeed_config.inline(str(path)) is None
-    assert deepspeed_plan.plan(RunConfig(deepspeed_config=encoded), 2, "cpu").config == _plan(path).config
+    device = "cuda" if "deepcompile" in path.stem else "cpu"
+    assert deepspeed_plan.plan(RunConfig(deepspeed_config=encoded), 2, device).config == _plan(path).config
     from analysis.runs import config_label
     assert config_label("deepspeed", None, encoded) == "deepspeed.inline"
     assert config_label("deepspeed", None, str(path)) == f"deepspeed.{path.stem}"

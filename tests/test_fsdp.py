@@ -29,7 +29,7 @@ def fsdp_runs(launches, request):
         if name.endswith("-2x2"):
             return launches.get(f"{_label(name[:-4])}-2x2", request)
         label = _label(name)
-        if label in ("fsdp.full_shard_offload", "fsdp2.fsdp2_offload"):
+        if label in ("fsdp.full_shard_offload", "fsdp2.fsdp2_offload", "fsdp.full_shard_tuned"):
             return launches.get(label, request)
         return matrix_run(launches.get("matrix", request), label)
 
