@@ -389,7 +389,11 @@ class Run:
 
     def _sample_flops(self) -> dict | None:
         """FLOPs per sample (core/flops.py), or None, said once, for a model fake tensors cannot run:
-        counting is a measurement beside the run, never a reason for it to fail."""
+        counting is a measurement beside the run, never a reason for it to fail. Counted on GPUs
+        only: they are what MFU and HFU divide by a peak, and a CPU has none (core/flops.py); the
+        count itself takes a second or more of a short CPU run (0.7 s of GPT-lite tiny's 1.3 s)."""
+        if self.env.device.type != "cuda":
+            return None
         try:
             if self.cfg.ckpt_plan is not None:
                 choices = self.cfg.ckpt_choices(len(find_blocks(self.s.workload.meta(), self.cfg.block_class)))
