@@ -11,9 +11,6 @@ PY := $(VENV)/bin/python
 CONSTRAINTS ?= $(if $(shell command -v nvidia-smi 2>/dev/null),,constraints-cpu.txt)
 PYTEST_ARGS ?=
 DEEPSPEED_VERSION ?= 0.19.8
-# --no-compile: pip byte-compiles every file it installs (torch's alone took 22 of 32 s here);
-# Python compiles what is imported on first use instead, a small part of it.
-PIP := $(PY) -m pip install --disable-pip-version-check -q --no-compile $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 
 .PHONY: setup setup-nvme demo test test-fast clean help system-deps slurm
 
@@ -33,9 +30,9 @@ setup: $(VENV)/.installed
 # with torch: building DeepSpeed imports torch, which warns without it.
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS) tools/install_deepspeed.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) torch numpy
+	$(PY) -m pip install --disable-pip-version-check -q $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) torch numpy
 	tools/install_deepspeed.sh $(PY) $(DEEPSPEED_VERSION)
-	$(PIP) -e .
+	$(PY) -m pip install --disable-pip-version-check -q $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) -e .
 	touch $@
 
 # DeepSpeed's async_io op too (NVMe offload, ZeRO-Infinity to a drive). Needs libaio.
@@ -48,7 +45,7 @@ $(VENV)/.nvme: $(VENV)/.installed
 # What the tests need beyond the demo: pytest and the notebook tools, and the NVMe op (a test
 # offloads to a directory).
 $(VENV)/.test: $(VENV)/.nvme
-	$(PIP) -e '.[dev]'
+	$(PY) -m pip install --disable-pip-version-check -q $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) -e '.[dev]'
 	touch $@
 
 # libaio, for DeepSpeed's NVMe offload (its async_io op). Best effort: without it, NVMe offload

@@ -150,6 +150,7 @@ def project(entry: str, train_argv: list[str], world: int, gpu: dict, net: dict,
     a.bucket_mib; either way the share its schedule puts on the critical path is `wait ms`."""
     from estimator.estimate import estimate_from_record
     from analysis.runs import config_label
+    from backends.activation_checkpointing import save_ops_for
     from core.flops import planned_sample_flops, sample_flops
 
     per_node = min(world, gpu["gpus_per_node"])
@@ -161,10 +162,13 @@ def project(entry: str, train_argv: list[str], world: int, gpu: dict, net: dict,
     # tensors) and what checkpointing runs again.
     key = (tuple(train_argv), cfg.ckpt_plan)
     if key not in _FLOPS:  # counted once per run and plan, whatever the configuration and world
-        _FLOPS[key] = (planned_sample_flops(setup.workload, cfg.block_class, cfg.plan_choices(), cfg.save_ops())
+        # A selective checkpoint keeps the ops the run resolves (its default set unless
+        # --ckpt_save_ops), as train.py counts them (training/run.py).
+        _FLOPS[key] = (planned_sample_flops(setup.workload, cfg.block_class, cfg.plan_choices(),
+                                            save_ops_for("selective", cfg.save_ops()))
                        if cfg.ckpt_plan else
                        sample_flops(setup.workload, cfg.block_class, cfg.ckpt_interval,
-                                    cfg.save_ops() if cfg.ckpt_policy == "selective" else None))
+                                    (save_ops_for(cfg.ckpt_policy, cfg.save_ops()) if cfg.ckpt_policy in ("full", "selective") else None)))
     flops = _FLOPS[key]
     samples = setup.layout.global_batch // world  # per rank per step: micro-batch x accumulation
     peak = gpu["fp32_tflops" if cfg.precision == "fp32" else "bf16_tflops"]

@@ -23,8 +23,72 @@ PEAK_BF16_FLOPS = {
 }
 
 
+# Ops that do a model's multiply-adds. One of these that torch's FlopCounterMode has no formula for
+# would count 0; such ops are named (uncounted_ops), never dropped silently.
+_FLOP_OP = ("mm", "matmul", "attention", "conv", "einsum", "linear", "_scaled_dot_product")
+
+
+def _grouped_mm_flop(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
+    """torch._grouped_mm (transformers' mixture-of-experts layers): each output element is a dot
+    product over the contraction; groups split the rows (2-D x 3-D), batch them (3-D x 3-D) or, in
+    backward's weight gradient (2-D x 2-D), split the contraction."""
+    if len(a_shape) == 2 and len(b_shape) == 2:
+        return 2 * a_shape[0] * a_shape[1] * b_shape[1]
+    n = 1
+    for d in out_shape:
+        n *= d
+    return 2 * n * a_shape[-1]
+
+
+def _register_formulas() -> None:
+    """Formulas torch's counter lacks, registered once: the CPU flash attention kernel that
+    scaled_dot_product_attention runs on a CPU (counted as the other sdpa kernels are) and
+    _grouped_mm."""
+    import torch
+    from torch.utils import flop_counter as fc
+
+    aten = torch.ops.aten
+    extra = {
+        "_scaled_dot_product_flash_attention_for_cpu":
+            lambda q, k, v, *a, out_shape=None, **kw: fc.sdpa_flop_count(q, k, v),
+        "_scaled_dot_product_flash_attention_for_cpu_backward":
+            lambda g, q, k, v, *a, out_shape=None, **kw: fc.sdpa_backward_flop_count(g, q, k, v),
+        "_grouped_mm": _grouped_mm_flop,
+    }
+    for name, formula in extra.items():
+        op = getattr(aten, name, None)
+        if op is not None and op not in fc.flop_registry:
+            fc.register_flop_formula(op)(formula)
+
+
+def uncounted_ops(names) -> list[str]:
+    """Of the aten ops that ran (`names`), those that do multiply-adds but that no formula counts."""
+    from torch.utils.flop_counter import flop_registry
+
+    _register_formulas()
+    counted = {str(op).removeprefix("aten.") for op in flop_registry}
+    return sorted(n for n in set(names) if n not in counted and any(k in n for k in _FLOP_OP))
+
+
+class _OpNames:
+    """A dispatch mode that notes every op name that reaches it (set outside FlopCounterMode, it sees
+    what the counter ran, after the counter's own decompositions)."""
+
+    def __init__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        names = self.names = set()
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                names.add(func._overloadpacket.__name__)
+                return func(*args, **(kwargs or {}))
+
+        self.mode = Mode()
+
+
 def counted_flops(model, *inputs, modules: dict | None = None,
-                  kept_ops: tuple[str, ...] = ()) -> int | tuple[int, dict]:
+                  kept_ops: tuple[str, ...] = (), ran: set | None = None) -> int | tuple[int, dict]:
     """FLOPs of one forward and backward of `model` on `inputs` as torch.utils.flop_counter counts
     them: every matmul, convolution and attention kernel (elementwise work is not counted, as in
     the formula above), whatever the model. `model(*inputs)` returns the loss, or a tuple whose
@@ -32,14 +96,22 @@ def counted_flops(model, *inputs, modules: dict | None = None,
 
     With `modules` ({name: module} of submodules of `model`): also the forward FLOPs of each,
     ({name: forward FLOPs}), what activation checkpointing runs again in backward; a selective checkpoint
-    keeps the outputs of `kept_ops` (aten names) and does not run those again, so they are left out."""
+    keeps the outputs of `kept_ops` (aten names) and does not run those again, so they are left out.
+    With `ran` (a set): the names of the ops that ran are added to it (see uncounted_ops)."""
+    import contextlib
+
     from torch.utils.flop_counter import FlopCounterMode
 
-    with FlopCounterMode(display=False) as forward:
-        out = model(*inputs)
-    loss = out[-1] if isinstance(out, tuple) else out
-    with FlopCounterMode(display=False) as backward:
-        loss.backward()
+    _register_formulas()
+    seen = _OpNames() if ran is not None else None
+    with seen.mode if seen else contextlib.nullcontext():
+        with FlopCounterMode(display=False) as forward:
+            out = model(*inputs)
+        loss = out[-1] if isinstance(out, tuple) else out
+        with FlopCounterMode(display=False) as backward:
+            loss.backward()
+    if seen:
+        ran.update(seen.names)
     total = forward.get_total_flops() + backward.get_total_flops()
     if modules is None:
         return total
@@ -74,12 +146,13 @@ def sample_flops(workload, block_class: str | None, ckpt_interval: int, kept_ops
         names = {id(m): n for n, m in model.named_modules()}
         wanted = {names[id(b)]: b for i, b in enumerate(blocks) if ckpt_interval and i % ckpt_interval == 0}
         with mode:
-            return counted_flops(model, x, y, modules=wanted, kept_ops=tuple(kept_ops or ()))
+            return counted_flops(model, x, y, modules=wanted, kept_ops=tuple(kept_ops or ()), ran=ran)
 
+    ran: set = set()
     counted, per_block = workload.traced(2, count)
     formula = workload.flops_formula
     return {"model": formula if formula is not None else counted / 2, "source": "formula" if formula else "counted",
-            "counted": counted / 2, "recomputed": sum(per_block.values()) / 2}
+            "counted": counted / 2, "recomputed": sum(per_block.values()) / 2, "uncounted": uncounted_ops(ran)}
 
 
 def planned_sample_flops(workload, block_class: str | None, choices, kept_ops) -> dict:

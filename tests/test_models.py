@@ -115,6 +115,58 @@ def test_flops_of_a_model_fake_tensors_cannot_run_are_counted_without_an_error_l
     assert not [r for r in handler.records if r.levelno >= logging.ERROR], handler.records[0].getMessage()
 
 
+def test_mixtrals_experts_are_counted_each_routed_expert_three_matmuls_forward_and_twice_back():
+    """transformers' Mixtral runs its experts through aten._grouped_mm, which torch's counter gave 0
+    (issue 40): one more expert per token must add, per sample of 64 tokens, 3 matmuls of 32 x 64
+    forward (2 FLOPs per weight each) and twice that backward."""
+    counts = []
+    for k in (1, 2):
+        args = MIXTRAL[1].replace("num_experts_per_tok=1", f"num_experts_per_tok={k}")
+        counts.append(sample_flops(workload(model=MIXTRAL[0], model_args=args, preset="tiny"), None, 0))
+    per_token = 3 * (3 * 2 * 32 * 64)
+    assert counts[1]["counted"] - counts[0]["counted"] == 64 * per_token
+    assert counts[0]["uncounted"] == counts[1]["uncounted"] == []
+
+
+def test_sdpa_on_a_cpu_counts_its_attention_core_as_explicit_matmuls_do():
+    """On real CPU tensors scaled_dot_product_attention runs _scaled_dot_product_flash_attention_for_cpu,
+    which torch's counter gave 0 (issue 40; every HF model on sdpa lost its attention core): it must
+    count what the same attention written as matmuls counts, forward and backward, plus the scores
+    QK^T once more: a flash kernel recomputes them in backward, and torch counts its GPU flash
+    kernels so."""
+    from core.flops import counted_flops
+
+    class Attention(torch.nn.Module):
+        def __init__(self, fused):
+            super().__init__()
+            self.fused = fused
+
+        def forward(self, q, k, v):
+            if self.fused:
+                out = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+            else:
+                out = torch.softmax(q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5, dim=-1) @ v
+            return out.sum()
+
+    def count(fused):
+        q, k, v = (torch.randn(2, 4, 16, 8, requires_grad=True) for _ in range(3))
+        ran = set()
+        return counted_flops(Attention(fused), q, k, v, ran=ran), ran
+
+    (fused, ran), (explicit, _) = count(True), count(False)
+    assert "_scaled_dot_product_flash_attention_for_cpu" in ran  # the kernel under test ran
+    scores = 2 * (2 * 4) * 16 * 16 * 8  # QK^T: batch x heads products of 16 x 8 by 8 x 16
+    assert explicit > 0 and fused == explicit + scores
+
+
+def test_an_op_that_multiplies_but_has_no_formula_is_named_not_counted_as_zero():
+    from core.flops import uncounted_ops
+
+    assert uncounted_ops({"mm", "_grouped_mm", "_scaled_dot_product_flash_attention_for_cpu", "add", "relu"}) == []
+    assert uncounted_ops({"mm", "my_lib_fused_attention", "custom_matmul", "add"}) == ["custom_matmul",
+                                                                                        "my_lib_fused_attention"]
+
+
 def test_hf_resnet18_is_the_articles_resnet18_on_cifar_shaped_images():
     w = workload(model="hf:resnet", model_args="layer_type=basic,depths=[2,2,2,2],hidden_sizes=[64,128,256,512]")
     assert w.n_params == 11_181_642  # torchvision's resnet18(num_classes=10) has the same count

@@ -118,6 +118,26 @@ def test_a_candidate_over_the_budget_is_dropped_naming_what_breaks_it():
     assert ckpt["est_peak_gb"] < roomy["est_peak_gb"]
 
 
+def test_on_a_named_gpu_selective_checkpointing_recomputes_only_what_it_does_not_keep():
+    """A selective checkpoint keeps its matmuls' and attention's outputs (the run's default set), so on
+    a named GPU its recompute is the rest of the forward, not the whole of it as full's is: priced as
+    the whole (the selective set not resolved), it cost what full costs, where the H200 measured a
+    third of full's cost (runs/reference/nvidia-h200/README.md)."""
+    from backends.activation_checkpointing import SELECTIVE_SAVE_OPS
+    from core.flops import sample_flops
+    from training.describe import resolve_flags
+
+    argv = [*TINY, "--attention", "sdpa"]
+    rows = {ckpt: plan.evaluate(plan.Candidate("single", 8, 1, ckpt), argv, 1, 1, 10.0, h100())
+            for ckpt in ("none", "selective/1", "full/1")}
+    compute = {ckpt: row["compute_ms"] for ckpt, row in rows.items()}
+    assert compute["none"] < compute["selective/1"] < compute["full/1"], compute
+    workload = resolve_flags([*argv, "--micro_batch", "8"], world=1).workload
+    full, selective = (sample_flops(workload, None, 1, kept) for kept in (None, SELECTIVE_SAVE_OPS))
+    share = (compute["selective/1"] - compute["none"]) / (compute["full/1"] - compute["none"])
+    assert share == pytest.approx(selective["recomputed"] / full["recomputed"])
+
+
 def test_what_train_py_refuses_is_listed_with_its_reason():
     row = plan.evaluate(plan.Candidate("ds_configs/z3.json", 8, 1, "selective/1"), TINY, 2, 8, 10.0, h100())
     assert "refused" in row and "selective" in row["refused"], row

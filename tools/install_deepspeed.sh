@@ -33,7 +33,7 @@ set_name=${3:-base}
 case "$set_name" in base|nvme) ;; *) echo "install_deepspeed.sh: op set must be base or nvme (got '$set_name')" >&2; exit 2;; esac
 
 if command -v nvidia-smi >/dev/null 2>&1; then
-    exec "$py" -m pip install --disable-pip-version-check -q --no-compile "deepspeed==$version"
+    exec "$py" -m pip install --disable-pip-version-check -q "deepspeed==$version"
 fi
 
 cache=${GPTLITE_CACHE:-$HOME/.cache/gptlite}
@@ -78,5 +78,5 @@ if ! ls "$wheels"/deepspeed-*.whl >/dev/null 2>&1; then
     mv "$out" "$wheels"
     echo "Built in $(( $(date +%s) - started )) s: $wheels"
 fi
-"$py" -m pip install --disable-pip-version-check -q --no-compile --no-deps --force-reinstall "$wheels"/deepspeed-*.whl
-"$py" -m pip install --disable-pip-version-check -q --no-compile "$wheels"/deepspeed-*.whl
+"$py" -m pip install --disable-pip-version-check -q --no-deps --force-reinstall "$wheels"/deepspeed-*.whl
+"$py" -m pip install --disable-pip-version-check -q "$wheels"/deepspeed-*.whl

@@ -23,6 +23,7 @@ def evaluate(cand: Candidate, train_argv: list[str], world: int, per_node: int, 
     from estimator.estimate import estimate_from_record
     from analysis.project import offload_seconds, price_comm
     from core.config import interval_choices
+    from backends.activation_checkpointing import save_ops_for
     from core.flops import sample_flops
     from training.describe import MODEL_FIELDS, resolve_flags
 
@@ -49,8 +50,10 @@ def evaluate(cand: Candidate, train_argv: list[str], world: int, per_node: int, 
     if gpu:
         key = (tuple(getattr(cfg, f) for f in MODEL_FIELDS), cfg.ckpt_interval, cfg.ckpt_policy)
         if key not in _FLOPS:
+            # The ops a selective checkpoint keeps, as the run resolves them (its default set
+            # unless --ckpt_save_ops): their forward is not run again.
             _FLOPS[key] = sample_flops(setup.workload, cfg.block_class, cfg.ckpt_interval,
-                                       cfg.save_ops() if cfg.ckpt_policy == "selective" else None)
+                                       (save_ops_for(cfg.ckpt_policy, cfg.save_ops()) if cfg.ckpt_policy in ("full", "selective") else None))
         flops = _FLOPS[key]
         compute = (flops["model"] + flops["recomputed"]) * samples / device.flops_per_s
     else:
