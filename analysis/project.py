@@ -71,6 +71,14 @@ def add_cost_flags(p, hw: dict) -> None:
                    help="share of communication hidden behind compute (default: %(default)s)")
 
 
+def kept_ops(cfg) -> tuple[str, ...] | None:
+    """The ops a checkpointed block of run `cfg` keeps (None: full's inputs only), as train.py
+    resolves them: the selective default set unless --ckpt_save_ops."""
+    from backends.activation_checkpointing import save_ops_for
+
+    return save_ops_for(cfg.ckpt_policy, cfg.save_ops()) if cfg.ckpt_policy in ("full", "selective") else None
+
+
 def configurations() -> list[str]:
     files = sorted((REPO / "fsdp_configs").glob("*.yaml")) + sorted((REPO / "ds_configs").glob("*.json"))
     # Left out: NVMe offload needs a drive and its path, DeepCompile a CUDA device (it compiles a
@@ -168,7 +176,7 @@ def project(entry: str, train_argv: list[str], world: int, gpu: dict, net: dict,
                                             save_ops_for("selective", cfg.save_ops()))
                        if cfg.ckpt_plan else
                        sample_flops(setup.workload, cfg.block_class, cfg.ckpt_interval,
-                                    (save_ops_for(cfg.ckpt_policy, cfg.save_ops()) if cfg.ckpt_policy in ("full", "selective") else None)))
+                                    kept_ops(cfg)))
     flops = _FLOPS[key]
     samples = setup.layout.global_batch // world  # per rank per step: micro-batch x accumulation
     peak = gpu["fp32_tflops" if cfg.precision == "fp32" else "bf16_tflops"]

@@ -88,9 +88,9 @@ class TorchBackend(Backend):
         # Fused (one kernel for every parameter) where every parameter is on a GPU: the fastest
         # AdamW torch has there. Host-resident parameters (CPU runs, CPU offload) keep the default
         # implementation, so CPU results are unchanged.
-        self.fused_optimizer = bool(params) and all(p.device.type == "cuda" for p in params)
+        fused = bool(params) and all(p.device.type == "cuda" for p in params)
         return torch.optim.AdamW(params, lr=self.cfg.lr, betas=ADAM_BETAS, eps=ADAM_EPS, weight_decay=WEIGHT_DECAY,
-                                 fused=True if self.fused_optimizer else None)
+                                 fused=True if fused else None)
 
     def build_scaler(self, enabled: bool):
         return torch.amp.GradScaler(self.env.device.type, enabled=enabled)
@@ -160,7 +160,7 @@ class TorchBackend(Backend):
             "name": self.name,
             "activation_checkpointing": self.activation_checkpointing,
             "compile": self.compiled,
-            "optimizer": "torch.optim.AdamW (fused)" if getattr(self, "fused_optimizer", False) else "torch.optim.AdamW",
+            "optimizer": "torch.optim.AdamW (fused)" if self.optimizer.defaults.get("fused") else "torch.optim.AdamW",
             "master_dtype": "fp32",
             "compute_dtype": compute,
             "reduce_dtype": "fp32",

@@ -8,7 +8,11 @@ by activation checkpointing is not counted: that is hardware FLOPs (HFU), not mo
 
 from __future__ import annotations
 
-from gptlite.model import GPTConfig
+import functools
+
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from gptlite.model import GPTConfig  # imports torch
 
 # Dense bf16 tensor-core peak FLOP/s by device name substring, from the vendors' datasheets.
 PEAK_BF16_FLOPS = {
@@ -40,6 +44,7 @@ def _grouped_mm_flop(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
     return 2 * n * a_shape[-1]
 
 
+@functools.cache
 def _register_formulas() -> None:
     """Formulas torch's counter lacks, registered once: the CPU flash attention kernel that
     scaled_dot_product_attention runs on a CPU (counted as the other sdpa kernels are) and
@@ -70,21 +75,17 @@ def uncounted_ops(names) -> list[str]:
     return sorted(n for n in set(names) if n not in counted and any(k in n for k in _FLOP_OP))
 
 
-class _OpNames:
-    """A dispatch mode that notes every op name that reaches it (set outside FlopCounterMode, it sees
-    what the counter ran, after the counter's own decompositions)."""
+class _OpNames(TorchDispatchMode):
+    """Notes the name of every op that reaches it (set outside FlopCounterMode, it sees what the
+    counter ran, after the counter's own decompositions)."""
 
     def __init__(self):
-        from torch.utils._python_dispatch import TorchDispatchMode
+        super().__init__()
+        self.names: set[str] = set()
 
-        names = self.names = set()
-
-        class Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                names.add(func._overloadpacket.__name__)
-                return func(*args, **(kwargs or {}))
-
-        self.mode = Mode()
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.add(func._overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
 
 
 def counted_flops(model, *inputs, modules: dict | None = None,
@@ -104,7 +105,7 @@ def counted_flops(model, *inputs, modules: dict | None = None,
 
     _register_formulas()
     seen = _OpNames() if ran is not None else None
-    with seen.mode if seen else contextlib.nullcontext():
+    with seen if seen else contextlib.nullcontext():
         with FlopCounterMode(display=False) as forward:
             out = model(*inputs)
         loss = out[-1] if isinstance(out, tuple) else out

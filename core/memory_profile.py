@@ -78,7 +78,7 @@ class ProfiledWindow:
     def __exit__(self, *exc):
         self.profiler.__exit__(*exc)
         table = os.environ.get("GPTLITE_PROFILE_TABLE")
-        if table:  # where the profiled step's time goes, op by op (docs/measuring.md)
+        if table:  # where the profiled step's time goes, op by op (docs/records.md)
             sort = "self_cuda_time_total" if self.device.type == "cuda" else "self_cpu_time_total"
             Path(table).write_text(self.profiler.key_averages().table(sort_by=sort, row_limit=40) + "\n")
         return False

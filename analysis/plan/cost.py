@@ -21,9 +21,8 @@ def evaluate(cand: Candidate, train_argv: list[str], world: int, per_node: int, 
     against the budget, its step time predicted part by part; its communication the theory's bytes cut
     by its buckets, or with `counted` (analysis.project.count_flags) the calls and bytes counted."""
     from estimator.estimate import estimate_from_record
-    from analysis.project import offload_seconds, price_comm
+    from analysis.project import kept_ops, offload_seconds, price_comm
     from core.config import interval_choices
-    from backends.activation_checkpointing import save_ops_for
     from core.flops import sample_flops
     from training.describe import MODEL_FIELDS, resolve_flags
 
@@ -53,7 +52,7 @@ def evaluate(cand: Candidate, train_argv: list[str], world: int, per_node: int, 
             # The ops a selective checkpoint keeps, as the run resolves them (its default set
             # unless --ckpt_save_ops): their forward is not run again.
             _FLOPS[key] = sample_flops(setup.workload, cfg.block_class, cfg.ckpt_interval,
-                                       (save_ops_for(cfg.ckpt_policy, cfg.save_ops()) if cfg.ckpt_policy in ("full", "selective") else None))
+                                       kept_ops(cfg))
         flops = _FLOPS[key]
         compute = (flops["model"] + flops["recomputed"]) * samples / device.flops_per_s
     else:
