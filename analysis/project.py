@@ -116,16 +116,14 @@ def count_flags(flags: list[str], world: int, gpus_per_node: int, what: str) -> 
     """train.py's `flags` run as rank 0 of `world` under the fake process group, on this machine's
     device (the same collectives): training/fake_world.py's result. Failing, a RuntimeError naming `what`."""
     import json
-    import subprocess
     import tempfile
 
     from training import launch
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "counted.json"
-        proc = subprocess.run(launch.python_command("-m", "training.fake_world", "--world", world, "--gpus_per_node",
-                                                    gpus_per_node, "--out", out, "--", *flags, "--device", "auto"),
-                              cwd=REPO, capture_output=True, text=True)
+        proc = launch.run_python("-m", "training.fake_world", "--world", world, "--gpus_per_node", gpus_per_node,
+                                 "--out", out, "--", *flags, "--device", "auto")
         if proc.returncode != 0 or not out.exists():
             tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
             raise RuntimeError(f"{what} at {world} ranks under the fake process group failed: {tail}")

@@ -140,9 +140,39 @@ def fork_command(launcher: str, nproc: int, script: Path = TRAIN, *args) -> list
             "--nproc", str(1 if launcher == "python" else nproc), str(script), *map(str, args)]
 
 
-def fork_python_command(*args) -> list[str]:
-    """training.launch.python_command's fork-launcher twin."""
-    return fork_command("python", 1, *args)
+def fork_run_python(*args) -> subprocess.CompletedProcess:
+    """training.launch.run_python's fork-launcher twin."""
+    return python(*args)
+
+
+def _popen(command, **kwargs):
+    """subprocess.Popen, except a fork launch command: its ranks forked from this process, without the
+    command's interpreter (forkserver.Forked)."""
+    if forkserver.is_launch_command(command) and not kwargs.get("preexec_fn"):
+        return forkserver.Forked(command, **kwargs)
+    return subprocess.Popen(command, **kwargs)
+
+
+# What training/runner.py sees as `subprocess` under the fork launcher (forked_runs).
+RUNNER_SUBPROCESS = type("subprocess", (), {"Popen": staticmethod(_popen), "STDOUT": subprocess.STDOUT,
+                                            "TimeoutExpired": subprocess.TimeoutExpired})
+
+
+@contextlib.contextmanager
+def forked_runs():
+    """A sweep's or the planner's runs (training/runner.py) launched by the fork launcher, as
+    forked_launchers and launches.sweep_forked ask: each run's command is a fork launch command
+    (conftest.fork_command), which the runner starts without an interpreter for it."""
+    import training.launch
+    import training.runner
+    import training.sweep
+    from unittest import mock
+
+    fork_server()
+    with mock.patch.object(training.sweep, "launch_command", fork_command), \
+            mock.patch.object(training.launch, "run_python", fork_run_python), \
+            mock.patch.object(training.runner, "subprocess", RUNNER_SUBPROCESS):
+        yield
 
 
 @pytest.fixture
@@ -150,14 +180,10 @@ def forked_launchers(monkeypatch):
     """What a CLI called in this process launches (a sweep's or the planner's runs, the projection's
     fake-world counts) forked from the fork server: its own logic as it is, each run without its
     start-up."""
-    import training.launch
-    import training.sweep
-
-    fork_server()
-    monkeypatch.setattr(training.sweep, "launch_command", fork_command)
-    monkeypatch.setattr(training.launch, "python_command", fork_python_command)
     for name, value in base_env().items():  # the environment the CLI would have been started with
         monkeypatch.setenv(name, value)
+    with forked_runs():
+        yield
 
 
 def python(*args, env: dict | None = None, timeout: float = LAUNCH_TIMEOUT_S, real: bool = False,

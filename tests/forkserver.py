@@ -15,6 +15,9 @@ checkpointing policy or a record rather than a launcher launches through this in
              a launcher command (the sweep's runner starts it as it would start torchrun): asks the
              server for the ranks, passes its stdout and stderr on to them, forwards SIGTERM and
              SIGINT, and exits as the launcher it stands for would (the first failing rank's code).
+    Forked   that command run from the calling process without its interpreter (conftest.forked_runs:
+             the runner of a sweep run in the test process starts its runs this way): the ranks in a
+             process group of their own, a thread waiting for them.
 
 Each rank runs its script as `python SCRIPT ARGS` would (runpy, as __main__, with the request's
 argv, environment, working directory and PYTHONPATH), in the environment its launcher gives it:
@@ -165,6 +168,8 @@ def _supervise(conn: socket.socket, request: dict, fds: list[int], base_path: li
             _run_rank(request, fds, base_path)  # never returns
         for fd in fds:
             os.close(fd)
+        if "group" in request:  # set here too (the rank also sets it): the group exists before the reply
+            _set_group(child, request["group"])
         _send(conn, {"pid": child})
         conn.setblocking(False)
         killed_at = None
@@ -197,6 +202,14 @@ def _send_blocking(conn: socket.socket, message: dict) -> None:
     _send(conn, message)
 
 
+def _set_group(pid: int, group: int) -> None:
+    """`pid` into process group `group` (0: a group of its own, whose id is its pid)."""
+    try:
+        os.setpgid(pid, group or pid)
+    except OSError:  # the rank already ended, or (a race) joined it itself
+        pass
+
+
 def _signal(pid: int, sig: int) -> None:
     try:
         os.kill(pid, sig)
@@ -218,6 +231,8 @@ def _run_rank(request: dict, fds: list[int], base_path: list[str]) -> None:
         for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        if "group" in request:
+            _set_group(0, request["group"])
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
@@ -301,12 +316,12 @@ def rank_envs(launcher: str, nproc: int, env: dict, port: int) -> list[dict]:
     return ranks
 
 
-def launch(argv: list[str], launcher: str, nproc: int, *, env: dict, cwd: str, stdout: int, stderr: int,
-           timeout: float | None = None, socket_path: str | None = None, pids: list[int] | None = None) -> int:
-    """Fork `nproc` ranks of `python argv...` as `launcher` would start them; wait for them; the
-    first failing rank's exit code (0 if all succeeded). On a failure the other ranks get SIGTERM
-    (torchrun's behaviour). `timeout`: kill them all and raise TimeoutError. `pids`: a list the
-    ranks' pids are appended to as they start (a signal handler forwards to them)."""
+def start(argv: list[str], launcher: str, nproc: int, *, env: dict, cwd: str, stdout: int, stderr: int,
+          socket_path: str | None = None, pids: list[int] | None = None, group: bool = False) -> list[dict]:
+    """Fork `nproc` ranks of `python argv...` as `launcher` would start them; each rank's
+    {"sock", "pid", "code"} (for _wait). `pids`: a list the ranks' pids are appended to as they start
+    (a signal handler forwards to them). `group`: the ranks in a process group of their own, whose id
+    is rank 0's pid (what a launcher started in a session of its own is to its caller)."""
     from core.ports import free_port
 
     path = socket_path or os.environ[SOCKET_ENV]
@@ -317,21 +332,44 @@ def launch(argv: list[str], launcher: str, nproc: int, *, env: dict, cwd: str, s
             rank_argv = list(argv)
             if launcher == "deepspeed":
                 rank_argv.insert(2 if argv[0] == "-m" else 1, f"--local_rank={rank}")
+            request = {"argv": rank_argv, "env": rank_env, "cwd": cwd}
+            if group:
+                request["group"] = ranks[0]["pid"] if ranks else 0
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.connect(path)
-            _send(sock, {"argv": rank_argv, "env": rank_env, "cwd": cwd}, [stdout, stderr])
+            _send(sock, request, [stdout, stderr])
             reply, _ = _receive(sock)
             if reply is None or "pid" not in reply:
+                sock.close()
                 raise ConnectionError(f"the fork server did not start rank {rank}")
             ranks.append({"sock": sock, "pid": reply["pid"], "code": None})
             if pids is not None:
                 pids.append(reply["pid"])
+    except BaseException:
+        _end(ranks)
+        raise
+    return ranks
+
+
+def _end(ranks: list[dict]) -> None:
+    """Kill the ranks that have not ended; close their connections."""
+    for r in ranks:
+        if r["code"] is None:
+            _signal(r["pid"], signal.SIGKILL)
+        r["sock"].close()
+
+
+def launch(argv: list[str], launcher: str, nproc: int, *, env: dict, cwd: str, stdout: int, stderr: int,
+           timeout: float | None = None, socket_path: str | None = None, pids: list[int] | None = None) -> int:
+    """Fork `nproc` ranks of `python argv...` as `launcher` would start them; wait for them; the
+    first failing rank's exit code (0 if all succeeded). On a failure the other ranks get SIGTERM
+    (torchrun's behaviour). `timeout`: kill them all and raise TimeoutError. `pids`: as start's."""
+    ranks = start(argv, launcher, nproc, env=env, cwd=cwd, stdout=stdout, stderr=stderr, socket_path=socket_path,
+                  pids=pids)
+    try:
         return _wait(ranks, timeout)
     finally:
-        for r in ranks:
-            if r["code"] is None:
-                _signal(r["pid"], signal.SIGKILL)
-            r["sock"].close()
+        _end(ranks)
 
 
 def _wait(ranks: list[dict], timeout: float | None) -> int:
@@ -364,6 +402,59 @@ def _wait(ranks: list[dict], timeout: float | None) -> int:
                 if r["code"] is None:
                     _signal(r["pid"], signal.SIGKILL)
     return first_failure if first_failure is not None else 0
+
+
+class Forked:
+    """A launch command (`forkserver.py launch ...`) run from this process, without its interpreter:
+    the subset of subprocess.Popen that training/runner.py uses (`pid`, `returncode`, `poll`, `wait`).
+    The ranks are forked as the command would fork them, in a process group of their own whose id is
+    `pid`, so signalling the group (the runner's _kill_group) reaches them as the launcher's
+    forwarding would; a thread waits for them as the command would (a failing rank stops the others)."""
+
+    def __init__(self, command: list[str], *, cwd, env: dict, stdout, stderr=None, **popen_kwargs):
+        import subprocess
+        import threading
+
+        parsed = parse_launch(list(map(str, command[3:])))
+        if command[2:3] != ["launch"] or parsed is None:
+            raise ValueError(f"not a fork launch command: {command}")
+        unsupported = {k for k, v in popen_kwargs.items() if v and k != "start_new_session"}
+        if unsupported:  # preexec_fn and the like: not what a fork can honour
+            raise ValueError(f"the fork launcher does not take {', '.join(sorted(unsupported))}")
+        launcher, nproc, argv = parsed
+        out = stdout if isinstance(stdout, int) else stdout.fileno()
+        err = out if stderr in (None, subprocess.STDOUT) else stderr if isinstance(stderr, int) else stderr.fileno()
+        self.args, self.returncode = command, None
+        self._ranks = start(argv, launcher, nproc, env=dict(env), cwd=str(cwd), stdout=out, stderr=err,
+                            socket_path=env.get(SOCKET_ENV) or os.environ[SOCKET_ENV], group=True)
+        self.pid = self._ranks[0]["pid"]
+        self._thread = threading.Thread(target=self._wait, name=f"forked-{self.pid}", daemon=True)
+        self._thread.start()
+
+    def _wait(self) -> None:
+        code = 1
+        try:
+            code = _wait(self._ranks, None)
+        finally:
+            _end(self._ranks)
+            self.returncode = code
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        import subprocess
+
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode
+
+
+def is_launch_command(command) -> bool:
+    """A command fork launcher's `launch` (conftest.fork_command builds them)."""
+    return (len(command) > 3 and os.path.abspath(str(command[1])) == os.path.abspath(__file__)
+            and command[2] == "launch")
 
 
 class Server:
@@ -408,14 +499,23 @@ class Server:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
+def parse_launch(args: list[str]) -> tuple[str, int, list[str]] | None:
+    """`--launcher L --nproc N SCRIPT ARGS...` as (launcher, nproc, argv); None if malformed."""
+    if (len(args) < 5 or args[0] != "--launcher" or args[2] != "--nproc" or args[1] not in LAUNCHERS
+            or not args[3].isdigit()):
+        return None
+    return args[1], int(args[3]), args[4:]
+
+
 def _launch_main(args: list[str]) -> int:
     """`forkserver.py launch --launcher L --nproc N SCRIPT ARGS...` (or `-m MODULE ARGS...`): a
     launcher command."""
-    usage = "usage: forkserver.py launch --launcher {python,torchrun,deepspeed} --nproc N (SCRIPT | -m MODULE) ARGS..."
-    if len(args) < 5 or args[0] != "--launcher" or args[2] != "--nproc" or args[1] not in LAUNCHERS:
-        print(usage, file=sys.stderr)
+    parsed = parse_launch(args)
+    if parsed is None:
+        print("usage: forkserver.py launch --launcher {python,torchrun,deepspeed} --nproc N (SCRIPT | -m MODULE) "
+              "ARGS...", file=sys.stderr)
         return 2
-    launcher, nproc, argv = args[1], int(args[3]), args[4:]
+    launcher, nproc, argv = parsed
     pids: list[int] = []
 
     def forward(signum, frame):  # to the ranks, as torchrun does; then wait for them to end

@@ -283,13 +283,11 @@ def sweep_forked(spec: Path, env: dict) -> subprocess.CompletedProcess:
     from unittest import mock
 
     import sweep as sweep_cli
-    import training.sweep
-    from conftest import base_env, fork_command, fork_server, in_process
+    from conftest import base_env, forked_runs, in_process
 
-    fork_server()  # started (and named in the environment the runner passes on) before the first run
     # The environment sweep.py would have been started with (one thread per rank: base_env), which
     # its runner passes on to each run.
-    with mock.patch.dict(os.environ, {**base_env(), **env}), mock.patch.object(training.sweep, "launch_command", fork_command):
+    with mock.patch.dict(os.environ, {**base_env(), **env}), forked_runs():
         return in_process(sweep_cli.main, [str(spec)])
 
 

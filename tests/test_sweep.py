@@ -165,6 +165,29 @@ def test_a_run_past_its_timeout_is_killed_and_recorded(tmp_path, stubbed):
     assert leftovers.stdout.strip() == ""  # the launcher and both ranks are gone
 
 
+@pytest.mark.distributed
+def test_a_forked_run_past_its_timeout_is_killed_with_every_rank(tmp_path, forked_launchers):
+    """The fork launcher as the in-process sweeps use it (conftest.forked_runs: no launcher process,
+    the ranks in a process group of their own): the runner's timeout reaches both train.py ranks."""
+    from pathlib import Path
+
+    log = Path(os.environ["GPTLITE_TEST_LAUNCH_LOG"])
+    seen = len(log.read_bytes().splitlines())
+    spec = _spec(tmp_path, steps=3, timeout_s=6, matrix={"backend": ["ddp"], "micro_batch": [2], "world_size": [2]},
+                 train_args={"mem_profile_steps": 0, "warmup_steps": 0, "eval_batches": 1},
+                 env={"GPTLITE_FAULT": "kind=hang,step=1"})
+    proc = _sweep_here(spec)
+    assert proc.returncode == 1, proc.stderr
+    summary = json.loads((tmp_path / "runs" / "ddp-w2-tiny-mb2-fp32-ckpt0" / "summary.json").read_text())
+    assert summary["status"] == "timeout" and "timed out after 6 s" in summary["error"]
+    ranks = [int(line.split()[0]) for line in log.read_bytes().splitlines()[seen:]
+             if b" [fork] " in line and str(tmp_path).encode() in line]
+    assert len(ranks) == 2, ranks
+    for pid in ranks:  # ended and reaped: no process of that pid (nothing else reuses it this soon)
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
 @pytest.mark.launch
 def test_a_changed_spec_never_reuses_or_overwrites_a_record(tmp_path, stubbed):
     """The key of a record includes every setting: after `steps` changes, the old record is

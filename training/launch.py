@@ -12,6 +12,7 @@ DeepSpeed's ops (another ninja on PATH would make it rebuild them).
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -31,6 +32,12 @@ def python_command(*args: str) -> list[str]:
     """The command that starts a Python process of this interpreter on `args` (a script or `-m
     MODULE`, then its arguments): every process the suite starts without a launcher starts here."""
     return [sys.executable, *map(str, args)]
+
+
+def run_python(*args: str) -> subprocess.CompletedProcess:
+    """`python ARGS` (python_command) to completion in the repository, its output captured as text:
+    a tool's child process (the projection's fake-world counts)."""
+    return subprocess.run(python_command(*args), cwd=REPO, capture_output=True, text=True)
 
 
 def launch_command(launcher: str, nproc: int, script: Path = TRAIN) -> list[str]:
