@@ -66,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    from training.executors import executor_for
     from training.runner import Runner, Stopped, stop_on_sigterm
     from training.sweep import check_runs, expand, load_spec
 
@@ -82,12 +83,15 @@ def main(argv=None) -> int:
                 raise ConfigError("--max_batch runs its probes one after another, here: use --executor local")
             return _on_slurm(args, spec, runs, skipped)
         check_runs(runs, spec.directory)
-        runner = Runner(_max_batch_dir(spec, args) if args.max_batch else spec.directory, spec.timeout_s,
-                        retry_failed=args.retry_failed)
-        if not args.dry_run:
-            runner.hold_directory()  # one sweep per directory: refused here if another has it
-        if not args.max_batch:
-            runner.check_records(runs)
+        if args.max_batch:  # a search: its probes through a runner of their own
+            runner = Runner(_max_batch_dir(spec, args), spec.timeout_s, retry_failed=args.retry_failed)
+            if not args.dry_run:
+                runner.hold_directory()  # one sweep per directory: refused here if another has it
+        else:
+            executor = executor_for(spec.name, spec.directory, spec.timeout_s, runs, retry_failed=args.retry_failed)
+            if not args.dry_run:
+                executor.hold_directory()
+            executor.check()
     except ConfigError as e:
         print(f"sweep.py: error: {e}", file=sys.stderr)
         return 2
@@ -102,7 +106,7 @@ def main(argv=None) -> int:
     try:
         if args.max_batch:
             return _max_batch(args, spec, runs, runner)
-        return _sweep(spec, runs, runner)
+        return _finished(spec, executor.run_all(lambda line: print(line, flush=True)))
     except ConfigError as e:  # a record made with other settings, met during the search
         print(f"sweep.py: error: {e}", file=sys.stderr)
         return 2
@@ -114,12 +118,12 @@ def main(argv=None) -> int:
 
 def _on_slurm(args, spec, runs, skipped) -> int:
     """--executor slurm, --status, --cancel (training/slurm.py). ConfigError: bad input, nothing submitted."""
-    from training.runner import Runner
-    from training.slurm import SlurmSweep, settings_from
+    from training.executors import executor_for
+    from training.slurm import settings_from
     from training.sweep import check_runs
 
-    sweep = SlurmSweep(spec.name, spec.directory, spec.timeout_s, runs, settings_from(spec.executor, args),
-                       retry_failed=args.retry_failed)
+    sweep = executor_for(spec.name, spec.directory, spec.timeout_s, runs, settings_from(spec.executor, args),
+                         retry_failed=args.retry_failed)
     if args.status:
         sweep.check_tools()
         rows = sweep.status()
@@ -134,8 +138,6 @@ def _on_slurm(args, spec, runs, skipped) -> int:
         sweep.cancel(print)
         return 0
     check_runs(runs, spec.directory)
-    runner = Runner(spec.directory, spec.timeout_s, retry_failed=args.retry_failed)
-    runner.check_records(runs)
     sweep.check()
     if args.dry_run:
         for reason in skipped:
@@ -144,7 +146,7 @@ def _on_slurm(args, spec, runs, skipped) -> int:
             print(f"{run.name}  [{sweep.shapes()[run.name]}]\n    {shlex.join(run.command(spec.directory))}")
         print(f"{len(runs)} runs, one Slurm job each, into {spec.directory}")
         return 0
-    runner.hold_directory()  # one submitting sweep per directory
+    sweep.hold_directory()  # one submitting sweep per directory
     for reason in skipped:
         print(f"left out: {reason}")
     try:
@@ -156,6 +158,11 @@ def _on_slurm(args, spec, runs, skipped) -> int:
     if outcomes is None:
         print(f"follow them with: python sweep.py {args.spec} --status")
         return 0
+    return _finished(spec, outcomes)
+
+
+def _finished(spec, outcomes: list) -> int:
+    """The sweep's last line (its runs' statuses, counted) and its exit code."""
     counts = collections.Counter(o.status for o in outcomes)
     print(f"{spec.name}: " + ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
           + f"; records in {spec.directory}")
@@ -171,20 +178,6 @@ def _progress(total: int, desc: str):
     from tqdm import tqdm
 
     return tqdm(total=total, desc=desc, unit="run", disable=not sys.stderr.isatty(), dynamic_ncols=True)
-
-
-def _sweep(spec, runs, runner) -> int:
-    counts = collections.Counter()
-    with _progress(len(runs), spec.name) as bar:
-        for i, run in enumerate(runs, 1):
-            bar.set_postfix_str(run.name, refresh=True)
-            outcome = runner.run(run)
-            counts[outcome.status] += 1
-            bar.write(f"[{i}/{len(runs)}] {outcome.line()}")
-            bar.update()
-    done = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
-    print(f"{spec.name}: {done}; records in {spec.directory}")
-    return _exit_code(counts)
 
 
 def _check_max_batch_args(args) -> None:

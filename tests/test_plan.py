@@ -364,11 +364,14 @@ def test_verify_rounds_take_turns_and_take_each_candidates_median(tmp_path, monk
     speeds = {"a": [9.0, 6.0, 8.0], "b": [7.0, 7.5, 7.2], "c": [5.0, None, 5.2]}  # None: out of memory at 7 GiB
     ran = []
 
-    class Runner:
-        def __init__(self, directory, timeout_s):
+    class Runner:  # training/runner.LocalSweep's runner
+        def __init__(self, directory, timeout_s, retry_failed=False):
             self.directory_lock = SimpleNamespace(release=lambda: None)
 
         def hold_directory(self):
+            pass
+
+        def check_records(self, runs):
             pass
 
         def run(self, planned):

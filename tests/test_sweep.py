@@ -545,3 +545,28 @@ def test_a_stopped_run_is_ended_by_its_sigterm_not_left_for_the_kill():
     os.kill(proc.pid, signal.SIGSTOP)
     _kill_group(proc)
     assert proc.returncode == 3  # its handler ran: not SIGKILL's -9 after the grace period
+
+
+def test_the_local_and_slurm_executors_share_one_interface(tmp_path):
+    """training/executors.py: sweep.py and the planner's verification call either alike."""
+    import inspect
+
+    from gptlite.errors import ConfigError
+    from training.executors import executor_for
+    from training.runner import LocalSweep
+    from training.slurm import SlurmSweep
+    from training.sweep import SlurmSettings
+
+    run = _planned(tmp_path)
+    local = executor_for("t", tmp_path / "runs", 60, [run])
+    slurm = executor_for("t", tmp_path / "runs", 60, [run], SlurmSettings())
+    assert type(local) is LocalSweep and type(slurm) is SlurmSweep
+    for method in ("hold_directory", "check", "run_all"):
+        assert (list(inspect.signature(getattr(LocalSweep, method)).parameters)
+                == list(inspect.signature(getattr(SlurmSweep, method)).parameters)), method
+    # a record made with other settings is refused by either before anything runs or is submitted
+    (tmp_path / "runs" / run.name).mkdir(parents=True)
+    (tmp_path / "runs" / run.name / "config.json").write_text("{}")
+    for executor in (local, slurm):
+        with pytest.raises(ConfigError, match="recorded with other settings"):
+            executor.check()

@@ -21,6 +21,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -296,6 +297,47 @@ def _last_line(log: Path) -> str:
     lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
     errors = [line for line in lines if "Error" in line or "error:" in line]
     return (errors or lines or ["no output"])[-1][:500]
+
+
+class LocalSweep:
+    """The local executor: a sweep's runs one after another on this machine, through the Runner.
+    training/slurm.SlurmSweep is the other; both are built by training/executors.executor_for and
+    called alike (hold_directory, check, run_all)."""
+
+    def __init__(self, name: str, directory: Path, timeout_s: float, runs, retry_failed: bool = False):
+        self.name, self.runs = name, list(runs)
+        self.directory = Path(directory)
+        self.runner = Runner(self.directory, timeout_s, retry_failed=retry_failed)
+
+    def hold_directory(self) -> FileLock:
+        """The directory for this sweep alone until it exits (ConfigError naming the holder)."""
+        self.runner.hold_directory()
+        return self.runner.directory_lock
+
+    def check(self) -> None:
+        """Refuse (ConfigError) a run whose name holds a record made with other settings."""
+        self.runner.check_records(self.runs)
+
+    def run_all(self, report, follow: bool = True) -> list[Outcome]:
+        """Each run in turn, a line through `report` as it starts and one as it ends (a progress bar
+        on a terminal); every run's Outcome, in order (a run recorded before by the same settings
+        as already done). `follow`: always, here."""
+        from tqdm import tqdm
+
+        def say(line: str) -> None:
+            with tqdm.external_write_mode():
+                report(line)
+
+        outcomes = []
+        total = len(self.runs)
+        with tqdm(total=total, desc=self.name, unit="run", disable=not sys.stderr.isatty(), dynamic_ncols=True) as bar:
+            for i, run in enumerate(self.runs, 1):
+                bar.set_postfix_str(run.name, refresh=True)
+                say(f"[{i}/{total}] {run.name} ...")
+                outcomes.append(self.runner.run(run))
+                say(f"[{i}/{total}] {outcomes[-1].line()}")
+                bar.update()
+        return outcomes
 
 
 def _first_difference(stored: dict | None, current: dict) -> str:

@@ -239,7 +239,21 @@ class SlurmSweep:
     def check_tools(self) -> None:
         check_tools()
 
+    def hold_directory(self):
+        """The directory for this sweep's submission alone (ConfigError naming the holder): a lock
+        released when this process exits; the jobs go on."""
+        from training.runner import Runner
+
+        runner = Runner(self.directory, self.timeout_s)
+        runner.hold_directory()
+        return runner.directory_lock
+
     def check(self) -> None:
+        """Refuse (ConfigError) a run whose name holds a record made with other settings, then what
+        this cluster cannot run (its partitions, GPUs and nodes against the runs' shapes)."""
+        from training.runner import Runner
+
+        Runner(self.directory, self.timeout_s).check_records(self.runs)
         check_slurm(self.settings, sorted(set(self.shapes().values()), key=str))
 
     def _write_jobs(self, update: dict) -> None:

@@ -53,13 +53,13 @@ SLURM_OWN = ("nodes", "gpus_per_node")
 
 def verify(rows: list[dict], k: int, train_argv: list[str], world: int, runs_dir: Path, steps: int,
            timeout_s: float, slurm=None, rounds: int = 1) -> list[dict]:
-    """Run the top `k` candidates and two from further down (to_verify) through the sweep runner
-    (training/runner.py: ordinary records under `runs_dir`, a progress line each; a record of the same
-    run there is reused), each `steps` steps, `rounds` times taking turns here (the machine's speed
-    drifts: each candidate's runs are spread over the whole verification), or with `slurm`
-    (training/slurm.SlurmSettings) as Slurm jobs through the sweep's Slurm executor, all at once;
-    predicted against measured, the median of a candidate's runs."""
-    from training.runner import Runner
+    """Run the top `k` candidates and two from further down (to_verify) through the sweep's executor
+    (training/executors.py: ordinary records under `runs_dir`, a progress line each; a record of the
+    same run there is reused), each `steps` steps, `rounds` times taking turns here (the machine's
+    speed drifts: each candidate's runs are spread over the whole verification), or with `slurm`
+    (training/sweep.SlurmSettings) as Slurm jobs, all at once; predicted against measured, the median
+    of a candidate's runs."""
+    from training.executors import executor_for
     from training.sweep import PlannedRun
 
     chosen = to_verify(rows, k)
@@ -71,20 +71,16 @@ def verify(rows: list[dict], k: int, train_argv: list[str], world: int, runs_dir
                                 "--mem_profile_steps", "1", "--eval_batches", "1"])
             name = f"plan-{cand.run_name()}" + (f"-r{rnd}" if rnd else "")
             planned.append((row, PlannedRun(name, row["backend"], cand.file, world, pairs)))
-    runner = Runner(runs_dir, timeout_s)
-    runner.hold_directory()
+    executor = executor_for("plan", runs_dir, timeout_s, [run for _, run in planned], slurm)
+    lock = executor.hold_directory()
     try:
-        outcomes = _on_slurm([run for _, run in planned], runs_dir, timeout_s, slurm) if slurm is not None else {}
-        by_row: dict[int, list] = {}
-        for i, (row, run) in enumerate(planned):
-            if slurm is None:
-                print(f"[{i + 1}/{len(planned)}] {run.name} (predicted rank {rows.index(row) + 1}) ...",
-                      file=sys.stderr, flush=True)
-                outcomes[run.name] = runner.run(run)
-                print(f"[{i + 1}/{len(planned)}] {outcomes[run.name].line()}", file=sys.stderr, flush=True)
-            by_row.setdefault(id(row), []).append((run, outcomes[run.name]))
+        executor.check()
+        outcomes = executor.run_all(lambda line: print(line, file=sys.stderr, flush=True))
     finally:
-        runner.directory_lock.release()
+        lock.release()
+    by_row: dict[int, list] = {}
+    for (row, run), outcome in zip(planned, outcomes):
+        by_row.setdefault(id(row), []).append((run, outcome))
     return [_measured(row, by_row[id(row)], runs_dir, rows.index(row) + 1) for row in chosen]
 
 
@@ -110,14 +106,3 @@ def _measured(row: dict, runs: list, runs_dir: Path, rank: int) -> dict:
         out["records"] = [str(runs_dir / run.name) for run, _ in runs]
         out["measured_runs"] = [o.summary.samples_per_s if o.status == "ok" else None for _, o in runs]
     return out
-
-
-def _on_slurm(planned: list, runs_dir: Path, timeout_s: float, settings) -> dict:
-    """The verifying runs as Slurm jobs, followed to their end: {run name: Outcome} (a run recorded
-    before, by the same settings, is not submitted again)."""
-    from training.slurm import SlurmSweep
-
-    sweep = SlurmSweep("plan", runs_dir, timeout_s, planned, settings)
-    sweep.check()
-    outcomes = sweep.run_all(lambda line: print(line, file=sys.stderr, flush=True))
-    return {o.run.name: o for o in outcomes}
