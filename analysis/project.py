@@ -121,9 +121,9 @@ def count_flags(flags: list[str], world: int, gpus_per_node: int, what: str) -> 
     from training import launch
 
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "counted.json"
         proc = launch.run_python("-m", "training.fake_world", "--world", world, "--gpus_per_node", gpus_per_node,
-                                 "--out", out, "--", *flags, "--device", "auto")
+                                 "--out", tmp, "--", *flags, "--device", "auto")
+        out = Path(tmp) / "fake_world.json"
         if proc.returncode != 0 or not out.exists():
             tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
             raise RuntimeError(f"{what} at {world} ranks under the fake process group failed: {tail}")

@@ -4,6 +4,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -95,12 +96,13 @@ def _export(checkpoint, out, as_process=False):
 
         proc = in_process(export.main, [checkpoint, "--out", out])
     assert proc.returncode == 0, proc.stderr
-    return torch.load(out)
+    assert proc.stdout.strip().splitlines()[-1] == str(Path(out) / "model.pt")  # --out DIR: the file written there, last
+    return torch.load(Path(out) / "model.pt")
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=_tier(n)) for n in ("single", "fsdp", "z2", "z3")])
 def test_export_gives_the_plain_models_state_dict(runs, name, tmp_path):
-    exported = _export(runs(name)[2], tmp_path / "model.pt", as_process=name == "z3")  # one as the CLI
+    exported = _export(runs(name)[2], tmp_path / "exported", as_process=name == "z3")  # one as the CLI
     reference = build_model(preset("tiny", vocab_size=65, dropout=0.0), 0).state_dict()
     assert exported["step"] == SAVE_AFTER
     assert set(exported["model"]) == set(reference)
@@ -136,8 +138,8 @@ def test_one_backend_continues_from_anothers_export(runs, source, target, tmp_pa
     # Without dropout: a run started from exported weights begins a fresh RNG stream, so only
     # then does its next step see the same computation as the source's.
     uninterrupted, _, checkpoint = runs(source, dropout="0")
-    export = tmp_path / f"{source}.pt"
-    _export(checkpoint, export)
+    _export(checkpoint, tmp_path / source)
+    export = tmp_path / source / "model.pt"
     flags, launcher = BACKENDS[target]
     run = train(tmp_path / "runs", f"{target}-from-{source}", *ARGS, *flags, "--dropout", "0", "--init_from",
                 str(export), launcher=launcher, timeout=TIMEOUT).check_ok()

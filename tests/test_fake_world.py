@@ -14,11 +14,11 @@ DROPPED = {"--runs_dir", "--run_name", "--local_rank"}  # the record's own place
 
 
 def _fake_world(world: int, train_flags: list[str], tmp_path, gpus_per_node: int = 8) -> dict:
-    out = tmp_path / "fake.json"
+    out = tmp_path / "fake"
     proc = python("-m", "training.fake_world", "--world", world, "--gpus_per_node", gpus_per_node, "--out", out, "--",
                   *train_flags, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    return json.loads(out.read_text())
+    return json.loads((out / "fake_world.json").read_text())
 
 
 def _replayed_flags(argv: list[str]) -> list[str]:
@@ -165,8 +165,10 @@ def test_every_spelling_of_an_output_flag_is_refused_before_simulating(flags, tm
 
 
 @pytest.mark.parametrize("own, message", [
-    (["--world", "2", "--out", "{FILE}/x.json"], "--out: {FILE} exists and is not a directory"),
-    (["--world", "2", "--out", "{DIR}"], "--out: {DIR} is a directory; name the file to write"),
+    (["--world", "2", "--out", "{FILE}/x"], "--out: {FILE}/x is not writable"),
+    # --out named a file before it named a directory in every tool: the old spelling, refused with the new one
+    (["--world", "2", "--out", "{DIR}/z3.json"], "--out {DIR}/z3.json: --out names a directory (this tool writes "
+                                                 "fake_world.json in it); give the directory, e.g. --out {DIR}"),
     (["--world", "1000000"], "--world 1000000: simulating it needs about 39.1 GiB of memory (40 KiB per simulated rank "
                              "for ddp with 4 blocks"),
 ])

@@ -58,7 +58,8 @@ def _in_process(args):
 
 TOOL_CASES = [
     (["-m", "analysis.report", str(REFERENCE), "--out", "{FILE}"], "--out: {FILE} exists and is not a directory"),
-    (["-m", "training.export", str(REFERENCE), "--out", "{DIR}"], "--out {DIR} is a directory"),
+    (["-m", "training.export", str(REFERENCE), "--out", "{FILE}"], "--out {FILE}: --out names a directory (this tool "
+                                                                    "writes model.pt in it)"),
     (["-m", "analysis.claims", str(REFERENCE), "--out", "{FILE}"], "--out: {FILE} exists and is not a directory"),
     (["-m", "analysis.claims", "{FILE}", "--out", "{DIR}"], "runs_dir {FILE} is not a directory"),
     (["-m", "analysis.estimate", "--world", "0"], "world must be an integer >= 1 (got 0)"),

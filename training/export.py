@@ -1,8 +1,8 @@
 """Consolidate a training checkpoint of any backend into one fp32 state dict.
 
-    python -m training.export runs/ckpt/z3 --out z3.pt                  # the latest checkpoint
-    python -m training.export runs/ckpt/z3/step_00000009 --out z3.pt
-    torchrun --nproc_per_node 2 train.py --fsdp_config fsdp_configs/full_shard.yaml --init_from z3.pt ...
+    python -m training.export runs/ckpt/z3 --out exported/z3                  # the latest checkpoint
+    python -m training.export runs/ckpt/z3/step_00000009 --out exported/z3
+    torchrun --nproc_per_node 2 train.py --fsdp_config fsdp_configs/full_shard.yaml --init_from exported/z3/model.pt ...
 
 Each format has its library's own consolidation, run offline (no process group, on the CPU):
 - "torch" (single, ddp): the saved model state dict;
@@ -12,7 +12,7 @@ Each format has its library's own consolidation, run offline (no process group, 
   module weights of a ZeRO-0 checkpoint.
 Parameter names are GPT-lite's own (wrapper prefixes such as `module.` or
 `_checkpoint_wrapped_module.` removed), so any backend can load the result (`--init_from`). The
-file holds {"model": state dict, "step": step of the checkpoint, "source": its meta.json}.
+file, model.pt in the --out directory, holds {"model": state dict, "step": step of the checkpoint, "source": its meta.json}.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from pathlib import Path
 
 import torch
 
-from core.owned import check_out
 from training import checkpoint
 
 def resolve(path: str | Path) -> Path:
@@ -73,13 +72,18 @@ def _deepspeed_state_dict(model_dir: Path) -> dict:
     return torch.load(states, map_location="cpu", weights_only=False)["module"]
 
 
-def export(checkpoint_path: str | Path, out: str | Path) -> Path:
-    out = Path(out)
-    if out.is_dir():
-        raise FileExistsError(f"--out {out} is a directory; name the file to write")
-    check_out("--out", out)  # a record or a checkpoint is its run's: never written into from outside
+OUT_FILE = "model.pt"  # what --out DIR holds
+
+
+def export(checkpoint_path: str | Path, out_dir: str | Path) -> Path:
+    """The checkpoint consolidated into `out_dir`/model.pt (written whole or not at all); its path."""
+    from training.preflight import writable_out
+
+    # Not into a record or a checkpoint (its run's: never written into from outside), not a file's name.
+    writable_out("--out", str(out_dir), writes=OUT_FILE)
     directory = resolve(checkpoint_path)
     state, meta = consolidated_state_dict(directory)
+    out = Path(out_dir) / OUT_FILE
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp", delete=False) as f:
         tmp = Path(f.name)
@@ -97,7 +101,7 @@ def main(argv=None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="\n".join(__doc__.splitlines()[2:5]))
     parser.add_argument("checkpoint", help="a checkpoint directory, or a --save_dir (its latest checkpoint)")
-    parser.add_argument("--out", required=True, help="file to write (torch.save format)")
+    parser.add_argument("--out", required=True, metavar="DIR", help=f"directory to write {OUT_FILE} in (torch.save format)")
     args = parser.parse_args(argv)
     try:
         out = export(args.checkpoint, args.out)

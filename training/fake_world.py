@@ -1,7 +1,7 @@
 """Rank 0 of a W-rank world, in this one process: its real collectives and memory, no cluster.
 
     python -m training.fake_world --world 64 --gpus_per_node 8 -- --preset paper --deepspeed_config ds_configs/z3.json
-    python -m training.fake_world --world 2 --out z3.json -- --preset tiny --fsdp_config fsdp_configs/fsdp2.yaml
+    python -m training.fake_world --world 2 --out results -- --preset tiny --fsdp_config fsdp_configs/fsdp2.yaml
 
 torch's fake process group (torch.testing._internal.distributed.fake_pg) answers every collective
 at once without moving a byte, so one process runs the backend exactly as rank 0 of W ranks would:
@@ -9,8 +9,8 @@ the same sharding, the same buckets, the same collectives with the same shapes (
 profiled step as in any run, core/comm.py), the same tensors alive (the memory peak, measured as in
 any run, core/memory_profile.py). What the collectives would have carried is missing, so the
 losses are meaningless and nothing else of the run is kept: the record goes to a temporary
-directory and the result is the step's communication and memory, printed and, with --out, written
-as JSON. Checked against real 2-rank runs of every backend it runs (tests/test_fake_world.py):
+directory and the result is the step's communication and memory, printed and, with --out DIR,
+written as JSON to DIR/fake_world.json. Checked against real 2-rank runs of every backend it runs (tests/test_fake_world.py):
 the same bytes, and the memory peak within 10%.
 
 Every train.py flag applies (after `--`) except those saying where to write (records, checkpoints,
@@ -29,6 +29,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+OUT_FILE = "fake_world.json"  # what --out DIR holds
 # Short by default: the first step settles the allocations, the second (the last) is profiled.
 DEFAULT_FLAGS = ("--steps", "2", "--warmup_steps", "1", "--eval_batches", "1", "--quiet")
 # Every train.py setting that makes a run write where the user says (records, checkpoints, NVMe swap
@@ -178,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
                       epilog="\n".join(__doc__.splitlines()[1:]), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--world", type=int, required=True, help="ranks in the simulated world")
     p.add_argument("--gpus_per_node", type=int, default=8, help="ranks per node (HYBRID_SHARD's shard groups)")
-    p.add_argument("--out", default=None, help="also write the result as JSON to this file")
+    p.add_argument("--out", default=None, metavar="DIR", help=f"also write the result as JSON to DIR/{OUT_FILE}")
     args = p.parse_args(own)
     if args.world < 1 or args.gpus_per_node < 1:
         p.error("--world and --gpus_per_node must be >= 1")
@@ -191,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.out:
             from training.preflight import writable_out
 
-            writable_out("--out", args.out, file=True)
+            writable_out("--out", args.out, writes=OUT_FILE)
         check_world(args.world, cfg)
     except ConfigError as e:
         p.error(str(e))
@@ -200,8 +201,8 @@ def main(argv: list[str] | None = None) -> int:
         return result["exit_code"]
     print(describe(result))
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=2))
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / OUT_FILE).write_text(json.dumps(result, indent=2))
     return 0 if result["status"] == "ok" else 1
 
 

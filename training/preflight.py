@@ -39,16 +39,19 @@ def writable_dir(name: str, path: str) -> None:
         raise ConfigError(f"{name}: {path} is not writable (creating a file in {existing} failed: {e.strerror})") from None
 
 
-def writable_out(flag: str, path: str, file: bool = False) -> None:
-    """A tool's --out: a directory (with `file`, a file in one) that can be written, and not inside what
-    a run owns, its record or its checkpoint directory (core/owned.py)."""
+FILE_SUFFIXES = (".json", ".pt", ".pth", ".bin", ".md", ".png")
+
+
+def writable_out(flag: str, path: str, writes: str | None = None) -> None:
+    """A tool's --out: a directory that can be written, and not inside what a run owns, its record or
+    its checkpoint directory (core/owned.py). `writes`: the file the tool writes in it, for the one
+    line that refuses a file's name (an existing file, or a name with a file's suffix: --out was a
+    file in fake_world and export before it named a directory in every tool)."""
     check_out(flag, path)
-    if file:
-        if Path(path).is_dir():
-            raise ConfigError(f"{flag}: {path} is a directory; name the file to write")
-        writable_dir(flag, str(Path(path).parent))
-    else:
-        writable_dir(flag, path)
+    if writes and (Path(path).is_file() or Path(path).suffix in FILE_SUFFIXES):
+        raise ConfigError(f"{flag} {path}: {flag} names a directory (this tool writes {writes} in it); "
+                          f"give the directory, e.g. {flag} {Path(path).parent}")
+    writable_dir(flag, path)
 
 
 def init_weights(path: str, workload) -> dict:
@@ -132,7 +135,7 @@ def resume_point(cfg, world_size: int, global_batch: int, workload, record_dir: 
         if difference:
             raise ConfigError(f"{where} continues {record_dir}, recorded with other settings ({difference}); a record "
                               "holds one run's settings: resume with them, or start a new run from the checkpoint's "
-                              f"weights (python -m training.export {cfg.save_dir} --out FILE, then --init_from FILE)")
+                              f"weights (python -m training.export {cfg.save_dir} --out DIR, then --init_from DIR/model.pt)")
     if found.start_step >= cfg.steps:
         state = " (its record is finished)" if summary is not None and summary.status == "ok" else ""
         raise ConfigError(f"{where} is at step {meta['step']}: with --steps {cfg.steps} there is nothing left to "
@@ -218,7 +221,7 @@ def own_save_dir(save_dir: str, run_id: str, run_name: str | None, record_dir: P
     if not found:
         return  # nothing to lose: a new or emptied directory
     how = ("choose another --save_dir; to start from those weights: python -m training.export "
-           f"{save_dir} --out FILE, then --init_from FILE")
+           f"{save_dir} --out DIR, then --init_from DIR/model.pt")
     owner = checkpoint.owner(save_dir)
     if owner is not None:
         if owner.get("run_id") == run_id:
