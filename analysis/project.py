@@ -61,6 +61,31 @@ class Assumptions:
     cpu_adam_gparams_s: float = 1.0  # billions of parameters a CPU Adam steps per second per GPU
 
 
+HERE = "here"  # --gpu's default: this machine's device
+
+
+def add_gpu_flag(p, hw: dict) -> None:
+    """--gpu, one name, default and meaning for every tool that predicts (this projection, the planner):
+    the device the prediction is for."""
+    p.add_argument("--gpu", default=HERE, choices=(HERE, *hw["gpus"]),
+                   help="the device the prediction is for: here, this machine's (the planner calibrates it and "
+                        "probes its link; the projection, to W GPUs, takes its kind from analysis/hardware.yaml), or "
+                        "a GPU of analysis/hardware.yaml (default: here)")
+
+
+def gpu_here(hw: dict, device_name: str | None = None) -> str | None:
+    """This machine's GPU as analysis/hardware.yaml names it ('NVIDIA H100 80GB HBM3' is H100-SXM),
+    from `device_name` or CUDA's device 0; None without a GPU or for one the file does not list."""
+    if device_name is None:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        device_name = torch.cuda.get_device_name(0)
+    words = device_name.upper().replace("-", " ").split()
+    return next((key for key in hw["gpus"] if key.upper().split("-")[0] in words), None)
+
+
 def add_cost_flags(p, hw: dict) -> None:
     """The flags a step-time prediction takes beside the GPU, one name, default and meaning for every
     tool that predicts (this projection and the planner): the network between nodes and the Assumptions."""
@@ -292,14 +317,14 @@ def main(argv=None) -> int:
     hw = yaml.safe_load(HARDWARE.read_text())
     p = OneLineParser(prog="python -m analysis.project", description=__doc__.splitlines()[0], allow_abbrev=False,
                       formatter_class=argparse.RawDescriptionHelpFormatter,
-                      usage="python -m analysis.project [--world W ...] [--gpu GPU] [--network NET] [--configs C ...] "
+                      usage="python -m analysis.project [--world W ...] [--gpu GPU|here] [--network NET] [--configs C ...] "
                             "[--counted] [--out DIR] [train.py flags]",
                       epilog="Every other flag is train.py's, with train.py's names and defaults (the model, "
                              "--micro_batch, --grad_accum, --precision, --attention, checkpointing: python train.py "
                              "--help), resolved for each configuration as the run resolves it (training/describe.py), "
                              "on a GPU. The configuration itself is --configs'.\n\n" + "\n".join(__doc__.splitlines()[2:5]))
     p.add_argument("--world", type=int, nargs="+", default=[8, 64], help="world sizes (ranks, GPUs) to project to")
-    p.add_argument("--gpu", default="H100-SXM", choices=tuple(hw["gpus"]))
+    add_gpu_flag(p, hw)
     add_cost_flags(p, hw)
     p.add_argument("--configs", nargs="+", default=None, metavar="CONFIG",
                    help="ddp, fsdp, fsdp2, or fsdp_configs/ and ds_configs/ files (default: all shipped)")
@@ -313,6 +338,10 @@ def main(argv=None) -> int:
 
     refuse_renamed(p, argv)
     args, train_argv = p.parse_known_args(argv)
+    if args.gpu == HERE:
+        args.gpu = gpu_here(hw) or p.error(
+            "--gpu here: this machine has no GPU that analysis/hardware.yaml lists, and the projection is to W of "
+            f"them: name one ({', '.join(hw['gpus'])})")
     for c in args.configs or []:
         if c in ("single", "accelerate") or (c not in ("ddp", "fsdp", "fsdp2") and not (
                 c.endswith((".yaml", ".json")) and (REPO / c).is_file())):

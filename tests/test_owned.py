@@ -71,7 +71,7 @@ def _claims(out, runs, ck):
 def _project(out, runs, ck):
     from analysis import project
 
-    return in_process(project.main, ["--out", out, "--", "--preset", "tiny"])
+    return in_process(project.main, ["--gpu", "H100-SXM", "--out", out, "--", "--preset", "tiny"])
 
 
 def _plan(out, runs, ck):

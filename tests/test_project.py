@@ -22,7 +22,8 @@ def _project(entry, world, net, gpu=H100, nvlink_latency_us=HW["nvlink_latency_u
 
 @pytest.mark.launch
 def test_the_cli_projects_every_backend_to_8_and_64_gpus(tmp_path):
-    proc = python("-m", "analysis.project", "--world", "8", "64", "--out", tmp_path, *PAPER, timeout=600)
+    proc = python("-m", "analysis.project", "--world", "8", "64", "--gpu", "H100-SXM", "--out", tmp_path, *PAPER,
+                  timeout=600)
     assert proc.returncode == 0, proc.stderr
     for label in ("ddp", "deepspeed.z1", "deepspeed.z3", "fsdp.full_shard", "fsdp2.fsdp2", "fsdp.hybrid_shard"):
         assert label in proc.stdout
@@ -56,14 +57,34 @@ def test_a_slower_network_never_speeds_a_backend_up_and_zero3_moves_more_than_dd
                                    ["--micro_batch", "0"], ["--model", "hf:nosuchmodel"], ["--preset", "huge"]])
 def test_bad_arguments_are_refused(flags):
     if flags == ["--mfu", "0"]:  # one as a process: its exit code and its one line
-        proc = subprocess.run([sys.executable, "-m", "analysis.project", *flags], cwd=REPO, env=base_env(),
-                              capture_output=True, text=True, timeout=120)
+        proc = subprocess.run([sys.executable, "-m", "analysis.project", "--gpu", "H100-SXM", *flags], cwd=REPO,
+                              env=base_env(), capture_output=True, text=True, timeout=120)
     else:
         from analysis.project import main
         from conftest import in_process
 
-        proc = in_process(main, flags)
+        proc = in_process(main, ["--gpu", "H100-SXM", *flags])
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+    assert "--gpu here" not in proc.stderr, proc.stderr  # refused for its own flag, not for the device
+
+
+def test_gpu_here_is_this_machines_gpu_as_the_hardware_file_names_it(capsys):
+    """--gpu's default (here) has one meaning in every tool: this machine's device. The projection is to
+    GPUs: here on a machine without a GPU hardware.yaml lists is refused in one line naming the choices."""
+    import torch
+
+    from analysis.project import gpu_here, main
+
+    assert [gpu_here(HW, name) for name in ("NVIDIA H100 80GB HBM3", "NVIDIA H200", "NVIDIA A100-SXM4-80GB",
+                                            "Tesla V100-SXM2-32GB", "NVIDIA L4")] == \
+        ["H100-SXM", "H200", "A100-SXM", "V100-SXM2", None]
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the refusal is for machines without one")
+    with pytest.raises(SystemExit) as refused:
+        main(["--preset", "tiny"])
+    err = capsys.readouterr().err.strip()
+    assert refused.value.code == 2 and len(err.splitlines()) == 1
+    assert "--gpu here: this machine has no GPU" in err and "H100-SXM" in err, err
 
 
 def test_what_would_fail_later_is_refused_before_any_work(tmp_path, capsys):
@@ -80,7 +101,7 @@ def test_what_would_fail_later_is_refused_before_any_work(tmp_path, capsys):
                            (["--out", str(taken)], f"{taken} exists and is not a directory"),
                            (["--configs", "ddp", str(bad)], "not valid JSON")):
         with pytest.raises(SystemExit) as refused:
-            main(["--preset", "tiny", *flags])
+            main(["--preset", "tiny", "--gpu", "H100-SXM", *flags])
         err = capsys.readouterr().err
         assert refused.value.code == 2 and message in err and len(err.strip().splitlines()) == 1, err
     assert taken.read_text() == "x"

@@ -56,7 +56,7 @@ import yaml
 
 from gptlite.data import DataError
 from gptlite.errors import ConfigError
-from analysis.project import add_cost_flags
+from analysis.project import add_cost_flags, add_gpu_flag
 from analysis.plan.candidates import (CHOSEN_FLAGS, CKPT, Candidate, GiB, MARGIN, RUN_OWN_FLAGS,
     _check_ckpt_within_blocks, _check_config, candidates, configurations, variants,
     write_variants)  # noqa: F401 - the planner's API, as one module had it
@@ -83,8 +83,7 @@ def main(argv=None) -> int:
     p.add_argument("--world", type=int, required=True, help="ranks (GPUs) the run is launched on")
     p.add_argument("--gpus_per_node", type=int, default=None, help="ranks per node (default: the GPU's node, "
                    "hardware.yaml; --gpu here: --world)")
-    p.add_argument("--gpu", default="here", choices=("here", *hw["gpus"]),
-                   help="a GPU of analysis/hardware.yaml, or here: this machine, its compute calibrated and its link probed")
+    add_gpu_flag(p, hw)
     add_cost_flags(p, hw)
     p.add_argument("--mem_budget_gb", type=float, required=True, help="memory per rank, GiB (train.py's flag)")
     p.add_argument("--global_batch", type=int, required=True,
