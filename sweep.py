@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
+import json
 import shlex
 import sys
 import textwrap
@@ -53,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="memory budget per rank for --max_batch, GiB (required on CPU; on CUDA default: the device)")
     p.add_argument("--max_micro_batch", type=int, default=4096, help="upper bound of the --max_batch search")
     p.add_argument("--probe_steps", type=int, default=3, help="steps of each --max_batch probe run")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object at the end (the runs: each one's status and record; with --dry_run "
+                        "their commands; with --status their states); every other line goes to stderr")
     from training.slurm import add_flags
 
     g = add_flags(p)
@@ -66,6 +71,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    args.result = None  # what --json prints
+    if not args.json:
+        return _main(args)
+    stdout = sys.stdout
+    with contextlib.redirect_stdout(sys.stderr):
+        code = _main(args)
+    if args.result is not None:
+        print(json.dumps(args.result), file=stdout, flush=True)
+    return code
+
+
+def _main(args) -> int:
     from training.executors import executor_for
     from training.runner import Runner, Stopped, stop_on_sigterm
     from training.sweep import check_runs, expand, load_spec
@@ -101,12 +118,13 @@ def main(argv=None) -> int:
         for run in runs:
             print(f"{run.name}\n    {shlex.join(run.command(spec.directory))}")
         print(f"{len(runs)} runs into {spec.directory}")
+        args.result = _planned(spec, runs, skipped)
         return 0
     stop_on_sigterm()
     try:
         if args.max_batch:
             return _max_batch(args, spec, runs, runner)
-        return _finished(spec, executor.run_all(lambda line: print(line, flush=True)))
+        return _finished(args, spec, executor.run_all(lambda line: print(line, flush=True)))
     except ConfigError as e:  # a record made with other settings, met during the search
         print(f"sweep.py: error: {e}", file=sys.stderr)
         return 2
@@ -132,6 +150,8 @@ def _on_slurm(args, spec, runs, skipped) -> int:
             print(f"{name:<{width}}  {state:<13} {('job ' + job_id) if job_id else '':<12} {detail[:120]}")
         counts = collections.Counter(state for _, state, _, _ in rows)
         print(f"{spec.name}: " + ", ".join(f"{n} {state}" for state, n in sorted(counts.items())))
+        args.result = {"name": spec.name, "directory": str(spec.directory), "counts": dict(counts),
+                       "runs": [{"name": n, "state": s, "job_id": j, "detail": d} for n, s, j, d in rows]}
         return 0
     if args.cancel:
         sweep.check_tools()
@@ -145,6 +165,7 @@ def _on_slurm(args, spec, runs, skipped) -> int:
         for run in runs:
             print(f"{run.name}  [{sweep.shapes()[run.name]}]\n    {shlex.join(run.command(spec.directory))}")
         print(f"{len(runs)} runs, one Slurm job each, into {spec.directory}")
+        args.result = _planned(spec, runs, skipped)
         return 0
     sweep.hold_directory()  # one submitting sweep per directory
     for reason in skipped:
@@ -158,14 +179,24 @@ def _on_slurm(args, spec, runs, skipped) -> int:
     if outcomes is None:
         print(f"follow them with: python sweep.py {args.spec} --status")
         return 0
-    return _finished(spec, outcomes)
+    return _finished(args, spec, outcomes)
 
 
-def _finished(spec, outcomes: list) -> int:
-    """The sweep's last line (its runs' statuses, counted) and its exit code."""
+def _planned(spec, runs, skipped) -> dict:
+    """--dry_run --json: the runs a sweep would make and their commands."""
+    return {"name": spec.name, "directory": str(spec.directory), "left_out": list(skipped),
+            "runs": [{"name": run.name, "command": run.command(spec.directory)} for run in runs]}
+
+
+def _finished(args, spec, outcomes: list) -> int:
+    """The sweep's last line (its runs' statuses, counted; --json's object) and its exit code."""
     counts = collections.Counter(o.status for o in outcomes)
     print(f"{spec.name}: " + ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
           + f"; records in {spec.directory}")
+    args.result = {"name": spec.name, "directory": str(spec.directory), "counts": dict(counts), "runs": [
+        {"name": o.run.name, "status": o.status, "record": str(spec.directory / o.run.name),
+         "samples_per_s": o.summary.samples_per_s if o.summary else None,
+         "error": o.summary.error if o.summary else None} for o in outcomes]}
     return _exit_code(counts)
 
 

@@ -35,6 +35,7 @@ model for comparing backends, checked only where runs can measure (the bytes, te
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 from dataclasses import dataclass
@@ -333,7 +334,9 @@ def main(argv=None) -> int:
                         "torch's fake process group (training/fake_world.py), instead of its theory: one short "
                         "run per configuration and W on this machine (about a minute each for the paper preset "
                         "on 2 CPU cores); the figure stays on theory")
-    p.add_argument("--out", default=None, help="directory for projection.md and samples_vs_gpus.png")
+    p.add_argument("--out", default=None, metavar="DIR", help="directory for projection.md and samples_vs_gpus.png")
+    p.add_argument("--json", action="store_true", help="print one JSON object (the GPU, network, assumptions and "
+                   "every configuration's row at each W) instead of the tables")
     from training.cli import refuse_renamed
 
     refuse_renamed(p, argv)
@@ -407,7 +410,13 @@ def main(argv=None) -> int:
         projected = sorted(ARTICLE, key=lambda c: -eight.loc[c, "samples/s"])
         lines.append(f"  same order: {projected == order} (projected: {', '.join(projected)})")
     text = "\n".join(lines)
-    print(text)
+    if args.json:
+        import json
+
+        print(json.dumps({"gpu": args.gpu, "network": args.network, "train_argv": train_argv, "bytes": bytes_from,
+                          "assumptions": dataclasses.asdict(a), "rows": json.loads(result.to_json(orient="records"))}))
+    else:
+        print(text)
     if args.out:
         _write(Path(args.out), text, args, a, train_argv, what)
     return 0

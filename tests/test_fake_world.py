@@ -15,10 +15,12 @@ DROPPED = {"--runs_dir", "--run_name", "--local_rank"}  # the record's own place
 
 def _fake_world(world: int, train_flags: list[str], tmp_path, gpus_per_node: int = 8) -> dict:
     out = tmp_path / "fake"
-    proc = python("-m", "training.fake_world", "--world", world, "--gpus_per_node", gpus_per_node, "--out", out, "--",
-                  *train_flags, timeout=600)
+    proc = python("-m", "training.fake_world", "--world", world, "--gpus_per_node", gpus_per_node, "--out", out,
+                  "--json", "--", *train_flags, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    return json.loads((out / "fake_world.json").read_text())
+    result = json.loads((out / "fake_world.json").read_text())
+    assert json.loads(proc.stdout) == result  # --json: the same object, alone on stdout (the run's lines on stderr)
+    return result
 
 
 def _replayed_flags(argv: list[str]) -> list[str]:

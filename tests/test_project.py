@@ -1,5 +1,6 @@
 """analysis.project: every backend projected to W GPUs; the model behaves as a model should."""
 
+import json
 import subprocess
 import sys
 
@@ -85,6 +86,17 @@ def test_gpu_here_is_this_machines_gpu_as_the_hardware_file_names_it(capsys):
     err = capsys.readouterr().err.strip()
     assert refused.value.code == 2 and len(err.splitlines()) == 1
     assert "--gpu here: this machine has no GPU" in err and "H100-SXM" in err, err
+
+
+def test_json_prints_the_tables_rows(capsys):
+    from analysis.project import Assumptions, main, table
+
+    assert main(["--gpu", "H100-SXM", "--world", "8", "--json", "--preset", "tiny"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    expected = table(["--preset", "tiny"], [8], "H100-SXM", "infiniband-ndr", Assumptions())
+    assert printed["gpu"] == "H100-SXM" and printed["assumptions"]["mfu"] == Assumptions.mfu
+    assert [r["config"] for r in printed["rows"]] == list(expected["config"])
+    assert [r["samples/s"] for r in printed["rows"]] == pytest.approx(list(expected["samples/s"]))
 
 
 def test_what_would_fail_later_is_refused_before_any_work(tmp_path, capsys):

@@ -148,6 +148,14 @@ def test_a_sweep_records_a_failure_goes_on_and_a_rerun_skips_what_is_done(tmp_pa
     again = _sweep_here(spec)
     assert again.stdout.count("(already done)") == 3
     assert before == {p: p.stat().st_mtime_ns for p in runs.glob("*/summary.json")}
+    # --json: one object on stdout, the runs as recorded; every other line on stderr
+    as_json = _sweep_here(spec, "--json")
+    result = json.loads(as_json.stdout)
+    assert {r["name"]: r["status"] for r in result["runs"]} == {name: s["status"] for name, s in summaries.items()}
+    assert result["counts"] == {"ok": 2, "failed": 1} and as_json.stderr.count("(already done)") == 3
+    planned = json.loads(_sweep_here(spec, "--dry_run", "--json").stdout)
+    assert [r["name"] for r in planned["runs"]] == [r["name"] for r in result["runs"]]
+    assert all(r["name"] in r["command"] for r in planned["runs"])  # its command names its record
 
     retried = _sweep_here(spec, "--retry_failed")
     assert retried.stdout.count("(already done)") == 2 and "ddp-w2-tiny-mb2-fp32-ckpt0: failed" in retried.stdout

@@ -22,6 +22,7 @@ rank of the simulated world.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -168,6 +169,22 @@ def describe(result: dict) -> str:
     return "\n".join(lines)
 
 
+@contextlib.contextmanager
+def _stdout_to_stderr():
+    """What is printed meanwhile (Python's prints and the libraries' handlers on file descriptor 1)
+    goes to stderr: stdout keeps only the JSON."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
@@ -180,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--world", type=int, required=True, help="ranks in the simulated world")
     p.add_argument("--gpus_per_node", type=int, default=8, help="ranks per node (HYBRID_SHARD's shard groups)")
     p.add_argument("--out", default=None, metavar="DIR", help=f"also write the result as JSON to DIR/{OUT_FILE}")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object (what --out writes) "
+                   "instead of its summary; what the run prints goes to stderr")
     args = p.parse_args(own)
     if args.world < 1 or args.gpus_per_node < 1:
         p.error("--world and --gpus_per_node must be >= 1")
@@ -196,10 +215,11 @@ def main(argv: list[str] | None = None) -> int:
         check_world(args.world, cfg)
     except ConfigError as e:
         p.error(str(e))
-    result = simulate(args.world, args.gpus_per_node, train_argv)
+    with _stdout_to_stderr() if args.json else contextlib.nullcontext():
+        result = simulate(args.world, args.gpus_per_node, train_argv)
     if "status" not in result:
         return result["exit_code"]
-    print(describe(result))
+    print(json.dumps(result) if args.json else describe(result))
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / OUT_FILE).write_text(json.dumps(result, indent=2))
