@@ -5,8 +5,9 @@
     python -m analysis.estimate --world 8 --model hf:llama --model_args num_hidden_layers=4,hidden_size=256 \\
         --deepspeed_config ds_configs/z3.json --micro_batch 4 --device cuda
 
-The method, its moments of the step and its measured accuracy: estimator/estimate.py (the estimator
-layer, which train.py's --ckpt_policy auto plans with too); this module is its command line.
+The method, its moments of the step and its measured accuracy: docs/estimator.md and
+estimator/estimate.py (the estimator layer, which train.py's --ckpt_policy auto plans with too);
+this module is its command line.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import argparse
 import json
 import sys
 from dataclasses import asdict
+from pathlib import Path
 
 from analysis.runs import config_label
 from estimator.estimate import Estimate, estimate, estimate_from_record, record_arguments  # noqa: F401 - the API, as before
@@ -27,7 +29,7 @@ def main(argv=None) -> int:
 
     p = OneLineParser(prog="python -m analysis.estimate", description=__doc__.splitlines()[0], allow_abbrev=False,
                       formatter_class=argparse.RawDescriptionHelpFormatter,
-                      usage="python -m analysis.estimate [--world W] [--gpus_per_node N] [--json] [train.py flags]",
+                      usage="python -m analysis.estimate [--world W] [--gpus_per_node N] [--json] [--out DIR] [train.py flags]",
                       epilog="\n".join(["Every other flag is train.py's, with train.py's names and defaults (python "
                                          "train.py --help), resolved as the run resolves them (training/describe.py): "
                                          "the estimate is of the run those flags launch on --world ranks. --device "
@@ -38,6 +40,7 @@ def main(argv=None) -> int:
                    help="ranks (GPUs) per node: HYBRID_SHARD's default shard group (default: --world)")
     p.add_argument("--json", action="store_true", help="print JSON: the estimate's parts, the plan of --ckpt_policy "
                    "auto, and `config`, the run resolved (train.py --dry_run's record)")
+    p.add_argument("--out", default=None, metavar="DIR", help="also write what --json prints to DIR/estimate.json")
     from training.cli import refuse_renamed
 
     refuse_renamed(p, argv)
@@ -51,6 +54,10 @@ def main(argv=None) -> int:
         return chosen[-1]
 
     try:
+        if args.out:
+            from training.preflight import writable_out
+
+            writable_out("--out", args.out, writes="estimate.json")
         from training.describe import describe
 
         config = describe(train_argv, args.world, args.gpus_per_node, planner=planner)
@@ -61,12 +68,14 @@ def main(argv=None) -> int:
         return 2
     run = config["run"]
     plan = chosen[-1] if chosen else None
+    shown = {k: v for k, v in asdict(est).items() if k not in ("moment_bases", "batch_bytes", "activations")}
+    planned = {"ckpt_plan": plan.choices, "ckpt_cost": plan.describe_cost(), "recompute_cost": plan.cost[0]} if plan else {}
+    result = json.dumps({**shown, "model_states_bytes": est.model_states_bytes, **planned, "config": config}, indent=2)
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "estimate.json").write_text(result + "\n")
     if args.json:
-        shown = {k: v for k, v in asdict(est).items() if k not in ("moment_bases", "batch_bytes", "activations")}
-        planned = {"ckpt_plan": plan.choices, "ckpt_cost": plan.describe_cost(),
-                   "recompute_cost": plan.cost[0]} if plan else {}
-        print(json.dumps({**shown, "model_states_bytes": est.model_states_bytes, **planned, "config": config},
-                         indent=2))
+        print(result)
         return 0
     # GiB, or MiB for a model whose whole step fits in less than one GiB.
     unit, scale = ("GiB", 2**30) if est.total_bytes >= 2**30 else ("MiB", 2**20)

@@ -181,6 +181,14 @@ def test_the_cli_applies_every_model_flag_or_refuses_it(capsys):
         assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
 
 
+def test_out_writes_what_json_prints(tmp_path, capsys):
+    """--out DIR, as in every tool: DIR/estimate.json holds the --json object; a file's name is refused."""
+    code, printed = _estimate_cli(capsys, "--preset", "tiny", "--out", str(tmp_path / "est"))
+    assert code == 0 and json.loads((tmp_path / "est" / "estimate.json").read_text()) == printed
+    code, err = _estimate_cli(capsys, "--preset", "tiny", "--out", str(tmp_path / "est.json"))
+    assert code == 2 and "--out names a directory" in err and not (tmp_path / "est.json").exists(), err
+
+
 # Models whose construction does not run on fake tensors (ViT's weight init, ConvNeXt's
 # linspace().tolist()), at sizes that trace in a second.
 UNFAKEABLE = {
