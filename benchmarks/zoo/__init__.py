@@ -12,7 +12,7 @@ costs two products per forward one (the input's gradient and the weight's), one 
 needed: the first convolution's input (an image) needs no gradient; a frozen layer's weights get
 none. No model here is tuned on alone (tests/test_zoo.py holds every one to its count).
 
-Measured (2026-11-27, torch 2.x CPU build of constraints-cpu.txt, `tests/test_zoo.py`): gptlite,
+Measured (2026-11-27, torch 2.13.0+cpu, `tests/test_zoo.py`): gptlite,
 bert, cnn_bn, gru_lm and frozen_tied count exactly their hand counts; llama, vit and mixtral count
 1.4%, 1.6% and 0.9% more. Those three run attention through the CPU flash kernel, whose backward
 recomputes QK^T: torch's formula for it (flop_counter.sdpa_backward_flop_count, which core/flops.py
