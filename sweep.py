@@ -205,12 +205,6 @@ def _exit_code(counts: collections.Counter) -> int:
     return 1 if counts["failed"] or counts["timeout"] or counts["left alone"] or counts["cancelled"] else 0
 
 
-def _progress(total: int, desc: str):
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=desc, unit="run", disable=not sys.stderr.isatty(), dynamic_ncols=True)
-
-
 def _check_max_batch_args(args) -> None:
     import math
 
@@ -238,7 +232,9 @@ def _max_batch(args, spec, runs, probe_runner) -> int:
     for run in runs:  # one search per configuration: the micro_batch dimension is searched instead
         configs.setdefault(run.config_key, run)
     results, failures = [], 0
-    with _progress(len(configs), f"{spec.name} max batch") as bar:
+    from training.progress import runs_bar
+
+    with runs_bar(len(configs), f"{spec.name} max batch") as bar:
         for stem, base in configs.items():
             try:
                 result = search(base, probe_runner, args.mem_budget_gb, args.probe_steps, spec.steps,

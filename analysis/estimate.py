@@ -68,15 +68,18 @@ def main(argv=None) -> int:
         return 2
     run = config["run"]
     plan = chosen[-1] if chosen else None
-    shown = {k: v for k, v in asdict(est).items() if k not in ("moment_bases", "batch_bytes", "activations")}
-    planned = {"ckpt_plan": plan.choices, "ckpt_cost": plan.describe_cost(), "recompute_cost": plan.cost[0]} if plan else {}
-    result = json.dumps({**shown, "model_states_bytes": est.model_states_bytes, **planned, "config": config}, indent=2)
-    if args.out:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "estimate.json").write_text(result + "\n")
-    if args.json:
-        print(result)
-        return 0
+    if args.json or args.out:
+        shown = {k: v for k, v in asdict(est).items() if k not in ("moment_bases", "batch_bytes", "activations")}
+        planned = {"ckpt_plan": plan.choices, "ckpt_cost": plan.describe_cost(),
+                   "recompute_cost": plan.cost[0]} if plan else {}
+        result = json.dumps({**shown, "model_states_bytes": est.model_states_bytes, **planned, "config": config},
+                            indent=2)
+        if args.out:
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+            (Path(args.out) / "estimate.json").write_text(result + "\n")
+        if args.json:
+            print(result)
+            return 0
     # GiB, or MiB for a model whose whole step fits in less than one GiB.
     unit, scale = ("GiB", 2**30) if est.total_bytes >= 2**30 else ("MiB", 2**20)
     what = f"{run['preset']} preset" if run["model"] == "gptlite" else run["model"]

@@ -149,7 +149,7 @@ def _popen(command, **kwargs):
     """subprocess.Popen, except a fork launch command: its ranks forked from this process, without the
     command's interpreter (forkserver.Forked)."""
     if forkserver.is_launch_command(command) and not kwargs.get("preexec_fn"):
-        return forkserver.Forked(command, **kwargs)
+        return forkserver.Forked(command, **{k: v for k, v in kwargs.items() if k != "preexec_fn"})
     return subprocess.Popen(command, **kwargs)
 
 

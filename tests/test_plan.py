@@ -369,7 +369,7 @@ def test_verify_rounds_take_turns_and_take_each_candidates_median(tmp_path, monk
             self.directory_lock = SimpleNamespace(release=lambda: None)
 
         def hold_directory(self):
-            pass
+            return self.directory_lock
 
         def check_records(self, runs):
             pass

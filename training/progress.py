@@ -5,6 +5,13 @@ from __future__ import annotations
 import sys
 
 
+def runs_bar(total: int, desc: str):
+    """A sweep's bar over its runs (or searches): on stderr, drawn only on a terminal."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="run", disable=not sys.stderr.isatty(), dynamic_ncols=True)
+
+
 class Progress:
     def __init__(self, steps: int, enabled: bool):
         self.steps = steps

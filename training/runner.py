@@ -21,7 +21,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,13 +85,14 @@ class Runner:
         self.directory_lock: FileLock | None = None
         self._current: tuple | None = None  # (planned, launcher process, log, start) of the run in progress
 
-    def hold_directory(self) -> None:
-        """This directory for this sweep alone, until it exits (ConfigError naming the holder)."""
+    def hold_directory(self) -> FileLock:
+        """This directory for this sweep alone, until it exits (ConfigError naming the holder): its lock."""
         try:
             self.directory_lock = FileLock(self.directory / ".sweep.lock")
         except LockHeld as e:
             raise ConfigError(f"{self.directory} is in use by another sweep ({e.holder}); one sweep per directory "
                               "at a time: wait for it to finish, or give this one another name or runs_dir") from None
+        return self.directory_lock
 
     def done(self, planned: PlannedRun) -> RunSummary | None:
         """The record of `planned` when it needs no launch: finished by these settings (its key),
@@ -311,8 +311,7 @@ class LocalSweep:
 
     def hold_directory(self) -> FileLock:
         """The directory for this sweep alone until it exits (ConfigError naming the holder)."""
-        self.runner.hold_directory()
-        return self.runner.directory_lock
+        return self.runner.hold_directory()
 
     def check(self) -> None:
         """Refuse (ConfigError) a run whose name holds a record made with other settings."""
@@ -324,13 +323,15 @@ class LocalSweep:
         as already done). `follow`: always, here."""
         from tqdm import tqdm
 
+        from training.progress import runs_bar
+
         def say(line: str) -> None:
             with tqdm.external_write_mode():
                 report(line)
 
         outcomes = []
         total = len(self.runs)
-        with tqdm(total=total, desc=self.name, unit="run", disable=not sys.stderr.isatty(), dynamic_ncols=True) as bar:
+        with runs_bar(total, self.name) as bar:
             for i, run in enumerate(self.runs, 1):
                 bar.set_postfix_str(run.name, refresh=True)
                 say(f"[{i}/{total}] {run.name} ...")

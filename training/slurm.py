@@ -244,9 +244,7 @@ class SlurmSweep:
         released when this process exits; the jobs go on."""
         from training.runner import Runner
 
-        runner = Runner(self.directory, self.timeout_s)
-        runner.hold_directory()
-        return runner.directory_lock
+        return Runner(self.directory, self.timeout_s).hold_directory()
 
     def check(self) -> None:
         """Refuse (ConfigError) a run whose name holds a record made with other settings, then what
