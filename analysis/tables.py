@@ -93,6 +93,8 @@ def ddp_ratios(runs: pd.DataFrame) -> pd.DataFrame:
     table = pd.DataFrame({
         "config": joined["label"],
         "ckpt": joined["ckpt"],
+        # The micro-batch tells apart runs of one global batch reached with different accumulation.
+        "micro": joined["micro_batch"],
         "batch": joined["global_batch"],
         "ranks": joined["world_size"],
         "samples/s vs DDP": ratio,

@@ -8,7 +8,9 @@
 # profiled step's op table (NAME.profile.txt, GPTLITE_PROFILE_TABLE). ONLY: run just these names.
 # After each run one line: name, exit code, seconds, samples/s, MFU, peak GiB, status.
 # Env: PRESET (paper), STEPS (30), WARM (10), MB (8), MB2 ("16 32": the checkpointing micro-
-# batches), MB_MFU (64), DEVICE (auto), TAR (a .tgz refreshed after every run).
+# batches), MB_MFU (64), DEVICE (auto), TAR (a .tgz refreshed after every run), DC_LIMIT (240),
+# DC_STEPS (20), DC_WARM (6): DeepCompile's limit and steps (it compiles at step 0 and again,
+# with its profiling passes, at step 5).
 #
 # Launches: DDP, FSDP and FSDP2 through torchrun (one rank), DeepSpeed through plain python
 # (its world of one; ds_configs/*_tuned.json use torch's AdamW, so no op is compiled first).
@@ -17,6 +19,7 @@ RUNS=${1:?usage: gpu_best.sh RUNS_DIR [ONLY...]}; shift
 ONLY=" $* "
 PRESET=${PRESET:-paper}; STEPS=${STEPS:-30}; WARM=${WARM:-10}; MB=${MB:-8}; MB2=${MB2:-16 32}
 MB_MFU=${MB_MFU:-64}; DEVICE=${DEVICE:-auto}
+DC_LIMIT=${DC_LIMIT:-240}; DC_STEPS=${DC_STEPS:-20}; DC_WARM=${DC_WARM:-6}
 mkdir -p "$RUNS"
 common=(--preset "$PRESET" --attention sdpa --precision bf16 --mem_profile_steps 1 --eval_batches 1
         --quiet --device "$DEVICE" --runs_dir "$RUNS")
@@ -66,5 +69,12 @@ done
 # 3. MFU: compiled blocks, fused AdamW (CUDA's default here), the largest micro-batch, profiled.
 run single-mb$MB_MFU-compile 300 1 20 6 python train.py --micro_batch $MB_MFU --compile
 # 4. DeepCompile (ZeRO-3) against eager ZeRO-3 above.
-run z3_deepcompile-mb$MB     240 0 20 6 python train.py --deepspeed_config ds_configs/z3_deepcompile.json --micro_batch $MB
+run z3_deepcompile-mb$MB     $DC_LIMIT 0 $DC_STEPS $DC_WARM python train.py --deepspeed_config ds_configs/z3_deepcompile.json --micro_batch $MB
+# 5. The largest micro-batch: FSDP2 without resharding against DDP (its fixed per-step host cost
+#    hidden by a longer step), and MFU with inductor's kernel search (max-autotune-no-cudagraphs:
+#    matmul templates and coordinate-descent tuning of the fused elementwise and reduction kernels).
+run ddp-mb$MB_MFU              120 1 20 6 "${TORCHRUN[@]}" train.py --backend ddp --micro_batch $MB_MFU
+run fsdp2_no_reshard-mb$MB_MFU 120 1 20 6 "${TORCHRUN[@]}" train.py --fsdp_config fsdp_configs/fsdp2_no_reshard.yaml --micro_batch $MB_MFU
+run single-mb$MB_MFU-autotune  300 1 20 6 python train.py --micro_batch $MB_MFU --compile --compile_mode max-autotune-no-cudagraphs
+run fsdp2_no_reshard-mb$MB_MFU-autotune 300 1 20 6 "${TORCHRUN[@]}" train.py --fsdp_config fsdp_configs/fsdp2_no_reshard.yaml --micro_batch $MB_MFU --compile --compile_mode max-autotune-no-cudagraphs
 exit 0
