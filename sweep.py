@@ -55,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="memory budget per rank for --max_batch, GiB (required on CPU; on CUDA default: the device)")
     p.add_argument("--max_micro_batch", type=int, default=4096, help="upper bound of the --max_batch search")
     p.add_argument("--probe_steps", type=int, default=3, help="steps of each --max_batch probe run")
+    p.add_argument("--tracker", action="append", metavar="{tensorboard,wandb,csv}",
+                   help="log every run to this experiment tracker too (train.py's --tracker; repeatable; added to the "
+                        "spec's train_args.tracker). A run already recorded is not rerun for it (docs/trackers.md)")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object at the end (the runs: each one's status and record; with --dry_run "
                         "their commands; with --status their states); every other line goes to stderr")
@@ -89,6 +92,10 @@ def _main(args) -> int:
 
     try:
         spec = load_spec(args.spec)
+        if args.tracker:
+            from core.config import tracker_names
+
+            spec.train_args["tracker"] = tracker_names([spec.train_args.get("tracker") or "", *args.tracker])
         runs, skipped = expand(spec)
         if args.max_batch:
             _check_max_batch_args(args)

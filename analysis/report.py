@@ -108,6 +108,10 @@ def write_report(runs_dir: str | Path, out: str | Path) -> Path:
     largest = tables.max_batch_table(runs_dir)
     if not largest.empty:
         lines += ["## Largest micro-batch", "", tables.markdown(largest)]
+    tracked = tables.tracker_table(runs)
+    if not tracked.empty:
+        lines += ["## Trackers", "", f"Runs also logged with --tracker (docs/trackers.md). `tensorboard --logdir {runs_dir}` "
+                  "lays every run's curves over the others, each named as its record.", "", tables.markdown(tracked)]
     lines += ["## Runs that did not succeed", "", tables.markdown(tables.failures(runs)), "## Figures", ""]
     for name, caption in FIGURES.items():
         lines += [f"### {caption}", "", f"![{caption}]({name})", ""]

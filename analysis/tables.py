@@ -134,6 +134,28 @@ def failures(runs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({"run": bad["run_name"], "status": bad["status"], "error": errors})
 
 
+def tracker_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Where each run logged with --tracker is also to be seen (training/trackers.py): its event files
+    (tensorboard), its W&B run directory (what `wandb sync` takes), its metrics.csv."""
+    if runs.empty or "config.run.tracker" not in runs:
+        return pd.DataFrame()
+    tracked = runs[runs["config.run.tracker"].fillna("").astype(str) != ""]
+    rows = []
+    for run in tracked.itertuples():
+        record = Path(run.run_dir)
+        names = str(tracked.loc[run.Index, "config.run.tracker"])
+        for name in names.split(","):
+            if name == "tensorboard":
+                where = f"{record} (event files)"
+            elif name == "wandb":
+                found = sorted(record.glob("wandb/*run-*"))
+                where = f"wandb sync {found[-1]}" if found else f"{record / 'wandb'} (no run written)"
+            else:
+                where = str(record / "metrics.csv")
+            rows.append({"run": run.run_name, "tracker": name, "where": where})
+    return pd.DataFrame(rows)
+
+
 def max_batch_results(runs_dir: str | Path) -> list[dict]:
     """Every largest-batch search under `runs_dir` (one max_batch.json per budget)."""
     rows = []

@@ -29,6 +29,7 @@ CKPT_POLICIES = ("full", "selective", "auto")
 CKPT_CHOICES = ("none", "selective", "full")  # what one block does, in a --ckpt_plan
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+TRACKERS = ("tensorboard", "wandb", "csv")  # training/trackers.py
 # Defaults of the flags a backend's config file may set instead (DeepSpeed JSON, FSDP YAML).
 DEFAULT_MICRO_BATCH = 8
 DEFAULT_GRAD_ACCUM = 1
@@ -38,6 +39,19 @@ DEFAULT_LR_WARMUP_STEPS = 20
 DEFAULT_GRAD_CLIP = 1.0
 MAX_SEED = 2**32 - 1  # numpy's and torch's seeds; the per-rank dropout seed is derived from it
 MAX_RUN_NAME = 200  # a directory name, with room for the files and temporaries inside it
+
+
+def tracker_names(value) -> str | None:
+    """--tracker given once or more (a list from argparse), or comma-separated (a sweep's train_args): the
+    names in order, each once, comma-joined; None for none."""
+    if value is None:
+        return None
+    items = value if isinstance(value, (list, tuple)) else [value]
+    names = [n.strip() for item in items for n in str(item).split(",") if n.strip()]
+    for name in names:
+        if name not in TRACKERS:
+            raise ConfigError(f"tracker must be one of {', '.join(TRACKERS)} (got {name!r})")
+    return ",".join(dict.fromkeys(names)) or None
 
 
 def _flag(help: str, default=MISSING, *, choices=None, group: str = "training", **kw):
@@ -244,6 +258,14 @@ class RunConfig:
     overwrite: bool = _flag("Replace an existing record of the same --run_name.", False, group="output")
     log_every: int = _flag("Write a metrics line every N steps.", 1, group="output")
     quiet: bool = _flag("No progress bar and no per-step lines.", False, group="output")
+    tracker: str | None = _flag(
+        "Also log to an experiment tracker, on rank 0: tensorboard (event files in the record's directory: "
+        "tensorboard --logdir RUNS_DIR lays runs over each other, each named as its record), wandb (W&B, offline "
+        "unless WANDB_MODE=online; its run is named as the record, and the run's output says how to sync it), or "
+        "csv (metrics.csv in the record). Repeatable, or comma-separated: --tracker tensorboard,wandb. Per step: loss, "
+        "learning rate, samples/s, step time, memory; validation loss; at the end the summary (MFU, peak memory); "
+        "the resolved configuration as hyperparameters. docs/trackers.md.", None, group="output",
+        metavar="{" + ",".join(TRACKERS) + "}", repeat=True)
     dry_run: bool = _flag(
         "Print the resolved configuration as JSON (with n_params) and exit without training.",
         False, group="output")
@@ -336,6 +358,7 @@ class RunConfig:
                 raise ConfigError(
                     f"{f.name} must be one of {', '.join(choices)} (got {getattr(self, f.name)!r})")
         _at_least(self, 1, "steps", "micro_batch", "grad_accum", "log_every", "eval_batches")
+        self.tracker = tracker_names(self.tracker)
         if (self.save_every or self.resume) and not self.save_dir:
             raise ConfigError("save_every and resume need --save_dir")
         if self.resume and self.init_from:

@@ -275,7 +275,7 @@ class Launched:
         raise ValueError(f"launch kind {launch.kind!r}")
 
 
-def sweep_forked(spec: Path, env: dict) -> subprocess.CompletedProcess:
+def sweep_forked(spec: Path, env: dict, *flags: str) -> subprocess.CompletedProcess:
     """sweep.py's main on `spec`, in this process, its runs launched by the fork launcher
     (conftest.fork_command) instead of torchrun and deepspeed: the sweep's own logic and runner as
     they are, each run's ranks without their start-up (test_sweep.py and the Slurm tests run sweep.py
@@ -288,7 +288,7 @@ def sweep_forked(spec: Path, env: dict) -> subprocess.CompletedProcess:
     # The environment sweep.py would have been started with (one thread per rank: base_env), which
     # its runner passes on to each run.
     with mock.patch.dict(os.environ, {**base_env(), **env}), forked_runs():
-        return in_process(sweep_cli.main, [str(spec)])
+        return in_process(sweep_cli.main, [str(spec), *flags])
 
 
 def matrix_spec(runs_dir: Path) -> str:

@@ -107,6 +107,8 @@ def build_parser(prog: str = "train.py", description: str | None = None, example
                 kwargs["choices"] = choices
             if meta.get("metavar"):
                 kwargs["metavar"] = meta["metavar"]
+            if meta.get("repeat"):  # given again adds to it (RunConfig joins the list)
+                kwargs["action"] = "append"
         group.add_argument(f"--{f.name}", *meta.get("aliases", ()), **kwargs)
     return parser
 

@@ -72,9 +72,10 @@ class LoopResult:
 class StepLoop:
     """Steps [start, cfg.steps) of one run: timing, memory, logging, evaluation, checkpoints."""
 
-    def __init__(self, setup: "Setup", backend: Backend, record: RunRecord, start: int):
+    def __init__(self, setup: "Setup", backend: Backend, record: RunRecord, start: int, trackers=None):
         self.s, self.cfg, self.env = setup, setup.cfg, setup.env
         self.backend, self.record, self.start = backend, record, start
+        self.trackers = trackers  # training/trackers.Trackers on rank 0 with --tracker, else None
         self.device = setup.env.device
         self.progress = Progress(self.cfg.steps, enabled=self.env.is_main and not self.cfg.quiet)
 
@@ -166,6 +167,8 @@ class StepLoop:
                 raise FloatingPointError(f"validation loss is {result.val_loss} after step {step}")
         if env.is_main and (step % cfg.log_every == 0 or is_eval or last):
             self.record.log(line)
+            if self.trackers is not None:
+                self.trackers.log(line)
             self.progress.update(step, line)
         if cfg.save_every and (step + 1) % cfg.save_every == 0:
             checkpoint.save(self.backend, cfg.save_dir, step, env.rank, {

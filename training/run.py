@@ -33,13 +33,13 @@ from core.dist import DistEnv, broadcast_object, destroy_process_group, set_cpu_
 from core.environment import device_name, environment
 from core.faults import Fault
 from core.flops import planned_sample_flops, sample_flops
-from core.records import SWEEP_KEY_ENV, SWEEP_KEY_FILE, RunRecord, atomic_write_text
+from core.records import SWEEP_KEY_ENV, SWEEP_KEY_FILE, RunRecord, atomic_write_text, read_json
 from core.summary import RunSummary
 import models
 from gptlite.data import DataError
 from gptlite.errors import ConfigError
 from models import Workload
-from training import checkpoint, memory_check, preflight
+from training import checkpoint, memory_check, preflight, trackers
 from training.cli import report_bad_input
 from training.locks import RecordLock
 from training.loop import StepLoop
@@ -117,6 +117,8 @@ def resolve(cfg: RunConfig, env: DistEnv | None = None, resolved: Resolved | Non
     # Before anything is built or recorded (a dry run builds nothing: it may describe a run meant
     # for a bigger machine).
     memory_check.check_model_fits(cfg, env, workload.meta())
+    if env.is_main:  # only rank 0 logs to trackers
+        trackers.check(cfg.tracker)
     preflight.writable_out("runs_dir", cfg.runs_dir)  # records beside records, never inside one or a checkpoint
     record_dir = Path(cfg.runs_dir) / cfg.run_name if cfg.run_name else None
     if cfg.save_dir:
@@ -283,6 +285,7 @@ class Run:
         self.record: RunRecord | None = None
         self.backend: Backend | None = None
         self.summary: RunSummary | None = None
+        self.trackers: trackers.Trackers | None = None
         self.start_step = setup.resume.start_step if setup.resume else 0
 
     def execute(self) -> int:
@@ -367,11 +370,13 @@ class Run:
                 "resumed_from": str(self.s.resume.directory) if self.s.resume else None,
                 "backend": description, "threads_per_rank": threads, "environment": environment(env.device)})
             self.record.write_summary(self.summary)
+            self.trackers = trackers.Trackers(cfg.tracker, self.record.dir, self.record.dir.name,
+                                              read_json(self.record.config_path))
         if cfg.mem_budget_gb and env.device.type == "cuda":
             total = torch.cuda.get_device_properties(env.device).total_memory
             torch.cuda.set_per_process_memory_fraction(min(1.0, cfg.mem_budget_gb * 2**30 / total), env.device)
 
-        result = StepLoop(self.s, backend, self.record, start).run()
+        result = StepLoop(self.s, backend, self.record, start, self.trackers).run()
         # The budget is checked before rank 0 counts FLOPs (seconds on a large model): the other
         # ranks fail at once over it and the launcher stops rank 0 in the middle of the count.
         summary = finished_summary(self.summary, result, gather_ranks(result), self.s.workload, env.world_size,
@@ -382,10 +387,19 @@ class Run:
         if env.is_main:
             self.record.flush()
             self.record.write_summary(summary)
+            self._finish_trackers(summary.to_dict(), "ok")
             if not cfg.quiet:
                 rate = f"{summary.samples_per_s:.1f} samples/s" if summary.samples_per_s else "not timed"
                 print(f"{self.record.dir.name}: ok | loss {summary.final_loss:.4f} | val {summary.val_loss:.4f} | "
                       f"{rate} | record {self.record.dir}", flush=True)
+
+    def _finish_trackers(self, summary: dict, status: str) -> None:
+        """Close the trackers (after the record: a tracker's failure never changes it); say where to look."""
+        if self.trackers is None:
+            return
+        where, self.trackers = self.trackers.finish(summary, status), None
+        for line in where:
+            print(f"{self.record.dir.name}: tracker: {line}", flush=True)
 
     def _sample_flops(self) -> dict | None:
         """FLOPs per sample (core/flops.py), or None, said once, for a model fake tensors cannot run:
@@ -451,4 +465,8 @@ class Run:
                 "oom" if any(e["status"] == "oom" for e in errors) else cause["status"],
                 f"rank {cause['rank']}: {cause['error']}", time.time() - started))
         except Exception:  # noqa: BLE001 - never mask the original error
+            traceback.print_exc()
+        try:  # the trackers' runs end as failed too, after the record
+            self._finish_trackers({}, status)
+        except Exception:  # noqa: BLE001
             traceback.print_exc()

@@ -315,7 +315,11 @@ class PlannedRun:
         run: flags, launcher, world size, environment, and the contents of the files it reads (the
         backend's config file, --data, a --model file). The suite's own code is not in it: a sweep reruns nothing
         when the code changes; give it another name for that."""
-        flags = [f for f in self.argv(Path("."))[4:] if f != "--quiet"]  # without --runs_dir, --run_name
+        # Without --runs_dir, --run_name and --quiet; and without --tracker, which changes where the run
+        # is also logged, not what it records: a sweep given a tracker later reuses its records.
+        argv = self.argv(Path("."))[4:]
+        flags = [f for i, f in enumerate(argv)
+                 if f not in ("--quiet", "--tracker") and (i == 0 or argv[i - 1] != "--tracker")]
         data, model = dict(self.flags).get("data"), dict(self.flags).get("model")
         model_file = Path(model) if model and model.endswith(".py") else None
         return {"backend": self.backend, "world_size": self.world_size, "launcher": launcher_for(self.backend),
