@@ -14,6 +14,8 @@ Each block live at the peak gets a category, by role first, then by when it was 
 - `activation`: allocated during forward and still alive: what forward keeps for backward;
 - `temporary`: allocated during backward or the optimizer step and not state: recomputed
   activations, autograd buffers, parameters re-gathered for backward, communication buffers;
+- `data`: the storage of a tensor the dataset holds (a user's TensorDataset on a CPU run): the
+  data in the same memory as training, counted apart so the estimate can count the same bytes;
 - `other`: anything else (the batch, buffers that predate the window without a known role).
 
 Why not torch.profiler's own categories (torch.profiler._memory_profiler)? Their data-flow
@@ -36,7 +38,7 @@ from core.comm import collectives, transfers
 from core.memory import MARK as _MARK
 from core.memory import PHASES
 
-CATEGORIES = ("parameter", "gradient", "optimizer_state", "activation", "temporary", "other")
+CATEGORIES = ("parameter", "gradient", "optimizer_state", "activation", "temporary", "data", "other")
 
 
 @dataclass

@@ -177,13 +177,15 @@ def ckpt_choices(blocks: int, interval: int, policy: str = "full", plan=None) ->
 def estimate(cfg, backend: str, world: int = 1, micro_batch: int = 1, precision: str = "fp32",
              ckpt_interval: int = 0, device: str = "cpu", fsdp_options=None, ds_config: dict | None = None,
              ranks_per_node: int | None = None, grad_accum: int = 1, ckpt_policy: str = "full",
-             save_ops=None, ckpt_plan=None) -> Estimate:
+             save_ops=None, ckpt_plan=None, data_bytes: int = 0) -> Estimate:
     """The per-rank memory of one training step of a model under a backend configuration.
 
     `cfg`: GPT-lite's GPTConfig (activations by formula), or any model traced once
     (estimator/traced_model.TracedModel). Checkpointing: `ckpt_policy` (full, selective, keeping the
     outputs of `save_ops`, default SELECTIVE_SAVE_OPS) for the blocks `ckpt_interval` picks, or
-    `ckpt_plan`, one of CKPT_CHOICES per block."""
+    `ckpt_plan`, one of CKPT_CHOICES per block. `data_bytes`: the tensors the dataset holds in the
+    run's device memory (its record's data.held_tensor_bytes; on a CPU run, a user's TensorDataset),
+    alive through the whole step and counted as the memory profile counts them (`data`)."""
     for name, value, minimum in (("world", world, 1), ("micro_batch", micro_batch, 1),
                                  ("ckpt_interval", ckpt_interval, 0), ("grad_accum", grad_accum, 1)):
         if not isinstance(value, int) or value < minimum:
@@ -407,13 +409,14 @@ def estimate(cfg, backend: str, world: int = 1, micro_batch: int = 1, precision:
     unfixed = 2 * c * max(units, default=0) if fsdp_unit and gloo else 0
     return Estimate(
         params=int(params), params_gathered=int(gathered), grads=int(grads), optimizer=int(optimizer),
-        activation_bytes=int(activation_at_peak), total_bytes=int(peak + batch),
+        activation_bytes=int(activation_at_peak), total_bytes=int(peak + batch + data_bytes),
         host_bytes=int(host),
         terms={"resident_model_states": int(resident), "activation_per_block": int(max(a.full, default=0)),
                "checkpointed_block_input": int(max(a.kept, default=0)), "backward_transient": int(transient),
-               "head_activations": int(head)},
+               "head_activations": int(head), "data": int(data_bytes)},
         peak_moment=moment,
-        assumptions=assumptions, moment_bases=bases, batch_bytes=int(batch), activations=a,
+        # The dataset's tensors are alive all step, like the batch: a plan's peak counts both.
+        assumptions=assumptions, moment_bases=bases, batch_bytes=int(batch + data_bytes), activations=a,
         unfixed_bytes=int(unfixed))
 
 
@@ -458,4 +461,5 @@ def record_arguments(config: dict) -> tuple:
     return model, (backend, int(config["world_size"]), int(run["micro_batch"]), run["precision"],
                    int(run.get("ckpt_interval") or 0), device, options, ds), dict(
         grad_accum=int(run.get("grad_accum") or 1), ckpt_policy=policy if policy != "auto" else "full",
-        save_ops=save_ops, ckpt_plan=[c.strip() for c in plan.split(",")] if plan else None)
+        save_ops=save_ops, ckpt_plan=[c.strip() for c in plan.split(",")] if plan else None,
+        data_bytes=int(((config.get("data") or {}).get("held_tensor_bytes") or {}).get(device, 0)))

@@ -119,7 +119,50 @@ class SampledDataset:
         x, y = self.sample("train", 0)
         return {"source": self.source, "train_samples": len(self.splits["train"]),
                 "val_samples": len(self.splits["val"]),
-                "sample": {"input": list(getattr(x, "shape", ())), "target": list(getattr(y, "shape", ()))}}
+                "sample": {"input": list(getattr(x, "shape", ())), "target": list(getattr(y, "shape", ()))},
+                "held_tensor_bytes": held_bytes(self)}
+
+    def held_tensors(self) -> list[torch.Tensor]:
+        return held_tensors(self.splits)
+
+
+def held_tensors(obj, depth: int = 6) -> list[torch.Tensor]:
+    """The torch tensors a dataset object holds (TensorDataset's tensors, a Subset's dataset, a user
+    dataset's attributes, lists and dicts of them), each storage once: the data that lives in the
+    same memory as training on a CPU, which the memory profile counts (as `data`) and the estimate
+    adds. Numpy arrays and files are not torch memory, and are not counted by either."""
+    found: dict[int, torch.Tensor] = {}
+    seen: set[int] = set()
+
+    def walk(value, left: int) -> None:
+        if isinstance(value, torch.Tensor):
+            if value.untyped_storage().nbytes():
+                found.setdefault(value.untyped_storage().data_ptr(), value)
+            return
+        if left == 0 or id(value) in seen or isinstance(value, (str, bytes, int, float, bool, type(None))):
+            return
+        seen.add(id(value))
+        if isinstance(value, dict):
+            items = list(value.values())
+        elif isinstance(value, (list, tuple, set)):
+            items = list(value) if len(value) <= 64 else []  # a list of samples is not walked one by one
+        elif hasattr(value, "__dict__") and not callable(value):
+            items = list(vars(value).values())
+        else:
+            items = []
+        for item in items:
+            walk(item, left - 1)
+
+    walk(obj, depth)
+    return list(found.values())
+
+
+def held_bytes(data) -> dict[str, int]:
+    """{device type: bytes} of the tensors `data` holds (held_tensors)."""
+    out: dict[str, int] = {}
+    for t in held_tensors(data.splits if hasattr(data, "splits") else data):
+        out[t.device.type] = out.get(t.device.type, 0) + t.untyped_storage().nbytes()
+    return out
 
 
 def _same_ids(x, y) -> bool:

@@ -24,7 +24,7 @@ import torch
 
 from backends.base import Backend
 from core.dist import gather_floats, synchronize
-from core.memory import AllocatorMeter, ModelStateMeter, current_rss_bytes, phase
+from core.memory import AllocatorMeter, ModelStateMeter, current_rss_bytes, phase, storage_roles
 from core.memory_profile import ProfiledWindow
 from core.records import RunRecord
 from training import checkpoint
@@ -76,6 +76,7 @@ class StepLoop:
         self.s, self.cfg, self.env = setup, setup.cfg, setup.env
         self.backend, self.record, self.start = backend, record, start
         self.trackers = trackers  # training/trackers.Trackers on rank 0 with --tracker, else None
+        self._data_roles: dict | None = None
         self.device = setup.env.device
         self.progress = Progress(self.cfg.steps, enabled=self.env.is_main and not self.cfg.quiet)
 
@@ -117,7 +118,7 @@ class StepLoop:
     def _step(self, step: int, states: ModelStateMeter, window: ProfiledWindow | None, last: bool,
               result: LoopResult) -> dict:
         backend, cfg = self.backend, self.cfg
-        snapshot = (lambda: window.snapshot(states.roles())) if window is not None else None
+        snapshot = (lambda: window.snapshot({**self.data_roles(), **states.roles()})) if window is not None else None
         if snapshot:
             snapshot()
         lr = backend.lr()
@@ -135,6 +136,14 @@ class StepLoop:
             snapshot()
         synchronize(self.device)
         return {"loss": loss, "lr": lr, "dt": time.perf_counter() - t0}
+
+    def data_roles(self) -> dict:
+        """The storages of the tensors the dataset holds, as the memory profile's `data` role."""
+        if self._data_roles is None:
+            held = getattr(self.s.data, "held_tensors", None)
+            self._data_roles = {ptr: ("data", size, where) for ptr, (_, size, where)
+                                in storage_roles({"data": held() if held else []}).items()}
+        return self._data_roles
 
     def _gather(self, step: int, line: dict, allocated: int | None, timed: bool, result: LoopResult) -> dict:
         ranks = gather_floats([line["loss"].item(), line["dt"], current_rss_bytes(), allocated or 0.0], self.device)
