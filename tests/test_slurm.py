@@ -310,8 +310,10 @@ def test_shapes_and_node_commands(tmp_path):
     assert shape_of(runs["single"], settings).nodes == 1  # one process: one node
     ddp = shape_of(runs["ddp"], settings)
     assert (ddp.nodes, ddp.ranks_per_node, ddp.gpus_per_node, ddp.cpus_per_task) == (2, 2, 2, 2)
-    with pytest.raises(Exception, match="start torchrun on each node"):
-        shape_of(runs["deepspeed"], settings)
+    # DeepSpeed over several nodes: torchrun on each too (its own launcher would need ssh between them).
+    assert shape_of(runs["deepspeed"], settings).nodes == 2
+    ds = node_command(runs["deepspeed"], tmp_path, 2, ["n1", "n2"], "8")
+    assert ds[1:3] == ["-m", "torch.distributed.run"] and "--deepspeed_config" in ds
     with pytest.raises(Exception, match="gpus_per_node 1"):
         shape_of(runs["ddp"], SlurmSettings(nodes=1, gpus_per_node=1))
     # Several nodes: torchrun on each, the rendezvous on the first host, the same port everywhere.
@@ -353,3 +355,16 @@ def test_a_local_rerun_continues_a_checkpointed_run(tmp_path):
     assert outcome.status == "ok", outcome.line()
     config = json.loads((spec.directory / run.name / "config.json").read_text())
     assert config["start_step"] == 3 and config["resumed_from"]
+
+
+def test_only_runs_with_checkpoints_are_left_requeueable_after_a_node_failure(tmp_path):
+    from training.slurm import _requeue_option
+
+    plain = expand(load_spec(str(_write(tmp_path, {"name": "a", "runs_dir": str(tmp_path / "a"),
+                                                   "matrix": {"backend": ["ddp"]}}, "a.yaml"))))[0]
+    saving = expand(load_spec(str(_write(tmp_path, {"name": "b", "runs_dir": str(tmp_path / "b"),
+                                                    "train_args": {"save_every": 5},
+                                                    "matrix": {"backend": ["ddp"]}}, "b.yaml"))))[0]
+    assert _requeue_option(plain, {}) == {"no_requeue": True}
+    assert _requeue_option(saving, {}) == {}
+    assert _requeue_option(plain, {"requeue": True}) == {}  # the spec's own sbatch option wins

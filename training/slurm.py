@@ -39,7 +39,8 @@ QUEUED = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "
 RUNNING = {"RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING"}
 # A job's final state, for a run whose job ended before the run could record how (killed at its
 # limit without the signal ahead, its memory limit, cancelled from outside the sweep).
-ENDED_AS = {"TIMEOUT": "timeout", "DEADLINE": "timeout", "OUT_OF_MEMORY": "oom", "CANCELLED": "cancelled"}
+ENDED_AS = {"TIMEOUT": "timeout", "DEADLINE": "timeout", "OUT_OF_MEMORY": "oom", "CANCELLED": "cancelled",
+            "NODE_FAIL": "failed", "BOOT_FAIL": "failed"}
 
 
 @dataclass(frozen=True)
@@ -57,9 +58,11 @@ def shape_of(run, settings: SlurmSettings) -> Shape:
     if run.world_size % nodes:
         raise ConfigError(f"run {run.name}: world size {run.world_size} is not a multiple of executor.nodes {nodes}")
     ranks = run.world_size // nodes
-    if nodes > 1 and launcher_for(run.backend) != "torchrun":
-        raise ConfigError(f"run {run.name}: executor.nodes {nodes}: runs over several nodes start torchrun on each "
-                          f"node, and {run.backend} runs start with {launcher_for(run.backend)}; use nodes: 1")
+    # Over several nodes every run starts torchrun on each node; DeepSpeed's runs too (DeepSpeed reads
+    # torchrun's environment): its own launcher reaches the other nodes over ssh (pdsh), which a
+    # Slurm job does not need.
+    if nodes > 1 and launcher_for(run.backend) == "python":
+        raise ConfigError(f"run {run.name}: executor.nodes {nodes}: a {run.backend} run is one process; use nodes: 1")
     if settings.gpus_per_node and ranks > settings.gpus_per_node:
         raise ConfigError(f"run {run.name}: {ranks} ranks per node, executor.gpus_per_node {settings.gpus_per_node}")
     return Shape(nodes, ranks, settings.cpus_per_task or ranks, ranks if settings.gpus_per_node else 0)
@@ -67,8 +70,8 @@ def shape_of(run, settings: SlurmSettings) -> Shape:
 
 def node_command(run, directory: Path, nodes: int, hostnames: list[str], job_id: str) -> list[str]:
     """The launch command on a job's node: the local runner's for one node; for several,
-    torchrun on each node, its c10d rendezvous on the job's first host (a port from the job id,
-    the same on every node)."""
+    torchrun on each node (DeepSpeed's runs too), its c10d rendezvous on the job's first host (a
+    port from the job id, the same on every node)."""
     if nodes == 1:
         return run.command(directory)
     port = 29500 + int("".join(c for c in job_id if c.isdigit()) or 0) % 20000
@@ -165,6 +168,17 @@ def check_slurm(settings: SlurmSettings, shapes: list[Shape]) -> None:
 def partitions() -> list[str]:
     proc = _slurm(["sinfo", "-h", "-o", "%P"])
     return [p.strip().rstrip("*") for p in proc.stdout.split()] if proc.returncode == 0 else []
+
+
+def _requeue_option(runs, sbatch: dict) -> dict:
+    """Slurm requeues a batch job whose node fails, and the job then waits, queued, for as many nodes
+    as it had: a run that cannot continue would start over into its record, or wait for a node that
+    may never come back, and the sweep with it. Only runs with checkpoints (train_args save_every)
+    are left requeueable (they continue from their last checkpoint, as after a time limit); the
+    others end NODE_FAIL and are recorded failed. The spec's executor.sbatch may say otherwise."""
+    if any(key.replace("-", "_") in ("requeue", "no_requeue") for key in sbatch):
+        return {}
+    return {} if any(run.resumable for run in runs) else {"no_requeue": True}
 
 
 def _sbatch_options(settings: SlurmSettings, shape: Shape) -> list[str]:
@@ -328,7 +342,7 @@ class SlurmSweep:
                 **({"partition": self.settings.partition} if self.settings.partition else {}),
                 **({"account": self.settings.account} if self.settings.account else {}),
                 signal_delay_s=self.settings.signal_delay_s, array_parallelism=self.settings.array_parallelism,
-                additional_parameters=dict(self.settings.sbatch),
+                additional_parameters={**_requeue_option(group, self.settings.sbatch), **self.settings.sbatch},
                 # The repository importable on the node; srun gives each task the job's CPUs
                 # (since Slurm 22.05 srun no longer takes --cpus-per-task from sbatch).
                 setup=[f"export PYTHONPATH={REPO}${{PYTHONPATH:+:$PYTHONPATH}}",
