@@ -268,29 +268,47 @@ net_down() {
     if ip link show "$BRIDGE" >/dev/null 2>&1; then ip link del "$BRIDGE"; fi
 }
 
-hosts_remove() {  # the lines between our markers, and nothing else; in place, as /etc/hosts may be a mount
-    grep -q "^$HOSTS_MARK begin" /etc/hosts || return 0
-    grep -q "^$HOSTS_MARK end" /etc/hosts \
-        || die "/etc/hosts has '$HOSTS_MARK begin' without its end line: remove that block by hand"
-    local kept
-    kept="$(mktemp)"
+hosts_without_ours() {  # /etc/hosts without the lines between our markers, on stdout
+    grep -q "^$HOSTS_MARK begin" /etc/hosts && ! grep -q "^$HOSTS_MARK end" /etc/hosts \
+        && die "/etc/hosts has '$HOSTS_MARK begin' without its end line: remove that block by hand"
     awk -v mark="$HOSTS_MARK" 'index($0, mark " begin") == 1 { skip = 1; next }
                                index($0, mark " end") == 1 { skip = 0; next }
-                               !skip' /etc/hosts > "$kept"
-    cat "$kept" > /etc/hosts
-    rm -f "$kept"
+                               !skip' /etc/hosts
+}
+
+hosts_replace() {  # /etc/hosts := the file $1, never seen half-written by a lookup meanwhile
+    # A rename is atomic: every other process (a rank resolving this host's name while a test starts
+    # or stops the cluster) reads the old file or the new one. Where /etc/hosts is a mount point (a
+    # container's), it cannot be renamed over: written in place, in one write.
+    if mountpoint -q /etc/hosts 2>/dev/null; then
+        cat "$1" > /etc/hosts
+        rm -f "$1"
+    else
+        chmod --reference=/etc/hosts "$1" 2>/dev/null || chmod 644 "$1"
+        mv -f "$1" /etc/hosts
+    fi
+}
+
+hosts_remove() {  # the lines between our markers, and nothing else
+    grep -q "^$HOSTS_MARK begin" /etc/hosts || return 0
+    local new
+    new="$(mktemp /etc/.hosts.gptlite.XXXXXX)"   # beside /etc/hosts: the rename stays on one filesystem
+    hosts_without_ours > "$new"
+    hosts_replace "$new"
 }
 
 hosts_add() {  # job steps name the nodes (torchrun's rendezvous endpoint, MASTER_ADDR): from anywhere
-    local i
-    hosts_remove
-    [ -z "$(tail -c 1 /etc/hosts)" ] || echo >> /etc/hosts
+    local i new
+    new="$(mktemp /etc/.hosts.gptlite.XXXXXX)"
+    hosts_without_ours > "$new"
+    [ -z "$(tail -c 1 "$new")" ] || echo >> "$new"
     {
         echo "$HOSTS_MARK begin: tools/slurm_local.sh start --nodes 2 wrote these; stop --nodes 2 removes them"
         echo "$SUBNET.1 $CTL"
         for i in "${!NODES2[@]}"; do echo "$(node_addr $((i + 1))) ${NODES2[$i]}"; done
         echo "$HOSTS_MARK end"
-    } >> /etc/hosts
+    } >> "$new"
+    hosts_replace "$new"
 }
 
 kill_namespace() {  # every process in a node's namespace: its slurmd, slurmstepd, a job's tasks
