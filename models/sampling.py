@@ -120,7 +120,7 @@ class SampledDataset:
         return {"source": self.source, "train_samples": len(self.splits["train"]),
                 "val_samples": len(self.splits["val"]),
                 "sample": {"input": list(getattr(x, "shape", ())), "target": list(getattr(y, "shape", ()))},
-                "held_tensor_bytes": held_bytes(self)}
+                "held_tensor_bytes": held_bytes(self.held_tensors())}
 
     def held_tensors(self) -> list[torch.Tensor]:
         return held_tensors(self.splits)
@@ -157,10 +157,10 @@ def held_tensors(obj, depth: int = 6) -> list[torch.Tensor]:
     return list(found.values())
 
 
-def held_bytes(data) -> dict[str, int]:
-    """{device type: bytes} of the tensors `data` holds (held_tensors)."""
+def held_bytes(tensors) -> dict[str, int]:
+    """{device type: bytes} of `tensors` (held_tensors: each storage once)."""
     out: dict[str, int] = {}
-    for t in held_tensors(data.splits if hasattr(data, "splits") else data):
+    for t in tensors:
         out[t.device.type] = out.get(t.device.type, 0) + t.untyped_storage().nbytes()
     return out
 

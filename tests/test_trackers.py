@@ -22,7 +22,6 @@ tensorboard = pytest.importorskip("tensorboard", reason="tensorboard is in the d
 wandb = pytest.importorskip("wandb", reason="wandb is in the dev extras (pip install -e '.[dev]')")
 
 STEPS = 5
-SCALARS = {**trackers.STEP_SCALARS}
 
 
 # ---------------------------------------------------------------- unit: the flag and its checks
@@ -143,7 +142,7 @@ def _expected(record: Path) -> dict[str, dict[int, float]]:
     """Per tracker name, step -> value, from the record's metrics.jsonl."""
     want: dict[str, dict[int, float]] = {}
     for line in read_jsonl(record / "metrics.jsonl"):
-        for key, name in SCALARS.items():
+        for key, name in trackers.STEP_SCALARS.items():
             value = line.get(key)
             if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
                 want.setdefault(name, {})[line["step"]] = float(value)

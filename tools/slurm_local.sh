@@ -51,6 +51,30 @@ running() {  # slurmctld and slurmd of this configuration answer
         && SLURM_CONF="$CONF" timeout 10 sinfo -h -o %T 2>/dev/null | grep -qvE "down|drain|unknown|not_responding"
 }
 
+shared_conf() {  # the settings both clusters (one node, two) share
+    cat <<'EOF'
+AuthType=auth/munge
+# A requeued job waits cred_expire seconds before it starts again (default 120): 5 here.
+AuthInfo=cred_expire=5
+CryptoType=crypto/munge
+MpiDefault=none
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SchedulerType=sched/backfill
+# Schedule every 2 s (defaults: 60 s main loop, 30 s backfill): a job submitted, or requeued, starts at once.
+SchedulerParameters=sched_interval=2,bf_interval=2
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+JobCompType=jobcomp/none
+ReturnToService=2
+# Seconds between a job's SIGTERM and SIGKILL (cancel, time limit), and a finished job kept in squeue.
+KillWait=10
+MinJobAge=300
+EOF
+}
+
 write_conf() {
     mkdir -p "$DIR/state" "$DIR/spool" "$DIR/log"
     local node host
@@ -71,25 +95,7 @@ SlurmctldPidFile=$DIR/slurmctld.pid
 SlurmdPidFile=$DIR/slurmd.pid
 SlurmctldLogFile=$DIR/log/slurmctld.log
 SlurmdLogFile=$DIR/log/slurmd.log
-AuthType=auth/munge
-# A requeued job waits cred_expire seconds before it starts again (default 120): 5 here.
-AuthInfo=cred_expire=5
-CryptoType=crypto/munge
-MpiDefault=none
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SchedulerType=sched/backfill
-# Schedule every 2 s (defaults: 60 s main loop, 30 s backfill): a job submitted, or requeued, starts at once.
-SchedulerParameters=sched_interval=2,bf_interval=2
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-AccountingStorageType=accounting_storage/none
-JobAcctGatherType=jobacct_gather/none
-JobCompType=jobcomp/none
-ReturnToService=2
-# Seconds between a job's SIGTERM and SIGKILL (cancel, time limit), and a finished job kept in squeue.
-KillWait=10
-MinJobAge=300
+$(shared_conf)
 SlurmdTimeout=60
 InactiveLimit=0
 $node State=UNKNOWN
@@ -206,22 +212,7 @@ SlurmctldPidFile=$DIR2/slurmctld.pid
 SlurmdPidFile=$DIR2/slurmd-%n.pid
 SlurmctldLogFile=$DIR2/log/slurmctld.log
 SlurmdLogFile=$DIR2/log/slurmd-%n.log
-AuthType=auth/munge
-AuthInfo=cred_expire=5
-CryptoType=crypto/munge
-MpiDefault=none
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SchedulerType=sched/backfill
-SchedulerParameters=sched_interval=2,bf_interval=2
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-AccountingStorageType=accounting_storage/none
-JobAcctGatherType=jobacct_gather/none
-JobCompType=jobcomp/none
-ReturnToService=2
-KillWait=10
-MinJobAge=300
+$(shared_conf)
 # A node whose slurmd stops answering is DOWN, its jobs ended (srun: NODE_FAIL) or requeued
 # (sbatch), 15 s after its last answer, not the one-node cluster's 60: losing a node is what this
 # cluster is for trying (a killed slurmd's node was DOWN some 30 s after, pings being periodic).

@@ -33,7 +33,7 @@ from core.dist import DistEnv, broadcast_object, destroy_process_group, set_cpu_
 from core.environment import device_name, environment
 from core.faults import Fault
 from core.flops import planned_sample_flops, sample_flops
-from core.records import SWEEP_KEY_ENV, SWEEP_KEY_FILE, RunRecord, atomic_write_text, read_json
+from core.records import SWEEP_KEY_ENV, SWEEP_KEY_FILE, RunRecord, atomic_write_text
 from core.summary import RunSummary
 import models
 from gptlite.data import DataError
@@ -365,13 +365,13 @@ class Run:
         description = backend.describe()
         self.summary = self._base_summary(description.get("model_state_estimate"))
         if env.is_main:
-            self.record.write_config({
+            config = {
                 **self.s.record(), "run_id": self.s.run_id, "start_step": start,
                 "resumed_from": str(self.s.resume.directory) if self.s.resume else None,
-                "backend": description, "threads_per_rank": threads, "environment": environment(env.device)})
+                "backend": description, "threads_per_rank": threads, "environment": environment(env.device)}
+            self.record.write_config(config)
             self.record.write_summary(self.summary)
-            self.trackers = trackers.Trackers(cfg.tracker, self.record.dir, self.record.dir.name,
-                                              read_json(self.record.config_path))
+            self.trackers = trackers.Trackers(cfg.tracker, self.record.dir, self.record.dir.name, config)
         if cfg.mem_budget_gb and env.device.type == "cuda":
             total = torch.cuda.get_device_properties(env.device).total_memory
             torch.cuda.set_per_process_memory_fraction(min(1.0, cfg.mem_budget_gb * 2**30 / total), env.device)

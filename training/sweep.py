@@ -317,9 +317,8 @@ class PlannedRun:
         when the code changes; give it another name for that."""
         # Without --runs_dir, --run_name and --quiet; and without --tracker, which changes where the run
         # is also logged, not what it records: a sweep given a tracker later reuses its records.
-        argv = self.argv(Path("."))[4:]
-        flags = [f for i, f in enumerate(argv)
-                 if f not in ("--quiet", "--tracker") and (i == 0 or argv[i - 1] != "--tracker")]
+        untracked = dataclasses.replace(self, flags=tuple((k, v) for k, v in self.flags if k != "tracker"))
+        flags = [f for f in untracked.argv(Path("."))[4:] if f != "--quiet"]
         data, model = dict(self.flags).get("data"), dict(self.flags).get("model")
         model_file = Path(model) if model and model.endswith(".py") else None
         return {"backend": self.backend, "world_size": self.world_size, "launcher": launcher_for(self.backend),

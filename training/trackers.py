@@ -42,7 +42,7 @@ STEP_SCALARS = {
 }
 # The summary's scalars, logged once at the run's last step.
 SUMMARY_SCALARS = ("samples_per_s", "tokens_per_s", "mfu", "hfu", "mem_peak_bytes", "final_loss", "val_loss")
-CSV_COLUMNS = ("step", *(k for k in STEP_SCALARS))
+CSV_COLUMNS = ("step", *STEP_SCALARS)
 WANDB_MODES = ("offline", "online", "disabled", "dryrun", "run")
 INSTALL = {"tensorboard": "tensorboard", "wandb": "wandb"}
 
@@ -111,9 +111,9 @@ class TensorBoard:
         for summary in hparams(params, {"hparams/samples_per_s": 0.0, "hparams/final_loss": 0.0}):
             self.writer.file_writer.add_summary(summary)
 
-    def log(self, step: int, scalars: dict) -> None:
-        for name, value in scalars.items():
-            self.writer.add_scalar(name, value, step)
+    def log(self, line: dict) -> None:
+        for name, value in _scalars(line).items():
+            self.writer.add_scalar(name, value, line["step"])
 
     def finish(self, step: int | None, summary: dict, status: str) -> None:
         for key, value in summary.items():
@@ -140,8 +140,8 @@ class WandB:
         self.offline = os.environ["WANDB_MODE"] in ("offline", "dryrun")
         self.run_dir = Path(self.run.dir).parent  # wandb/offline-run-<time>-<id>
 
-    def log(self, step: int, scalars: dict) -> None:
-        self.run.log(scalars, step=step)
+    def log(self, line: dict) -> None:
+        self.run.log(_scalars(line), step=line["step"])
 
     def finish(self, step: int | None, summary: dict, status: str) -> None:
         self.run.summary.update({k: v for k, v in summary.items() if v is not None})
@@ -159,12 +159,9 @@ class CSV:
         self.writer = csv.DictWriter(self.file, fieldnames=CSV_COLUMNS, extrasaction="ignore")
         self.writer.writeheader()
 
-    def line(self, line: dict) -> None:
+    def log(self, line: dict) -> None:
         self.writer.writerow({k: line.get(k) for k in CSV_COLUMNS})
         self.file.flush()
-
-    def log(self, step: int, scalars: dict) -> None:  # CSV takes the record's line itself (Trackers.log)
-        pass
 
     def finish(self, step: int | None, summary: dict, status: str) -> None:
         self.file.close()
@@ -192,12 +189,8 @@ class Trackers:
 
     def log(self, line: dict) -> None:
         self.last_step = line["step"]
-        scalars = _scalars(line)
         for tracker in self.trackers:
-            if isinstance(tracker, CSV):
-                tracker.line(line)
-            else:
-                tracker.log(line["step"], scalars)
+            tracker.log(line)
 
     def finish(self, summary: dict, status: str) -> list[str]:
         """Close every tracker; where to look at each (a command or a path), for the run's output."""
