@@ -30,6 +30,12 @@ from core.environment import git_commit  # noqa: E402
 git_commit()
 platform.processor()
 
+# The planner prices each configuration's own cost as measured on this machine and kept in
+# $GPTLITE_CACHE/backend_costs.json (analysis/plan/backend_costs.py): a developer's kept figures
+# would change what the tests' plans predict. The tests' plans see none (an empty file), and each test
+# of the cache names its own.
+os.environ["GPTLITE_BACKEND_COSTS"] = os.devnull
+
 SHAKESPEARE = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"
 
 @dataclass

@@ -690,3 +690,153 @@ def test_the_refit_leaves_waiting_communication_unscaled_and_counts_a_variant_as
     assert fitted["compute_factor"] == pytest.approx(1.5) and fitted["overlap"] == pytest.approx(0.5)
     assert fitted["overhead"] == {"ddp": pytest.approx(1.0)}
     assert rows[3]["refit_samples_per_s"] == pytest.approx(measured(rows[3]))
+
+
+def _fake_runner(monkeypatch, speeds: dict, peaks: dict | None = None):
+    """training.runner.Runner replaced: each run's samples/s from `speeds` by its configuration's
+    name and its steps (a callable, or a number), its peak from `peaks` (GiB), each run 10 s."""
+    from types import SimpleNamespace
+
+    import training.runner
+
+    ran = []
+
+    class Runner:  # training/runner.LocalSweep's runner
+        def __init__(self, directory, timeout_s, retry_failed=False):
+            self.directory_lock = SimpleNamespace(release=lambda: None)
+
+        def hold_directory(self):
+            return self.directory_lock
+
+        def check_records(self, runs):
+            pass
+
+        def run(self, planned):
+            steps = int(dict(planned.flags)["steps"])
+            ran.append((planned.name, steps))
+            config = planned.name.split("-")[1]
+            rate = speeds[config](steps) if callable(speeds[config]) else speeds[config]
+            summary = SimpleNamespace(samples_per_s=rate, samples_per_s_p25=rate and rate * 0.95,
+                                      samples_per_s_p75=rate and rate * 1.05,
+                                      mem_peak_bytes=(peaks or {}).get(config, 0.5) * 2**30)
+            return SimpleNamespace(status="ok" if rate else "oom", summary=summary, line=lambda: planned.name,
+                                   seconds=10.0, skipped=False)
+
+    monkeypatch.setattr(training.runner, "Runner", Runner)
+    return ran
+
+
+def test_the_race_runs_each_configurations_best_and_halves_until_two_are_left(tmp_path, monkeypatch):
+    """Six configurations, two candidates each: the race's first round runs each configuration's
+    best-ranked candidate (not the second), 4 steps; the faster half within the budget runs again, as
+    long, ranked by the median of its runs so far, until a round has two; the pick is the faster,
+    whatever the prediction said. A configuration over the budget (measured) or out of memory is
+    dropped; the steps run are counted against the grid's (every fitting candidate once)."""
+    runs: dict[str, list] = {"a": [5.0], "b": [9.0, 6.0, 6.5], "c": [7.0], "d": [8.0, 8.0, 8.0], "e": [None],
+                             "f": [10.0], "g": [6.0], "h": [7.5, 7.0]}
+
+    def speed(config):  # each configuration's runs in turn
+        return lambda steps: runs[config][sum(n.split("-")[1] == config for n, _ in ran) - 1]
+
+    ran = _fake_runner(monkeypatch, {c: speed(c) for c in runs}, peaks={"f": 3.0})  # f: over the 1 GiB budget
+    rows = [{"candidate": plan.Candidate(c, m, 8 // m, "none"), "config": c, "backend": "ddp", "fits": True,
+             "command": f"run {c} {m}", "pred_samples_per_s": 20.0 - i, "est_peak_gb": 0.5}
+            for i, (m, c) in enumerate((m, c) for m in (8, 4) for c in "abcdef")]
+    rows.append({"candidate": plan.Candidate("z", 8, 1, "none"), "config": "z", "fits": False, "command": "run z"})
+    assert [r["command"] for r in plan.entrants(rows)] == [f"run {c} 8" for c in "abcdef"]
+    raced = plan.race(rows, TINY, 2, tmp_path, 4, 60, budget_gb=1.0)
+    # round 0: ok within the budget b 9, d 8, c 7, a 5 (e out of memory, f over): two go on, b and d;
+    # two raced: b's median (9, 6) is 7.5, d's 8: d
+    assert ran == [(f"race0-{c}-mb8x1-none", 4) for c in "abcdef"] + [("race1-b-mb8x1-none", 4),
+                                                                       ("race1-d-mb8x1-none", 4)]
+    assert raced["pick"]["command"] == "run d 8" and raced["pick"]["race_samples_per_s"] == 8.0
+    assert [m["race_samples_per_s"] for m in raced["rounds"][1]] == [7.5, 8.0]
+    assert raced["steps_run"] == 8 * 4 and raced["grid_steps"] == 12 * 4
+    assert raced["runs"] == 8 and raced["grid_runs"] == 12 and raced["run_seconds"] == 80.0
+    ran.clear()
+    runs.update(b=[9.0, 8.5, 9.0], d=[8.0, 8.0, 8.0])
+    rows8 = rows[:6] + [{**rows[0], "candidate": plan.Candidate(c, 8, 1, "none"), "config": c, "command": f"run {c} 8"}
+                        for c in "gh"]
+    raced = plan.race(rows8, TINY, 2, tmp_path / "eight", 4, 60, budget_gb=1.0)
+    # 6 ok within budget (b 9, d 8, h 7.5, c 7, g 6, a 5) -> 3 again (b 8.75, d 8, h 7.25) -> 2 (b, d): b
+    assert [n.split("-")[0] for n, _ in ran] == ["race0"] * 8 + ["race1"] * 3 + ["race2"] * 2
+    assert {n.split("-")[1] for n, _ in ran[8:11]} == {"b", "d", "h"}
+    assert raced["pick"]["command"] == "run b 8" and raced["pick"]["race_samples_per_s"] == 9.0
+    assert raced["steps_run"] == 13 * 4
+
+
+def test_backend_costs_are_fitted_from_the_probe_runs_and_kept_per_machine(tmp_path, monkeypatch):
+    """The three probe points' residuals give back the per-step, per-micro-step and per-tensor costs
+    they were made of; they are kept in $GPTLITE_CACHE/backend_costs.json per configuration and world,
+    measured again when the machine (or the file) changes; with `measure_missing` off the others are
+    listed, not measured; a configuration whose probe fails is listed, and the plan goes on."""
+    from analysis.plan import backend_costs as bc
+    from analysis.plan import probe
+
+    truth = {"per_step_s": 0.004, "per_micro_step_s": 0.002, "per_item_s": 1e-4}
+    tensors = {2: 10, 12: 50}
+    residuals = {(layers, m, a): bc.cost_seconds(truth, a, tensors[layers]) for layers, m, a in bc.POINTS}
+    assert bc.fit(residuals, tensors) == pytest.approx(truth)
+    assert bc.fit({k: 0.0 for k in residuals}, tensors) == {"per_step_s": 0.0, "per_micro_step_s": 0.0,
+                                                             "per_item_s": 0.0}
+    monkeypatch.setenv("GPTLITE_BACKEND_COSTS", str(tmp_path / "backend_costs.json"))
+    measured = []
+
+    def fake_measure(config, world, device, progress=print):
+        measured.append((config, world))
+        if config == "ds_configs/z3.json":
+            raise RuntimeError("its probe run did not succeed")
+        return {**truth, "item": "trainable tensor"}
+
+    monkeypatch.setattr(probe, "measure", fake_measure)
+    configs = ["ddp", "fsdp_configs/fsdp2.yaml", "ds_configs/z3.json"]
+    found, missing = probe.costs_for(configs, 2, None, measure_missing=False, progress=lambda line: None)
+    assert (found, missing, measured) == ({}, configs, [])
+    found, missing = probe.costs_for(configs, 2, None, measure_missing=True, progress=lambda line: None)
+    assert set(found) == {"ddp", "fsdp_configs/fsdp2.yaml"} and missing == ["ds_configs/z3.json"]
+    assert found["ddp"]["per_item_s"] == truth["per_item_s"]
+    kept = json.loads((tmp_path / "backend_costs.json").read_text())
+    assert len(kept) == 2 and all(e["machine"] == bc.machine() for e in kept.values())
+    measured.clear()
+    found, missing = probe.costs_for(configs[:2], 2, None, measure_missing=True, progress=lambda line: None)
+    assert measured == [] and set(found) == set(configs[:2])  # kept: not measured again
+    found, _ = probe.costs_for(["ddp"], 4, None, measure_missing=True, progress=lambda line: None)
+    assert measured == [("ddp", 4)]  # another world is another measurement
+    monkeypatch.setattr(probe, "machine", lambda: {"cpu": "another"})
+    measured.clear()
+    probe.costs_for(["ddp"], 2, None, measure_missing=True, progress=lambda line: None)
+    assert measured == [("ddp", 2)]  # another machine: measured again
+    assert "not measured" in bc.summary_line({}, ["ds_configs/z3.json"])
+
+
+def test_a_configurations_measured_cost_is_added_to_its_step_and_left_out_of_the_refit():
+    """A device with a configuration's measured cost prices that configuration's candidates its cost
+    (per step + accumulation x (per micro-step + per item x the model's items: FSDP's units, the blocks
+    and the root, else trainable tensors)) on top of the same step without, and no other
+    configuration's; the refit takes it as given."""
+    from analysis.plan import backend_costs as bc
+    from training.describe import resolve_flags
+
+    link = plan.Link(1.0, 100.0, "test")
+    costs = {"per_step_s": 0.01, "per_micro_step_s": 0.003, "per_item_s": 2e-5, "item": "FSDP unit"}
+    bare = plan.Device("test", link, link, sample_s=1e-3, micro_step_s=1e-3, optimizer_s=1e-3)
+    priced = plan.Device("test", link, link, sample_s=1e-3, micro_step_s=1e-3, optimizer_s=1e-3,
+                         backend_costs={"fsdp_configs/fsdp2.yaml": costs})
+    units = bc.items(resolve_flags([*TINY, "--fsdp_config", "fsdp_configs/fsdp2.yaml"], 2), "fsdp2")
+    assert units == ("FSDP unit", 4 + 1)  # the tiny preset's 4 blocks and the root
+    kind, tensors = bc.items(resolve_flags([*TINY, "--backend", "ddp"], 2), "ddp")
+    # per block two LayerNorms (4), q k v without bias (3), proj (2), the MLP's two Linears (4); two
+    # embeddings, the last LayerNorm (2) and the head without bias
+    assert kind == "trainable tensor" and tensors == 4 * 13 + 5
+    for config, accum in (("fsdp_configs/fsdp2.yaml", 2), ("fsdp_configs/fsdp2.yaml", 1), ("ddp", 2)):
+        cand = plan.Candidate(config, 8 // accum, accum, "none")
+        a, b = (plan.evaluate(cand, TINY, 2, 2, 1.0, d) for d in (bare, priced))
+        own = bc.cost_seconds(costs, accum, units[1]) if config != "ddp" else 0.0
+        assert b["own_ms"] == pytest.approx(own * 1e3) and b["step_ms"] == pytest.approx(a["step_ms"] + own * 1e3)
+    rows = [plan.evaluate(plan.Candidate(c, m, 8 // m, "none"), TINY, 2, 2, 1.0, priced)
+            for c in ("fsdp_configs/fsdp2.yaml", "ddp") for m in (4, 8)]
+    verified = [{"command": r["command"], "status": "ok", "measured_samples_per_s": 16 / (
+        (2 * r["compute_ms"] + 0.4 * r["comm_ms"] + r["wait_ms"] + r["own_ms"]) / 1e3)} for r in rows]
+    fitted = plan.refit(rows, verified, 16)  # measured: twice the compute, the own cost as measured
+    assert fitted["compute_factor"] == pytest.approx(2, rel=1e-6) and fitted["overlap"] == pytest.approx(0.6)
+    assert fitted["overhead"] == {"fsdp_configs/fsdp2.yaml": pytest.approx(1), "ddp": pytest.approx(1)}

@@ -30,11 +30,18 @@ model whose parts are printed:
               gathers with backward_prefetch null, DDP's last bucket (ready when backward ends); on
               the critical path, never hidden
     offload   host<->device bytes / PCIe and the CPU optimizer's time (a named GPU only)
-    step      compute + (1 - overlap) x comm + wait + offload;  samples/s = global batch / step
+    own       --gpu here: the configuration's own cost on this machine (its hooks, flattening, engine,
+              optimizer, per-call cost), measured by running it on a probe model and taking the rest
+              of this model's prediction away: per step + per micro-step + per item per micro-step
+              (FSDP's units, else trainable tensors: analysis/plan/backend_costs.py; kept per
+              machine: --backend_costs)
+    step      compute + (1 - overlap) x comm + wait + offload + own;  samples/s = global batch / step
 
 --variants DIR adds the variants of the compared configurations that change speed or memory (bucket
 sizes, prefetching: variants()), written into DIR as the files their commands name (DDP's are flags).
 The answer is ranked by predicted samples/s, with each candidate's exact launch command.
+--race runs every configuration's best-ranked candidate a few steps and the faster half again (its runs'
+median), until two are left (successive halving): a wrong prediction costs steps, not the pick.
 --verify K runs the top K and two further down (here, or as Slurm jobs with --executor slurm;
 --verify_rounds R runs each R times, taking turns), refits the step model on them and picks the
 fastest measured. --out DIR writes plan.md and plan.png (every
@@ -63,7 +70,7 @@ from analysis.plan.candidates import (CHOSEN_FLAGS, CKPT, Candidate, GiB, MARGIN
 from analysis.plan.device import (CALIBRATION_LINE, Device, Link, calibrate, calibration_line,
     calibration_points, here_device, named_device, probe_link)  # noqa: F401 - the planner's API, as one module had it
 from analysis.plan.cost import command, evaluate, plan, rank  # noqa: F401 - the planner's API, as one module had it
-from analysis.plan.verify import SLURM_OWN, _measured, flag_pairs, to_verify, verify  # noqa: F401 - the planner's API, as one module had it
+from analysis.plan.verify import SLURM_OWN, _measured, entrants, flag_pairs, race, to_verify, verify  # noqa: F401 - the planner's API, as one module had it
 from analysis.plan.refit import refit, replay  # noqa: F401 - the planner's API, as one module had it
 
 
@@ -75,7 +82,8 @@ def main(argv=None) -> int:
     p = OneLineParser(prog="python -m analysis.plan", description=__doc__.splitlines()[0], allow_abbrev=False,
                       formatter_class=argparse.RawDescriptionHelpFormatter,
                       usage="python -m analysis.plan --world W --mem_budget_gb M --global_batch B [--gpu GPU|here] "
-                            "[--configs C ...] [--variants DIR] [--ckpt P ...] [--top N] [--json] [train.py's model flags]",
+                            "[--configs C ...] [--variants DIR] [--ckpt P ...] [--verify K | --race] [--top N] [--json] "
+                            "[train.py's model flags]",
                       epilog="Every other flag is train.py's, with train.py's names and defaults (the model: --model, "
                              "--preset, --model_args, --block_size, --precision, --attention, ...: python train.py "
                              "--help). What the planner chooses (the backend and its file, --micro_batch, "
@@ -113,8 +121,20 @@ def main(argv=None) -> int:
     p.add_argument("--verify", type=int, default=0, metavar="K",
                    help="run the top K candidates and two from further down on this machine (--gpu here), as "
                         "ordinary records under --runs_dir, and pick the fastest measured one within the budget")
-    p.add_argument("--verify_steps", type=int, default=8, help="steps of each verifying run (2 warm-up steps and the "
-                   "last, profiled for memory, are not timed)")
+    p.add_argument("--backend_costs", choices=("cached", "measure", "off"), default="cached",
+                   help="--gpu here: each configuration's own cost on this machine (its hooks, flattening, engine, "
+                        "calls; analysis/plan/backend_costs.py), measured on a probe model at world --world and "
+                        "kept in $GPTLITE_CACHE/backend_costs.json: cached (default) uses those kept and prices the "
+                        "others at 0, saying which; measure measures the missing ones first (6 runs each, about "
+                        "a minute on a 2-core CPU); off prices none")
+    p.add_argument("--race", action="store_true",
+                   help="trust no prediction across configurations: race them on this machine (successive halving). "
+                        "Every configuration's best-ranked fitting candidate runs --verify_steps steps, the faster half "
+                        "within the budget (the median of each one's runs) runs again, until two are left; the faster "
+                        "is the pick. "
+                        "Prints the steps and seconds it ran against the grid's (every fitting candidate as long)")
+    p.add_argument("--verify_steps", type=int, default=8, help="steps of each verifying run, and of a race's first "
+                   "round (2 warm-up steps and the last, profiled for memory, are not timed)")
     p.add_argument("--verify_rounds", type=int, default=1, metavar="R",
                    help="run each verified candidate R times, taking turns (every candidate once, then again): its "
                         "samples/s is the median of its runs, its spread their range (this machine's speed "
@@ -151,8 +171,10 @@ def main(argv=None) -> int:
             _check_config(c)
         except ConfigError as e:
             p.error(str(e))
-    if args.verify and args.gpu != "here":
-        p.error("--verify runs the candidates on this machine: it needs --gpu here")
+    if (args.verify or args.race) and args.gpu != "here":
+        p.error(f"{'--verify' if args.verify else '--race'} runs the candidates on this machine: it needs --gpu here")
+    if args.verify and args.race:
+        p.error("--verify K and --race: one or the other (the race runs every configuration's best-ranked candidate)")
     if args.verify_rounds != 1 and not args.verify:
         p.error("--verify_rounds: it repeats the runs of --verify K; give --verify too")
     if args.verify < 0 or args.verify_steps < 4 or args.verify_rounds < 1:
@@ -185,7 +207,7 @@ def main(argv=None) -> int:
         configs = args.configs or configurations(args.world, per_node)
         asked = candidates(configs, args.world, args.global_batch, ckpt, args.micro_batches)  # the question checked first
         slurm = None
-        if args.verify and args.executor == "slurm":  # checked before anything is written or run
+        if (args.verify or args.race) and args.executor == "slurm":  # checked before anything is written or run
             from training.slurm import SlurmSettings, settings_from
 
             slurm = settings_from(SlurmSettings(), args, skip=SLURM_OWN)
@@ -197,6 +219,23 @@ def main(argv=None) -> int:
                       file=sys.stderr, flush=True)
             device = here_device(train_argv, args.world, per_node, args.overlap,
                                  sorted({c.micro_batch for c in asked}))
+            if args.backend_costs != "off":
+                from analysis.plan.backend_costs import summary_line
+                from analysis.plan.probe import costs_for
+
+                calibrated: dict[tuple, Device] = {}
+
+                def probe_device(model: list[str], micro_batches: list[int]) -> Device:
+                    if tuple(model) not in calibrated:
+                        calibrated[tuple(model)] = here_device(model, args.world, per_node, args.overlap,
+                                                               micro_batches)
+                    return calibrated[tuple(model)]
+
+                found, missing = costs_for([c for c in configs if c not in bases], args.world, probe_device,
+                                           args.backend_costs == "measure",
+                                           progress=lambda line: print(line, file=sys.stderr, flush=True))
+                device.backend_costs = found
+                device.notes.append(summary_line(found, missing))
         else:
             device = named_device(args.gpu, args.network, args.mfu, args.overlap, given.precision)
         rows = plan(train_argv, args.world, per_node, args.mem_budget_gb, args.global_batch, device, configs, ckpt,
@@ -207,7 +246,7 @@ def main(argv=None) -> int:
                                 "the fake process group" + (f"; not counted, on the theory's bytes: {'; '.join(failed)}"
                                                              if failed else ""))
         fitting = [r for r in rows if r.get("fits")]
-        verified, fitted = [], None
+        verified, fitted, raced = [], None, None
         if args.verify and fitting:
             if not args.json:
                 _print_table(rows, fitting, device, args)
@@ -217,6 +256,20 @@ def main(argv=None) -> int:
             verified = verify(rows, args.verify, train_argv, args.world, Path(args.runs_dir).resolve(), args.verify_steps,
                               args.timeout_s, slurm, args.verify_rounds)
             fitted = refit(rows, verified, args.global_batch)
+        elif args.race and fitting:
+            if not args.json:
+                _print_table(rows, fitting, device, args)
+                print(f"\nracing: the best-ranked candidate of each of {len(entrants(rows))} configurations, "
+                      f"{args.verify_steps} steps, the faster half (the median of its runs) again, until two are "
+                      f"left, into {args.runs_dir}", flush=True)
+            raced = race(rows, train_argv, args.world, Path(args.runs_dir).resolve(), args.verify_steps,
+                         args.timeout_s, args.mem_budget_gb, slurm)
+            # each entrant's last run, its samples/s the median of its runs (what the race ranked it by)
+            latest = {m["command"]: {**m, "measured_samples_per_s": m.get("race_samples_per_s",
+                                                                          m["measured_samples_per_s"])}
+                      for rnd in raced["rounds"] for m in rnd}
+            verified = list(latest.values())
+            fitted = refit(rows, verified, args.global_batch)
     except (ConfigError, DataError) as e:
         p.error(str(e))
     except RuntimeError as e:
@@ -225,12 +278,15 @@ def main(argv=None) -> int:
     within = [v for v in verified if v["status"] == "ok" and v["measured_peak_gb"] is not None
               and v["measured_peak_gb"] <= args.mem_budget_gb]
     best = max(within, key=lambda v: v["measured_samples_per_s"] or 0.0, default=None)
-    pick = best["command"] if best else (fitting[0]["command"] if fitting and not args.verify else None)
+    if raced is not None:  # the race's winner: its last round's fastest (an earlier round's shorter runs lost to it)
+        best = raced["pick"] and latest[raced["pick"]["command"]]
+        within = [v for v in within if v.get("round") == (best or {}).get("round")]
+    pick = best["command"] if best else (fitting[0]["command"] if fitting and not (args.verify or args.race) else None)
     ties = _ties(best, within)
     if args.out:
         try:
             write_out(Path(args.out), rows, fitting, device, args, verified, fitted, pick, ties,
-                      sys.argv[1:] if argv is None else argv)
+                      sys.argv[1:] if argv is None else argv, raced)
         except OSError as e:
             p.error(f"--out {args.out}: cannot write there ({e.strerror or e})")
     if args.json:
@@ -241,22 +297,33 @@ def main(argv=None) -> int:
                        if device.flops_per_s is None else {})  # what replay() needs to re-price the plan
         print(json.dumps({"device": device.name, "assumptions": device.notes, **calibration, "candidates": shown,
                           "pick": pick,
-                          **({"verified": verified, "refit": fitted, "ties_with_pick": ties} if args.verify else {})},
+                          **({"verified": verified, "refit": fitted, "ties_with_pick": ties}
+                             if args.verify or args.race else {}),
+                          **({"race": _race_summary(raced)} if raced is not None else {})},
                          indent=2))
         return 0 if pick else 1
-    if args.verify and fitting:
-        _print_verified(verified, fitted, fitting, pick, ties)
+    if (args.verify or args.race) and fitting:
+        _print_verified(verified, fitted, fitting, pick, ties, raced)
         return 0 if pick else 1
     return _print_table(rows, fitting, device, args)
 
 
+def _race_summary(raced: dict) -> dict:
+    """What --json says of a race: its rounds (each run's candidate, steps, samples/s, status), the
+    steps and seconds it ran against the grid's."""
+    keys = ("candidate", "command", "steps", "status", "measured_samples_per_s", "race_samples_per_s",
+            "measured_peak_gb", "record", "run_seconds")
+    return {"rounds": [[{k: m.get(k) for k in keys} for m in rnd] for rnd in raced["rounds"]],
+            **{k: raced[k] for k in ("runs", "grid_runs", "steps_run", "grid_steps", "run_seconds")}}
+
+
 def _print_verified(verified: list[dict], fitted: dict | None, fitting: list[dict], pick: str | None,
-                    ties: list[str], file=None) -> None:
+                    ties: list[str], raced: dict | None = None, file=None) -> None:
     import pandas as pd
 
     print = functools.partial(builtins.print, file=file or sys.stdout)
     print("\npredicted against measured (peaks in GiB; each candidate's command below the table):")
-    table = pd.DataFrame(verified).drop(columns=["record", "records", "measured_spread", "command"], errors="ignore")
+    table = pd.DataFrame(verified).drop(columns=["record", "records", "measured_spread", "command", "run_seconds"], errors="ignore")
     table.insert(0, "#", range(1, len(verified) + 1))
     if "measured_runs" in table:  # each run's samples/s, in the order they ran
         table["measured_runs"] = ["/".join("-" if x is None else f"{x:.3g}" for x in runs)
@@ -278,7 +345,15 @@ def _print_verified(verified: list[dict], fitted: dict | None, fitting: list[dic
         again = sorted(fitting, key=lambda r: -r["refit_samples_per_s"])[:5]
         print(pd.DataFrame(again)[["config", "micro x accum", "ckpt", "est_peak_gb", "pred_samples_per_s",
                                    "refit_samples_per_s"]].to_string(index=False, float_format=lambda v: f"{v:,.4g}"))
-    print("\npick (fastest measured within the budget):", pick or "none of the verified runs")
+    if raced is not None:
+        print(f"\nthe race: {raced['runs']} runs in {len(raced['rounds'])} rounds, "
+              + ", ".join(f"{len(r)} x {r[0]['steps']} steps" for r in raced["rounds"])
+              + f": {raced['steps_run']} steps against the grid's {raced['grid_steps']} "
+              f"(its {raced['grid_runs']} fitting candidates once: "
+              f"{raced['steps_run'] / max(raced['grid_steps'], 1):.0%}), {raced['run_seconds']:.0f} s of runs")
+        print("\npick (the race's winner):", pick or "none of the raced runs")
+    else:
+        print("\npick (fastest measured within the budget):", pick or "none of the verified runs")
     for command in ties:
         print(f"  a tie, not a win: {command} (its spread overlaps the pick's)")
 
@@ -295,7 +370,7 @@ def frontier(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
 
 
 def write_out(out: Path, rows: list[dict], fitting: list[dict], device: Device, args, verified: list[dict],
-              fitted: dict | None, pick: str | None, ties: list[str], argv: list[str]) -> None:
+              fitted: dict | None, pick: str | None, ties: list[str], argv: list[str], raced: dict | None = None) -> None:
     """--out DIR: plan.md (the ranked table, what was verified, the pick) and plan.png (every
     candidate's estimated peak against its predicted samples/s, the frontier, the budget, and the
     verified runs as measured)."""
@@ -310,8 +385,8 @@ def write_out(out: Path, rows: list[dict], fitting: list[dict], device: Device, 
     out.mkdir(parents=True, exist_ok=True)
     text = io.StringIO()
     _print_table(rows, fitting, device, args, file=text)
-    if args.verify and fitting:
-        _print_verified(verified, fitted, fitting, pick, ties, file=text)
+    if (args.verify or args.race) and fitting:
+        _print_verified(verified, fitted, fitting, pick, ties, raced, file=text)
     shown = [r for r in rows if "pred_samples_per_s" in r]
     # After --verify's refit, every candidate where the refitted model puts it.
     speed, said = ("refit_samples_per_s", "refitted") if fitted else ("pred_samples_per_s", "predicted")
@@ -377,10 +452,10 @@ def _print_table(rows: list[dict], fitting: list[dict], device: Device, args, fi
         import pandas as pd
 
         columns = ["config", "micro x accum", "ckpt", "est_peak_gb", "margin_gb", "compute_ms", "comm_ms", "wait_ms",
-                   "offload_ms", "step_ms", "pred_samples_per_s"]
+                   "offload_ms", "own_ms", "step_ms", "pred_samples_per_s"]
         table = pd.DataFrame(fitting[:args.top])[columns]
         print(table.to_string(index=False, float_format=lambda v: f"{v:,.4g}"))
-        print("\npredicted pick:" if args.verify else "\npick:", fitting[0]["command"])
+        print("\npredicted pick:" if args.verify or args.race else "\npick:", fitting[0]["command"])
     else:
         least = min((r for r in rows if "est_peak_gb" in r), key=lambda r: r["est_peak_gb"], default=None)
         print("no candidate fits" + (f": the smallest estimated peak is {least['est_peak_gb']:.3g} GiB "

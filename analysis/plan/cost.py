@@ -13,6 +13,7 @@ from analysis.plan.device import Device
 
 
 _FLOPS: dict[tuple, dict] = {}
+_ITEMS: dict[tuple, int] = {}
 
 
 def evaluate(cand: Candidate, train_argv: list[str], world: int, per_node: int, budget_gb: float,
@@ -71,8 +72,17 @@ def evaluate(cand: Candidate, train_argv: list[str], world: int, per_node: int, 
 
         offload = offload_seconds(resolved, setup.n_params, world, {"pcie_gb_s": device.pcie_gb_s},
                                    Assumptions(cpu_adam_gparams_s=device.cpu_adam_gparams_s))
-    step = compute + (1 - device.overlap) * comm + wait + offload
-    row.update(backend=cfg.backend, bytes="counted" if counted is not None else "theory", calls=sum(t[2] for t in traffic.values()),
+    own = 0.0  # the configuration's own cost, measured on this machine (backend_costs), where it was
+    costs = device.backend_costs.get(cand.base or cand.config)
+    if costs:
+        from analysis.plan.backend_costs import cost_seconds, items
+
+        ikey = (tuple(getattr(cfg, f) for f in MODEL_FIELDS), cfg.block_class, cfg.backend)
+        if ikey not in _ITEMS:
+            _ITEMS[ikey] = items(setup, cfg.backend)[1]
+        own = cost_seconds(costs, cand.grad_accum, _ITEMS[ikey])
+    step = compute + (1 - device.overlap) * comm + wait + offload + own
+    row.update(own_ms=own * 1e3, backend=cfg.backend, bytes="counted" if counted is not None else "theory", calls=sum(t[2] for t in traffic.values()),
                comm_bus_bytes=sum(t[1] for t in traffic.values()),
                compute_ms=compute * 1e3, micro_steps_ms=micro_steps * 1e3,
                comm_ms=comm * 1e3, wait_ms=wait * 1e3,

@@ -42,6 +42,8 @@ class Device:
     overlap: float = 0.5
     memory_gib: float | None = None
     notes: list[str] = dataclasses.field(default_factory=list)
+    # measured: {configuration: its own cost's fit} (analysis/plan/backend_costs.py)
+    backend_costs: dict = dataclasses.field(default_factory=dict)
 
 
 def named_device(name: str, network: str, mfu: float, overlap: float, precision: str) -> Device:

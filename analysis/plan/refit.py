@@ -63,13 +63,14 @@ def refit(rows: list[dict], verified: list[dict], global_batch: int) -> dict | N
     split = bool(used[2] and len({r.get("micro x accum", "").partition("x")[2] for r, _ in points}) > 1
                  and np.linalg.matrix_rank(scaled, tol=1e-6 * len(points)) == used.sum() < len(points))
     a = np.array([columns(r, split) for r, _ in points])
-    b = np.array([step - (r["offload_ms"] + r.get("wait_ms", 0.0)) / 1e3 for r, step in points])
+    b = np.array([step - (r["offload_ms"] + r.get("wait_ms", 0.0) + r.get("own_ms", 0.0)) / 1e3 for r, step in points])
     x = _bounded_lstsq(a, b, [1e-6, 0.0, *([0.0] if split else [])], [np.inf, 1.0, *([np.inf] if split else [])])
     factor, exposed = float(x[0]), float(x[1])
     fixed_factor = float(x[2]) if split else factor
 
     def step_of(r: dict) -> float:
-        waiting = r["offload_ms"] + r.get("wait_ms", 0.0)  # neither overlaps compute
+        # neither overlaps compute; a configuration's own measured cost is not refitted
+        waiting = r["offload_ms"] + r.get("wait_ms", 0.0) + r.get("own_ms", 0.0)
         return float(np.dot([factor, exposed, *([fixed_factor] if split else [])], columns(r, split))) + waiting / 1e3
 
     ratios: dict[str, list[float]] = {}

@@ -59,19 +59,26 @@ def verify(rows: list[dict], k: int, train_argv: list[str], world: int, runs_dir
     speed drifts: each candidate's runs are spread over the whole verification), or with `slurm`
     (training/sweep.SlurmSettings) as Slurm jobs, all at once; predicted against measured, the median
     of a candidate's runs."""
+    chosen = to_verify(rows, k)
+    return _run_rows(chosen, rows, train_argv, world, runs_dir, steps, timeout_s, slurm, rounds, "plan")
+
+
+def _run_rows(chosen: list[dict], rows: list[dict], train_argv: list[str], world: int, runs_dir: Path, steps: int,
+              timeout_s: float, slurm, rounds: int, prefix: str) -> list[dict]:
+    """`chosen` run `rounds` times taking turns through the sweep's executor, each `steps` steps, as
+    records named `prefix`-<candidate> (-r<round> after the first); each measured (_measured)."""
     from training.executors import executor_for
     from training.sweep import PlannedRun
 
-    chosen = to_verify(rows, k)
     planned = []  # round by round: every candidate once, then again
     for rnd in range(rounds):
         for row in chosen:
             cand = row["candidate"]
             pairs = flag_pairs([*train_argv, *cand.flags()[2:], "--steps", str(steps), "--warmup_steps", "2",
                                 "--mem_profile_steps", "1", "--eval_batches", "1"])
-            name = f"plan-{cand.run_name()}" + (f"-r{rnd}" if rnd else "")
+            name = f"{prefix}-{cand.run_name()}" + (f"-r{rnd}" if rnd else "")
             planned.append((row, PlannedRun(name, row["backend"], cand.file, world, pairs)))
-    executor = executor_for("plan", runs_dir, timeout_s, [run for _, run in planned], slurm)
+    executor = executor_for(prefix, runs_dir, timeout_s, [run for _, run in planned], slurm)
     lock = executor.hold_directory()
     try:
         executor.check()
@@ -81,7 +88,74 @@ def verify(rows: list[dict], k: int, train_argv: list[str], world: int, runs_dir
     by_row: dict[int, list] = {}
     for (row, run), outcome in zip(planned, outcomes):
         by_row.setdefault(id(row), []).append((run, outcome))
-    return [_measured(row, by_row[id(row)], runs_dir, rows.index(row) + 1) for row in chosen]
+    out = []
+    for row in chosen:
+        measured = _measured(row, by_row[id(row)], runs_dir, rows.index(row) + 1)
+        measured["steps"] = steps
+        # Seconds each run took from launch to its end (a reused record: 0); what a race is charged.
+        measured["run_seconds"] = sum(0.0 if getattr(o, "skipped", False) else float(getattr(o, "seconds", 0.0))
+                                      for _, o in by_row[id(row)])
+        out.append(measured)
+    return out
+
+
+def entrants(rows: list[dict], per_family: int = 1) -> list[dict]:
+    """The race's entrants: the `per_family` best-ranked fitting candidates of each configuration
+    (a backend's file or flags, a --variants file its own), in the order ranked. A configuration's
+    own costs are what the step model misses most on a model it was not tuned on (issue 40: ZeRO-3
+    measured at 0.08 of its prediction on a ViT where DDP was at 0.54), and they are shared by its
+    micro-batches and checkpointing, which the calibrated compute ranks within it."""
+    seen: dict[str, int] = {}
+    out = []
+    for r in rows:
+        if r.get("fits") and seen.get(r["config"], 0) < per_family:
+            seen[r["config"]] = seen.get(r["config"], 0) + 1
+            out.append(r)
+    return out
+
+
+def race(rows: list[dict], train_argv: list[str], world: int, runs_dir: Path, steps: int, timeout_s: float,
+         budget_gb: float, slurm=None, per_family: int = 1) -> dict:
+    """Successive halving, trusting no prediction across configurations: every configuration's
+    entrants (entrants()) run `steps` steps; the faster half of those that ran ok within the budget
+    (measured peak) run again, and so on, until a round has at most two: the faster is the pick.
+    A candidate's speed is the median of all its runs so far, so a survivor's measurement grows
+    longer round by round. Every run is `steps` long: a longer run measures other steps (on the
+    2-core CPU, a 32-step run of an HF Llama under DDP took 19-23 ms for steps 2-6 and 22-35 ms
+    after; ZeRO-2's took 20-31 ms throughout), and the grid the race is judged against runs as long.
+    Returns {rounds: [[measured, ...],
+    ...] (each run as verify's, with its `round` and `race_samples_per_s`, the median of the
+    candidate's runs so far), pick (the winner's last, None if nothing ran ok within the budget),
+    steps_run (every run's steps, summed), run_seconds (their launch-to-end seconds, summed),
+    grid_steps (the fitting candidates x `steps`), runs, grid_runs}."""
+    alive = entrants(rows, per_family)
+    rounds: list[list[dict]] = []
+    history: dict[str, list[float]] = {}
+    while alive:
+        measured = _run_rows(alive, rows, train_argv, world, runs_dir, steps, timeout_s, slurm, 1,
+                             f"race{len(rounds)}")
+        good = []
+        for m in measured:
+            m["round"] = len(rounds)
+            fits = m["status"] == "ok" and m.get("measured_samples_per_s") and (
+                m.get("measured_peak_gb") is None or m["measured_peak_gb"] <= budget_gb)
+            if fits:
+                history.setdefault(m["command"], []).append(m["measured_samples_per_s"])
+                m["race_samples_per_s"] = statistics.median(history[m["command"]])
+                good.append(m)
+        rounds.append(measured)
+        good.sort(key=lambda m: -m["race_samples_per_s"])
+        if len(good) <= 2:  # the last two raced: the faster is the pick
+            break
+        by_command = {r["command"]: r for r in alive}
+        alive = [by_command[m["command"]] for m in good[:(len(good) + 1) // 2]]
+    last = [m for m in rounds[-1] if "race_samples_per_s" in m] if rounds else []
+    pick = max(last, key=lambda m: m["race_samples_per_s"], default=None)
+    every = [m for rnd in rounds for m in rnd]
+    fitting = sum(1 for r in rows if r.get("fits"))
+    return {"rounds": rounds, "pick": pick, "steps_run": sum(m["steps"] for m in every),
+            "run_seconds": sum(m["run_seconds"] for m in every), "grid_steps": fitting * steps,
+            "runs": len(every), "grid_runs": fitting}
 
 
 def _measured(row: dict, runs: list, runs_dir: Path, rank: int) -> dict:

@@ -1,0 +1,145 @@
+"""Each backend configuration's own cost on this machine, measured (issue 40, item 2), not assumed.
+
+The step model (analysis/plan/cost.py) prices a candidate's compute (calibrated on the model),
+its communication (alpha-beta links) and what waits. What it misses on a model nobody here wrote
+is each configuration's own work: DDP's hooks and buckets, FSDP's flattening and per-unit gathers,
+DeepSpeed's engine, its partitioning and its optimizer, gloo's cost per call beyond the link's
+latency. On a ViT the planner put every configuration within 8% of each other where the runs
+measured DDP 6.3x faster than ZeRO-3 (issue 40).
+
+So each configuration is run on this machine (world W, STEPS steps, REPEATS times) on the probe model
+(analysis/plan/probe_model.py: residual Linear + LayerNorm blocks, four parameter tensors each) at
+three points, and the step model's prediction for the same run (its compute calibrated on that
+probe) is taken from the measured step. What is left is the configuration's own cost, fitted as
+
+    cost(step) = per_step + accumulation x (per_micro_step + per_item x items)
+
+where the items are what the configuration's work goes by (items()): FSDP's units (the blocks it
+wraps, and the root: measured on the probe, FSDP1 FULL_SHARD cost 5 ms more per unit at world 2 on
+the 2-core CPU, whatever a unit's tensors), else the trainable parameter tensors. Fitted from (2
+blocks, micro-batch 8 x 1), (12 blocks, 8 x 1) and (12 blocks, 4 x 2): per item from the two sizes,
+per micro-step from the two accumulations, per step what is left; each at least 0.
+The figures are kept in $GPTLITE_CACHE/backend_costs.json (default ~/.cache/gptlite; or the file
+$GPTLITE_BACKEND_COSTS names), keyed by the
+configuration, the world and what they were measured on (CPU, cores, torch, DeepSpeed, the
+configuration file's contents): measured once per machine, again when any of those changes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import sys
+import tempfile
+from pathlib import Path
+
+PROBE = Path(__file__).resolve().with_name("probe_model.py")
+# (blocks, micro-batch, accumulation) of the three probe runs.
+POINTS = ((2, 8, 1), (12, 8, 1), (12, 4, 2))
+STEPS = 24  # 2 warm-up, the last profiled for memory: 21 timed
+# Each point run twice, taking turns, its step the median: on the 2-core CPU one probe run of DDP
+# (12 blocks, 8 x 1, 7 timed steps) read 1472 samples/s and the same run 25 minutes later 587.
+REPEATS = 2
+
+
+def cache_path() -> Path:
+    """$GPTLITE_BACKEND_COSTS, else backend_costs.json in $GPTLITE_CACHE (default ~/.cache/gptlite)."""
+    if os.environ.get("GPTLITE_BACKEND_COSTS"):
+        return Path(os.environ["GPTLITE_BACKEND_COSTS"])
+    return Path(os.environ.get("GPTLITE_CACHE") or Path.home() / ".cache" / "gptlite") / "backend_costs.json"
+
+
+def machine() -> dict:
+    """What the costs were measured on: a change of any of these measures them again."""
+    import torch
+
+    cpu = platform.processor()
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                   if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    try:
+        from importlib.metadata import version
+
+        deepspeed = version("deepspeed")
+    except Exception:  # not installed: its configurations are refused before they are probed
+        deepspeed = None
+    return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__, "deepspeed": deepspeed,
+            "python": platform.python_version()}
+
+
+def key(config: str, world: int) -> str:
+    """The cache's key of `config` at `world`: its name, and a file's contents (a changed file is
+    another configuration)."""
+    from analysis.plan.candidates import _source
+
+    entry = config.split(" ")[0]
+    digest = ""
+    if entry.endswith((".json", ".yaml")):
+        digest = hashlib.sha256(_source(entry).read_bytes()).hexdigest()[:16]
+    return f"{config}|world={world}|{digest}"
+
+
+def items(setup, backend: str) -> tuple[str, int]:
+    """What a configuration's own cost scales with, in the model training.run.Setup `setup` resolves:
+    FSDP's and FSDP2's units (each block wrapped, and the root: a gather and a reduce-scatter each,
+    whatever its tensors), else the trainable parameter tensors (per-parameter hooks, DeepSpeed's
+    partitioning and its optimizer's loop over them)."""
+    model = setup.workload.meta()
+    if backend in ("fsdp", "fsdp2"):
+        from core.blocks import find_blocks
+
+        return "FSDP unit", len(find_blocks(model, setup.cfg.block_class)) + 1
+    return "trainable tensor", sum(1 for p in model.parameters() if p.requires_grad)
+
+
+def cost_seconds(costs: dict, accum: int, n: int) -> float:
+    """A configuration's own seconds per optimizer step (the fit above), with `n` of its items."""
+    return costs["per_step_s"] + accum * (costs["per_micro_step_s"] + costs["per_item_s"] * n)
+
+
+def fit(residuals: dict[tuple[int, int, int], float], n: dict[int, int]) -> dict:
+    """The three probe points' residual seconds fitted: per item from the two sizes (accumulation 1;
+    `n`: {blocks: items}), per micro-step from the two accumulations (the larger size: one more
+    micro-step of it, less its items' share), per step the rest; each held at >= 0."""
+    (small, m, _), (large, _, _), (_, m2, a2) = POINTS
+    r1, r2, r3 = residuals[POINTS[0]], residuals[POINTS[1]], residuals[POINTS[2]]
+    per_item = max(0.0, (r2 - r1) / (n[large] - n[small]))
+    per_micro = max(0.0, (r3 - r2) / (a2 - 1) - per_item * n[large])
+    per_step = max(0.0, r2 - per_micro - per_item * n[large])
+    return {"per_step_s": per_step, "per_micro_step_s": per_micro, "per_item_s": per_item}
+
+
+def load() -> dict:
+    """The kept costs ({key: entry}); none where the file is missing or unreadable."""
+    try:
+        return json.loads(cache_path().read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def keep(cache: dict) -> None:
+    """The kept costs rewritten whole, by a rename (a reader never sees half a file)."""
+    path = cache_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
+            json.dump(cache, f, indent=1)
+        os.replace(f.name, path)
+    except OSError as e:
+        print(f"backend costs: cannot keep them in {path} ({e.strerror or e}); measured for this plan only",
+              file=sys.stderr)
+
+
+def summary_line(found: dict, missing: list[str]) -> str:
+    """The plan's assumption line for the configurations' own costs."""
+    parts = [f"{c}: {e['per_step_s'] * 1e3:.1f} ms + {e['per_micro_step_s'] * 1e3:.1f} ms per micro-step + "
+             f"{e['per_item_s'] * 1e6:.0f} us per {e['item']} per micro-step" for c, e in found.items()]
+    line = "each configuration's own cost, measured on this machine (backend_costs): " + ("; ".join(parts) or "none")
+    if missing:
+        line += f"; not measured (priced at 0; --backend_costs measure): {', '.join(missing)}"
+    return line
+

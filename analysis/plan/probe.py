@@ -1,0 +1,81 @@
+"""Each configuration's own cost measured on this machine: the probe runs (analysis/plan/backend_costs.py
+says what is measured and how it is fitted and kept)."""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+from pathlib import Path
+
+from analysis.plan.backend_costs import POINTS, PROBE, REPEATS, STEPS, fit, items, keep, key, load, machine
+from gptlite.errors import ConfigError
+
+
+def measure(config: str, world: int, device, progress=print) -> dict:
+    """One configuration's costs, measured: the three probe points run REPEATS times taking turns
+    through the sweep runner (in a scratch directory: nothing is kept but the figures), the median
+    of each point's steps against the step model's prediction
+    with the model's compute calibrated on that probe size (`device(train_argv, micro_batches)`
+    returns a calibrated analysis.plan.Device)."""
+    from analysis.plan.candidates import Candidate
+    from analysis.plan.cost import evaluate
+    from analysis.plan.verify import flag_pairs
+    from training.describe import resolve_flags
+    from training.runner import Runner
+    from training.sweep import PlannedRun
+
+    residuals, n, runs, times = {}, {}, {}, {}
+    with tempfile.TemporaryDirectory(prefix="backend-costs-") as tmp:
+        runner = Runner(Path(tmp), 900)
+        planned = {}
+        for layers, micro, accum in POINTS:  # the step model's prediction of each point, first
+            model = ["--model", str(PROBE), "--model_args", f"layers={layers}"]
+            cand = Candidate(config, micro, accum, "none")
+            row = evaluate(cand, model, world, world, 1e6, device(model, [4, 8]))
+            if "refused" in row:
+                raise ConfigError(f"{config}: the probe run is refused ({row['refused']})")
+            item, n[layers] = items(resolve_flags([*model, *cand.flags()], world), row["backend"])
+            planned[(layers, micro, accum)] = (model, cand, row)
+        for rep in range(REPEATS):  # the points taking turns: this machine's speed drifts between runs
+            for (layers, micro, accum), (model, cand, row) in planned.items():
+                pairs = flag_pairs([*model, *cand.flags()[2:], "--steps", str(STEPS), "--warmup_steps", "2",
+                                    "--mem_profile_steps", "1", "--eval_batches", "1"])
+                outcome = runner.run(PlannedRun(f"probe-{cand.run_name()}-l{layers}-r{rep}", row["backend"],
+                                                cand.file, world, pairs))
+                progress(f"  {config}: {layers} blocks, {micro} x {accum}: {outcome.line()}")
+                if outcome.status != "ok" or not outcome.summary.samples_per_s:
+                    raise RuntimeError(f"{config}: its probe run did not succeed ({outcome.status}: "
+                                       f"{outcome.summary.error or ''})")
+                times.setdefault((layers, micro, accum), []).append(micro * accum * world / outcome.summary.samples_per_s)
+        for point, (model, cand, row) in planned.items():
+            measured = statistics.median(times[point])
+            residuals[point] = measured - row["step_ms"] / 1e3
+            runs["x".join(map(str, point))] = {"measured_s": times[point], "predicted_s": row["step_ms"] / 1e3}
+    return {**fit(residuals, n), "item": item, "runs": runs, "items": {str(k): v for k, v in n.items()}}
+
+
+def costs_for(configs: list[str], world: int, device, measure_missing: bool, progress=print) -> tuple[dict, list[str]]:
+    """({config: its costs} for those of `configs` cached for this machine (measured first where
+    `measure_missing`), [the configurations without]). The cache is rewritten whole, by a rename."""
+    cache = load()
+    here = machine()
+    found, missing = {}, []
+    for config in configs:
+        k = key(config, world)
+        entry = cache.get(k)
+        if entry and entry.get("machine") == here:
+            found[config] = entry
+            continue
+        if not measure_missing:
+            missing.append(config)
+            continue
+        progress(f"measuring {config}'s own costs on this machine ({len(POINTS) * REPEATS} probe runs, world {world}) ...")
+        try:
+            entry = {**measure(config, world, device, progress), "machine": here}
+        except (ConfigError, RuntimeError) as e:  # that configuration priced without; the plan goes on
+            progress(f"  {config}: not measured ({e})")
+            missing.append(config)
+            continue
+        cache[k] = found[config] = entry
+        keep(cache)
+    return found, missing
