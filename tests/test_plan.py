@@ -353,15 +353,14 @@ def test_to_verify_takes_the_top_and_two_from_further_down():
         ("preset", "tiny"), ("compile", True), ("steps", "3"))
 
 
-def test_verify_rounds_take_turns_and_take_each_candidates_median(tmp_path, monkeypatch):
-    """--verify_rounds 3: every verified candidate once, then again (the machine's speed drifts between
-    runs), each its own record; a candidate's samples/s the median of its runs, its spread from the
-    lowest lower quartile to the highest upper one, its peak the highest; one failed run and it is not ok."""
+def _fake_runner(monkeypatch, speeds: dict, peak=lambda config, rate: 0.5):
+    """training.runner.Runner replaced: each run's samples/s from `speeds` by its configuration's
+    name, given its steps (a callable, or a number; None: out of memory), its peak in GiB
+    peak(config, rate), each run 10 s. Returns the (name, steps) of the runs, in order."""
     from types import SimpleNamespace
 
     import training.runner
 
-    speeds = {"a": [9.0, 6.0, 8.0], "b": [7.0, 7.5, 7.2], "c": [5.0, None, 5.2]}  # None: out of memory at 7 GiB
     ran = []
 
     class Runner:  # training/runner.LocalSweep's runner
@@ -375,18 +374,34 @@ def test_verify_rounds_take_turns_and_take_each_candidates_median(tmp_path, monk
             pass
 
         def run(self, planned):
-            ran.append(planned.name)
+            steps = int(dict(planned.flags)["steps"])
+            ran.append((planned.name, steps))
             config = planned.name.split("-")[1]
-            rate = speeds[config][sum(n.split("-")[1] == config for n in ran) - 1]
+            rate = speeds[config](steps) if callable(speeds[config]) else speeds[config]
             summary = SimpleNamespace(samples_per_s=rate, samples_per_s_p25=rate and rate * 0.95,
-                                      samples_per_s_p75=rate and rate * 1.05, mem_peak_bytes=(rate or 7.0) * 2**30)
-            return SimpleNamespace(status="ok" if rate else "oom", summary=summary, line=lambda: planned.name)
+                                      samples_per_s_p75=rate and rate * 1.05,
+                                      mem_peak_bytes=peak(config, rate) * 2**30)
+            return SimpleNamespace(status="ok" if rate else "oom", summary=summary, line=lambda: planned.name,
+                                   seconds=10.0, skipped=False)
 
     monkeypatch.setattr(training.runner, "Runner", Runner)
+    return ran
+
+
+def test_verify_rounds_take_turns_and_take_each_candidates_median(tmp_path, monkeypatch):
+    """--verify_rounds 3: every verified candidate once, then again (the machine's speed drifts between
+    runs), each its own record; a candidate's samples/s the median of its runs, its spread from the
+    lowest lower quartile to the highest upper one, its peak the highest; one failed run and it is not ok."""
+    speeds = {"a": [9.0, 6.0, 8.0], "b": [7.0, 7.5, 7.2], "c": [5.0, None, 5.2]}  # None: out of memory at 7 GiB
+
+    def speed(config):  # each configuration's runs in turn
+        return lambda steps: speeds[config][sum(n.split("-")[1] == config for n, _ in ran) - 1]
+
+    ran = _fake_runner(monkeypatch, {c: speed(c) for c in speeds}, peak=lambda config, rate: rate or 7.0)
     rows = [{"candidate": plan.Candidate(c, 4, 2, "none"), "backend": "ddp", "command": f"run {c}", "fits": True,
              "pred_samples_per_s": 10.0 - i, "est_peak_gb": 1.0} for i, c in enumerate("abc")]
     verified = plan.verify(rows, 1, TINY, 2, tmp_path, 8, 60, rounds=3)
-    assert ran == [f"plan-{c}-mb4x2-none{r}" for r in ("", "-r1", "-r2") for c in "abc"]
+    assert [n for n, _ in ran] == [f"plan-{c}-mb4x2-none{r}" for r in ("", "-r1", "-r2") for c in "abc"]
     a, b, c = verified
     assert a["measured_samples_per_s"] == 8.0 and a["measured_runs"] == [9.0, 6.0, 8.0]
     # several runs: the spread is their range (one run's: its timed steps' quartiles)
@@ -692,40 +707,6 @@ def test_the_refit_leaves_waiting_communication_unscaled_and_counts_a_variant_as
     assert rows[3]["refit_samples_per_s"] == pytest.approx(measured(rows[3]))
 
 
-def _fake_runner(monkeypatch, speeds: dict, peaks: dict | None = None):
-    """training.runner.Runner replaced: each run's samples/s from `speeds` by its configuration's
-    name and its steps (a callable, or a number), its peak from `peaks` (GiB), each run 10 s."""
-    from types import SimpleNamespace
-
-    import training.runner
-
-    ran = []
-
-    class Runner:  # training/runner.LocalSweep's runner
-        def __init__(self, directory, timeout_s, retry_failed=False):
-            self.directory_lock = SimpleNamespace(release=lambda: None)
-
-        def hold_directory(self):
-            return self.directory_lock
-
-        def check_records(self, runs):
-            pass
-
-        def run(self, planned):
-            steps = int(dict(planned.flags)["steps"])
-            ran.append((planned.name, steps))
-            config = planned.name.split("-")[1]
-            rate = speeds[config](steps) if callable(speeds[config]) else speeds[config]
-            summary = SimpleNamespace(samples_per_s=rate, samples_per_s_p25=rate and rate * 0.95,
-                                      samples_per_s_p75=rate and rate * 1.05,
-                                      mem_peak_bytes=(peaks or {}).get(config, 0.5) * 2**30)
-            return SimpleNamespace(status="ok" if rate else "oom", summary=summary, line=lambda: planned.name,
-                                   seconds=10.0, skipped=False)
-
-    monkeypatch.setattr(training.runner, "Runner", Runner)
-    return ran
-
-
 def test_the_race_runs_each_configurations_best_and_halves_until_two_are_left(tmp_path, monkeypatch):
     """Six configurations, two candidates each: the race's first round runs each configuration's
     best-ranked candidate (not the second), 4 steps; the faster half within the budget runs again, as
@@ -738,7 +719,7 @@ def test_the_race_runs_each_configurations_best_and_halves_until_two_are_left(tm
     def speed(config):  # each configuration's runs in turn
         return lambda steps: runs[config][sum(n.split("-")[1] == config for n, _ in ran) - 1]
 
-    ran = _fake_runner(monkeypatch, {c: speed(c) for c in runs}, peaks={"f": 3.0})  # f: over the 1 GiB budget
+    ran = _fake_runner(monkeypatch, {c: speed(c) for c in runs}, peak=lambda config, rate: 3.0 if config == "f" else 0.5)  # f: over the 1 GiB budget
     rows = [{"candidate": plan.Candidate(c, m, 8 // m, "none"), "config": c, "backend": "ddp", "fits": True,
              "command": f"run {c} {m}", "pred_samples_per_s": 20.0 - i, "est_peak_gb": 0.5}
             for i, (m, c) in enumerate((m, c) for m in (8, 4) for c in "abcdef")]

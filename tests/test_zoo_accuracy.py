@@ -65,7 +65,6 @@ def test_a_models_figures_are_the_grids_medians_against_the_plan(tmp_path):
     assert a["peak_worst"] == pytest.approx(0.1)  # a: 1.1 against 1 GiB
 
 
-@pytest.mark.skipif(not RECORDS.is_dir(), reason="no committed zoo records (runs/reference/cpu-2core-zoo)")
 def test_the_committed_accuracy_page_is_what_its_records_say():
     """docs/results/zoo_accuracy.md is `zoo_accuracy.py page` of the committed records, figure for
     figure: a record or the page changed alone fails here."""

@@ -93,8 +93,7 @@ def _run_rows(chosen: list[dict], rows: list[dict], train_argv: list[str], world
         measured = _measured(row, by_row[id(row)], runs_dir, rows.index(row) + 1)
         measured["steps"] = steps
         # Seconds each run took from launch to its end (a reused record: 0); what a race is charged.
-        measured["run_seconds"] = sum(0.0 if getattr(o, "skipped", False) else float(getattr(o, "seconds", 0.0))
-                                      for _, o in by_row[id(row)])
+        measured["run_seconds"] = sum(0.0 if o.skipped else o.seconds for _, o in by_row[id(row)])
         out.append(measured)
     return out
 
