@@ -4,7 +4,7 @@ one question measured (the grid, two rounds), the planner's predictions before a
 
     python benchmarks/zoo_accuracy.py grid --runs_dir runs/zoo/cpu-2core --models llama vit cnn_bn gru_lm
     python benchmarks/zoo_accuracy.py plan --runs_dir runs/zoo/cpu-2core --models llama vit cnn_bn gru_lm
-    python benchmarks/zoo_accuracy.py page --runs_dir runs/zoo/cpu-2core --out docs/results/zoo_accuracy.md
+    python benchmarks/zoo_accuracy.py page --runs_dir runs/zoo/cpu-2core [MORE_DIRS] --out docs/results/zoo_accuracy.md
 
 `grid` and `plan` (benchmarks: on an otherwise idle machine) write, per model, into RUNS_DIR/MODEL:
   grid/       every fitting candidate of the question, --rounds times taking turns, ordinary records
@@ -21,8 +21,8 @@ CONFIGS, micro-batches 4 and 8, checkpointing none and full/1 (none alone where 
 `page` reads those files only (nothing runs) and writes the accuracy page: per model, the median and
 worst |predicted/measured - 1| of samples/s before and after the refit, Spearman's rank correlation
 of predicted and measured, the race's regret against the grid's best, the share of the grid's steps
-and run time the race used, and the estimated peak's largest error. tests/test_zoo_accuracy.py holds
-the committed page to the committed records.
+and run time the race used, and the estimator's peak (as it is now) against each grid run's.
+tests/test_zoo_accuracy.py holds the committed page to the committed records.
 """
 
 from __future__ import annotations
@@ -131,25 +131,38 @@ def spearman(x: list[float], y: list[float]) -> float:
     return float(pd.Series(x).rank().corr(pd.Series(y).rank()))
 
 
-def model_accuracy(directory: Path) -> dict:
-    """One zoo model's figures from its grid.json, grid records and plan.json."""
+def record_estimate(record: Path) -> int:
+    """The estimator's peak (bytes) for a run record, from its config.json as the estimator reads any."""
+    from estimator.estimate import estimate_from_record
+
+    return estimate_from_record(json.loads((record / "config.json").read_text())).total_bytes
+
+
+def model_accuracy(directory: Path, estimate=record_estimate) -> dict:
+    """One zoo model's figures from its grid.json, grid records and plan.json; each grid run's peak
+    against `estimate(its record directory)`, the estimator as it is now (the plan's own estimates
+    are of the estimator as it was when the plan ran)."""
     grid = json.loads((directory / "grid.json").read_text())
     saved = json.loads((directory / "plan.json").read_text())
     measured: dict[str, list[float]] = {}
     seconds: dict[str, list[float]] = {}
-    peaks: dict[str, float] = {}
+    peak_errors = []
     for g in grid:
         key = " ".join(g["flags"])
         if g["status"] == "ok" and g["samples_per_s"]:
             measured.setdefault(key, []).append(g["samples_per_s"])
-            peaks[key] = max(peaks.get(key, 0.0), g["mem_peak_bytes"] or 0.0)
+            if g["mem_peak_bytes"]:
+                peak_errors.append(estimate(directory / "grid" / g["name"]) / g["mem_peak_bytes"] - 1)
         if g["seconds"] is not None:
             seconds.setdefault(key, []).append(g["seconds"])
     grid_median = {k: statistics.median(v) for k, v in measured.items()}
+    # The measurement's own repeatability, what no prediction can be held below: each candidate's
+    # rounds, the faster over the slower - 1 (the median over the candidates measured twice or more).
+    spread = [max(v) / min(v) - 1 for v in measured.values() if len(v) > 1]
     rows = [c for c in saved["candidates"] if c.get("fits") and " ".join(c["config_flags"]) in grid_median]
-    pairs = [(c["pred_samples_per_s"], c.get("refit_samples_per_s"), grid_median[" ".join(c["config_flags"])],
-              c["est_peak_gb"] * 2**30, peaks[" ".join(c["config_flags"])]) for c in rows]
-    before = [abs(p / m - 1) for p, _, m, _, _ in pairs]
+    pairs = [(c["pred_samples_per_s"], c.get("refit_samples_per_s"), grid_median[" ".join(c["config_flags"])])
+             for c in rows]
+    before = [abs(p / m - 1) for p, _, m in pairs]
     without = None
     if (directory / "plan_without_own_costs.json").is_file():
         bare = {" ".join(c["config_flags"]): c["pred_samples_per_s"]
@@ -160,7 +173,7 @@ def model_accuracy(directory: Path) -> dict:
         without = {"median": statistics.median(errors), "worst": max(errors),
                    "spearman": spearman([bare[" ".join(c["config_flags"])] for c in rows],
                                         [grid_median[" ".join(c["config_flags"])] for c in rows])}
-    after = [abs(r / m - 1) for _, r, m, _, _ in pairs if r]
+    after = [abs(r / m - 1) for _, r, m in pairs if r]
     race = saved.get("race") or {}
     by_command = {c["command"]: " ".join(c["config_flags"]) for c in saved["candidates"] if "command" in c}
     best = max(grid_median, key=grid_median.get)
@@ -169,7 +182,9 @@ def model_accuracy(directory: Path) -> dict:
     # The grid's run time: each candidate once at the grid's steps (the race's first round's: its later
     # rounds run longer, so the share is if anything overstated), launch to end, as the race is charged.
     grid_seconds = sum(statistics.median(v) for v in seconds.values())
-    return {"without_own_costs": without, "candidates": len(pairs), "median_before": statistics.median(before), "worst_before": max(before),
+    return {"without_own_costs": without, "candidates": len(pairs),
+            "rounds_spread": statistics.median(spread) if spread else None,
+            "median_before": statistics.median(before), "worst_before": max(before),
             "median_after": statistics.median(after) if after else None, "worst_after": max(after) if after else None,
             "spearman": spearman([p[0] for p in pairs], [p[2] for p in pairs]),
             "regret": 1 - grid_median.get(pick, 0.0) / grid_median[best] if pick else None,
@@ -177,7 +192,8 @@ def model_accuracy(directory: Path) -> dict:
             "steps_share": race["steps_run"] / race["grid_steps"] if race.get("grid_steps") else None,
             "race_runs": race.get("runs"), "race_seconds": race.get("run_seconds"), "grid_seconds": grid_seconds,
             "time_share": race["run_seconds"] / grid_seconds if race.get("run_seconds") and grid_seconds else None,
-            "peak_worst": max((e / m - 1 for *_, e, m in pairs if m), key=abs),
+            "peak_runs": len(peak_errors), "peak_median": statistics.median(map(abs, peak_errors)),
+            "peak_worst": max(peak_errors, key=abs), "peak_beyond": sum(abs(e) > 0.10 for e in peak_errors),
             "best": best, "pick": pick, "predicted_pick": predicted_pick}
 
 
@@ -185,15 +201,19 @@ def _pct(x) -> str:
     return "-" if x is None else f"{x:.0%}" if abs(x) >= 0.095 else f"{x:.1%}"
 
 
-def page(runs_dir: Path) -> str:
-    """The accuracy page's text from RUNS_DIR's models (each a directory with grid.json and plan.json)."""
+def _rel(path: Path) -> str:
+    return str(path.relative_to(REPO) if path.is_relative_to(REPO) else path)
+
+
+def page(runs_dirs: list[Path]) -> str:
+    """The accuracy page's text: a section per records folder of RUNS_DIRS (each a folder of models,
+    each with grid.json and plan.json), headed by the first line of the folder's README after its title."""
     from benchmarks.zoo import ZOO
 
-    models = [d for d in sorted(runs_dir.iterdir()) if (d / "plan.json").is_file() and (d / "grid.json").is_file()]
     lines = ["# The planner on the model zoo (issue 40)", "",
              "[Back to the planner](../planner.md)", "",
              "Generated by `python benchmarks/zoo_accuracy.py page --runs_dir "
-             f"{runs_dir.relative_to(REPO) if runs_dir.is_relative_to(REPO) else runs_dir} --out THIS_FILE` from the "
+             f"{' '.join(_rel(d) for d in runs_dirs)} --out THIS_FILE` from the "
              "committed records (`grid` and `plan` made them: the question and the commands are in "
              "benchmarks/zoo_accuracy.py and the records' README; tests/test_zoo_accuracy.py holds this page to "
              "them). Measured: the median of the grid's two rounds of each candidate. Predicted: the "
@@ -201,27 +221,37 @@ def page(runs_dir: Path) -> str:
              "the probe model: `--backend_costs`); refitted: after the race's runs. Error: |predicted / "
              "measured - 1| over the candidates. Regret: 1 - the pick's measured samples/s / the grid's best. "
              "The race's share: its steps against every fitting candidate's once (as long), and its runs' "
-             "seconds (launch to end) against one pass of the grid's. Peak error: the estimate against the "
-             "grid's measured peak, the worst of the candidates.", "",
-             "| model | shape | candidates | error without own costs, median / worst (Spearman) | "
-             "error predicted, median / worst | Spearman | error refitted, median / worst | "
-             "regret of the predicted pick | regret of the race | race's steps / grid's | "
-             "race's run time / grid's | peak error (worst) |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for d in models:
-        a = model_accuracy(d)
-        shape = ZOO[d.name].shape if d.name in ZOO else ""
-        w = a["without_own_costs"]
-        bare = f"{_pct(w['median'])} / {_pct(w['worst'])} ({w['spearman']:.2f})" if w else "-"
-        lines.append(
-            f"| {d.name} | {shape} | {a['candidates']} | {bare} | {_pct(a['median_before'])} / "
-            f"{_pct(a['worst_before'])} | {a['spearman']:.2f} | {_pct(a['median_after'])} / {_pct(a['worst_after'])} | "
-            f"{_pct(a['regret_predicted'])} | {_pct(a['regret'])} | {_pct(a['steps_share'])} | {_pct(a['time_share'])} "
-            f"({a['race_seconds']:.0f} s / {a['grid_seconds']:.0f} s) | {a['peak_worst']:+.1%} |")
-    lines += ["", "Each model's best measured candidate, the predicted pick and the race's pick:", ""]
-    for d in models:
-        a = model_accuracy(d)
-        lines.append(f"- {d.name}: best `{a['best']}`; predicted `{a['predicted_pick']}`; raced `{a['pick']}`")
+             "seconds (launch to end) against one pass of the grid's. Rounds' spread: how far the grid's own "
+             "rounds of one candidate lie apart (the faster / the slower - 1, the median over the candidates), "
+             "the measurement's repeatability on this machine. Peak error: the estimator's peak (as it is now, "
+             "from each record's config.json) against each grid run's measured peak: the median and worst "
+             "|estimated / measured - 1| of the runs, and how many lie beyond 10%."]
+    for runs_dir in runs_dirs:
+        readme = (runs_dir / "README.md").read_text().split("\n\n") if (runs_dir / "README.md").is_file() else []
+        lines += ["", f"## {_rel(runs_dir)}", ""]
+        if len(readme) > 1:
+            lines += [" ".join(readme[1].split()), ""]
+        lines += ["| model | shape | candidates | rounds' spread | error without own costs, median / worst (Spearman) | "
+                  "error predicted, median / worst | Spearman | error refitted, median / worst | "
+                  "regret of the predicted pick | regret of the race | race's steps / grid's | "
+                  "race's run time / grid's | peak error, median / worst (runs beyond 10%) |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        models = [(d, model_accuracy(d)) for d in sorted(runs_dir.iterdir())
+                  if (d / "plan.json").is_file() and (d / "grid.json").is_file()]
+        for d, a in models:
+            shape = ZOO[d.name].shape if d.name in ZOO else ""
+            w = a["without_own_costs"]
+            bare = f"{_pct(w['median'])} / {_pct(w['worst'])} ({w['spearman']:.2f})" if w else "-"
+            lines.append(
+                f"| {d.name} | {shape} | {a['candidates']} | {_pct(a['rounds_spread'])} | {bare} | "
+                f"{_pct(a['median_before'])} / {_pct(a['worst_before'])} | {a['spearman']:.2f} | "
+                f"{_pct(a['median_after'])} / {_pct(a['worst_after'])} | {_pct(a['regret_predicted'])} | "
+                f"{_pct(a['regret'])} | {_pct(a['steps_share'])} | {_pct(a['time_share'])} "
+                f"({a['race_seconds']:.0f} s / {a['grid_seconds']:.0f} s) | {_pct(a['peak_median'])} / "
+                f"{a['peak_worst']:+.1%} ({a['peak_beyond']} of {a['peak_runs']}) |")
+        lines += ["", "Each model's best measured candidate, the predicted pick and the race's pick:", ""]
+        for d, a in models:
+            lines.append(f"- {d.name}: best `{a['best']}`; predicted `{a['predicted_pick']}`; raced `{a['pick']}`")
     return "\n".join(lines) + "\n"
 
 
@@ -238,11 +268,11 @@ def main() -> None:
         if name == "grid":
             r.add_argument("--rounds", type=int, default=2)
     g = sub.add_parser("page", help="write the accuracy page from the records (nothing runs)")
-    g.add_argument("--runs_dir", required=True, type=Path)
+    g.add_argument("--runs_dir", required=True, type=Path, nargs="+", help="records folders, a section each")
     g.add_argument("--out", required=True, type=Path)
     args = p.parse_args()
     if args.command == "page":
-        args.out.write_text(page(args.runs_dir.resolve()))
+        args.out.write_text(page([d.resolve() for d in args.runs_dir]))
         return
     from benchmarks.zoo import ZOO
 

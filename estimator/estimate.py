@@ -194,6 +194,8 @@ def estimate(cfg, backend: str, world: int = 1, micro_batch: int = 1, precision:
     traced = not isinstance(cfg, GPTConfig)
     n = cfg.counts if traced else Counts.of(cfg)
     P, W, c = n.total, lay.shards, lay.compute_bytes
+    # Gradients and optimizer states are the trainable parameters' (Pt): a frozen parameter has neither.
+    Pt = n.trainable
     assumptions = ["fp32 master weights and AdamW state (exp_avg, exp_avg_sq) in every backend"]
     if precision != "fp32":
         assumptions.append(f"{precision}: 16-bit activations (an fp32 residual stream under autocast); calibrated "
@@ -202,26 +204,27 @@ def estimate(cfg, backend: str, world: int = 1, micro_batch: int = 1, precision:
     # Model states, as the run records count them (model_state_bytes).
     if lay.kind == "replicated" and backend == "deepspeed" and c != F32:
         # ZeRO-0 in 16 bits: the module in 16 bits, the fp32 master copy with the optimizer.
-        params, gathered, grads, optimizer = c * P, 0, c * P, 12 * P
+        params, gathered, grads, optimizer = c * P, 0, c * Pt, 12 * Pt
     elif lay.kind == "replicated":
-        params, gathered, grads, optimizer = F32 * P, 0, F32 * P, 8 * P
+        params, gathered, grads, optimizer = F32 * P, 0, F32 * Pt, 8 * Pt
     elif lay.kind == "full_shard":
-        params, grads, optimizer = F32 * P // W, F32 * P // W, 8 * P // W
+        params, grads, optimizer = F32 * P // W, F32 * Pt // W, 8 * Pt // W
         gathered = c * n.root if lay.fsdp1_root_gathered else 0
     elif lay.kind == "shard_grad_op":
-        params, gathered, grads, optimizer = F32 * P // W, c * P, F32 * P // W, 8 * P // W
+        params, gathered, grads, optimizer = F32 * P // W, c * P, F32 * Pt // W, 8 * Pt // W
     elif lay.kind == "zero12":
-        params, gathered, grads, optimizer = c * P, 0, c * P // W, 12 * P // W
+        params, gathered, grads, optimizer = c * P, 0, c * Pt // W, 12 * Pt // W
     persistent = 0  # ZeRO-3: the small parameters every rank keeps whole
     if lay.kind == "zero3":
         threshold = float(lay.ds.get("stage3_param_persistence_threshold", DS_PERSISTENCE))
         persistent = sum(s for s in n.small if s < threshold)
         params = c * ((P - persistent) // W + persistent)
         gathered = c * min(P - persistent, int(float(lay.ds.get("stage3_max_live_parameters", DS_MAX_LIVE))))
-        grads, optimizer = c * P // W, 12 * P // W
+        grads, optimizer = c * Pt // W, 12 * Pt // W
         if (lay.ds.get("offload_optimizer") or {}).get("device", "none") != "none":
-            grads += F32 * P // W  # the fp32 gradient partition the CPU optimizer steps with
-    optimizer += F32 * n.tensors // (W if lay.kind != "replicated" else 1)  # Adam's step counters
+            grads += F32 * Pt // W  # the fp32 gradient partition the CPU optimizer steps with
+    # Adam's step counters, one per trainable tensor
+    optimizer += F32 * (n.tensors - n.frozen_tensors) // (W if lay.kind != "replicated" else 1)
 
     # Activations and the peak: walk backward from the last block.
     on_cpu = device == "cpu"
@@ -262,6 +265,9 @@ def estimate(cfg, backend: str, world: int = 1, micro_batch: int = 1, precision:
     gloo = on_cpu
     largest = max(n.small, default=0)  # the largest parameter tensor
     units = n.per_block
+    # What of each block and of the root makes gradients; the head's part of them at most the root's.
+    grad_units, grad_root = n.trainable_per_block, n.root - n.frozen_root
+    grad_head = min(n.head, grad_root)
     bucket = int(float(lay.ds.get("reduce_bucket_size", DS_REDUCE_BUCKET)))
 
     # What lives through the whole step.
@@ -280,7 +286,7 @@ def estimate(cfg, backend: str, world: int = 1, micro_batch: int = 1, precision:
             # which the CPU optimizer steps with, and its 16-bit copy of the updated partition.
             # (Its two largest-parameter gradient buffers are allocated too, but no op touches them
             # without gradient accumulation, so the CPU measurement cannot see them.)
-            resident += F32 * P // W + c * P // W
+            resident += F32 * Pt // W + c * Pt // W
         else:
             resident += c * largest  # the device's buffer for one parameter's gradient on its way out
     resident += a.before  # what the forward kept before the first block lives through backward
@@ -298,21 +304,8 @@ def estimate(cfg, backend: str, world: int = 1, micro_batch: int = 1, precision:
     # 6 to 10 MB, against its 5.4 MB partition. ZeRO-1 reduces only at the last micro-batch, its
     # gradients accumulating whole in between: not measured with accumulation, not counted.)
     unsynced = grad_accum > 1 and lay.ddp_bucket and not lay.grads_beside_buckets
-    carried = c * P // W if (grad_accum > 1 and lay.kind == "zero12" and not lay.offload
+    carried = c * Pt // W if (grad_accum > 1 and lay.kind == "zero12" and not lay.offload
                              and int(lay.ds.get("stage", 0)) == 2) else 0
-    # The moments of a step whose live bytes can set its peak: (bytes, moment, activations then).
-    moments = []
-    # Backward starts in the head: every block's activations and the head's are alive.
-    moments.append((resident + carried + (F32 * P if unsynced else 0) + sum(per_block) + head + a.logits_grad,
-                    "start of backward", sum(per_block) + head, blocks))
-    if lay.kind == "zero3" and gloo:
-        # The end of forward: everything gathered, and the last gathers still in flight through
-        # gloo's buffers: the prefetch (up to stage3_prefetch_bucket_size elements: the whole model
-        # of a small one) or at least the module fetched and the next one (a parameter can exceed
-        # the bucket).
-        prefetch = int(float(lay.ds.get("stage3_prefetch_bucket_size", DS_PREFETCH_BUCKET)))
-        in_flight = c * max(min(P - persistent, prefetch), 2 * largest)
-        moments.append((resident + sum(per_block) + in_flight, "end of forward", sum(per_block), blocks))
     fsdp_unit = lay.kind in ("full_shard", "shard_grad_op") and backend in ("fsdp", "fsdp2")
     # Where gradients are not held in buckets or partitions allocated up front, they grow as
     # backward goes: the head's first, then block by block (sharded under FSDP).
@@ -324,21 +317,39 @@ def estimate(cfg, backend: str, world: int = 1, micro_batch: int = 1, precision:
     # new gradient of the 512x512x3x3 weight (with oneDNN's convolutions, also its copy in oneDNN's
     # layout: not counted, it depends on the CPU's kernel).
     accumulated = grad_accum > 1 and growing_grads and lay.kind == "replicated"
-    # Sharded (FSDP) the same holds for the shards: from the second micro-batch on, every unit's
-    # gradient shard exists through the whole backward, the new ones reduce-scattered into them
-    # (measured: FSDP2, GPT-lite small, 2 ranks, micro-batch 4 x 2, 5% over the estimate without it).
+    # Sharded (FSDP), the micro-batches before the last run under no_sync (FSDP2's
+    # set_requires_gradient_sync(False)): each unit keeps its gradient whole, unreduced, until the
+    # last micro-batch's backward reduce-scatters it into its shard and frees it. So that backward
+    # starts with every gradient whole, and in block i holds the whole gradients of the root (reduced
+    # when backward ends) and of the blocks not yet reduced (i and below), the shards of those above.
+    # (Measured on the zoo, 2 ranks, micro-batch 4 x 2: counting shards alone put FSDP2 13-22% and
+    # FSDP1 up to 16% under the measured peak: runs/reference/cpu-2core-zoo.)
     accumulated_shards = grad_accum > 1 and growing_grads and lay.kind in ("full_shard", "shard_grad_op")
+    # The moments of a step whose live bytes can set its peak: (bytes, moment, activations then).
+    moments = []
+    # Backward starts in the head: every block's activations and the head's are alive.
+    moments.append((resident + carried + (F32 * Pt if unsynced or accumulated_shards else 0) + sum(per_block) + head
+                    + a.logits_grad,
+                    "start of backward", sum(per_block) + head, blocks))
+    if lay.kind == "zero3" and gloo:
+        # The end of forward: everything gathered, and the last gathers still in flight through
+        # gloo's buffers: the prefetch (up to stage3_prefetch_bucket_size elements: the whole model
+        # of a small one) or at least the module fetched and the next one (a parameter can exceed
+        # the bucket).
+        prefetch = int(float(lay.ds.get("stage3_prefetch_bucket_size", DS_PREFETCH_BUCKET)))
+        in_flight = c * max(min(P - persistent, prefetch), 2 * largest)
+        moments.append((resident + sum(per_block) + in_flight, "end of forward", sum(per_block), blocks))
 
     def grads_so_far(i: int, part: int) -> int:
         """The gradients made when backward is in block i: the head's, the blocks above, `part` of i's."""
         if accumulated:
-            return F32 * (P + largest)
+            return F32 * (Pt + largest)
         if accumulated_shards:
-            return F32 * P // W
+            return F32 * (grad_root + sum(grad_units[:i + 1]) + part + sum(grad_units[i + 1:]) // W)
         if unsynced:  # made apart in the first micro-batch's backward, or not yet copied in the last's;
-            made = n.head + sum(units[i + 1:]) + part  # every one of them in a micro-batch between
-            return F32 * (P if grad_accum > 2 else max(made, P - made))
-        return F32 * (n.head + sum(units[i + 1:]) + part) // W if growing_grads else 0
+            made = grad_head + sum(grad_units[i + 1:]) + part  # every one of them in a micro-batch between
+            return F32 * (Pt if grad_accum > 2 else max(made, Pt - made))
+        return F32 * (grad_head + sum(grad_units[i + 1:]) + part) // W if growing_grads else 0
 
     for i in reversed(range(blocks)):
         # FULL_SHARD gathers the unit again for its backward and prefetches the next one's.
@@ -349,7 +360,7 @@ def estimate(cfg, backend: str, world: int = 1, micro_batch: int = 1, precision:
         # FSDP2 keeps the reduce-scatter input of the unit above until this unit reduces
         # (reduce_scatter_max_input_buffers, 1 by default).
         held = c * units[i + 1] if fsdp_unit and backend == "fsdp2" and i + 1 < blocks else 0
-        moments.append((resident + carried + grads_so_far(i, units[i] // 3) + below + a.full[i] + transient
+        moments.append((resident + carried + grads_so_far(i, grad_units[i] // 3) + below + a.full[i] + transient
                         + regathered + held, f"backward of block {i}",
                         below + (0 if checkpointed[i] else a.full[i]), i))
         if fsdp_unit:
@@ -361,7 +372,7 @@ def estimate(cfg, backend: str, world: int = 1, micro_batch: int = 1, precision:
             # reduce-scatter in flight also keeps gloo's copy of its input while backward goes on,
             # for a time that varies from run to run: not counted, and the measured peaks of
             # identical runs lie up to two or three units above this; see Accuracy.)
-            shards = grads_so_far(i, units[i] if backend == "fsdp" else 0)
+            shards = grads_so_far(i, grad_units[i] if backend == "fsdp" else 0)
             freed = c * units[i] if lay.kind == "shard_grad_op" else 0
             moments.append((resident + shards + below + regathered + 2 * c * units[i] - freed,
                             f"gradient reduction of block {i}", below, i))
@@ -377,16 +388,16 @@ def estimate(cfg, backend: str, world: int = 1, micro_batch: int = 1, precision:
             # partition (allocated at the first; ZeRO-Offload's is the fp32 one counted above): a
             # block's gradients, and their copies on the way (into a bucket, or gloo's for a
             # gradient larger than one), beside the two buckets.
-            partition = 0 if lay.offload else c * P // W
+            partition = 0 if lay.offload else c * Pt // W
             moments.append((resident + carried + partition + 2 * c * bucket + below + 2 * c * units[i],
                             f"gradient reduction of block {i}", below, i))
     # After backward, the gradients reduced: ZeRO-0 all-reduces them flattened into one buffer;
     # ZeRO-1/2 through two buckets, flattening each for the all-reduce, then copies this rank's
     # partition out in fp32 (kept on the host under ZeRO-Offload: counted above).
     if backend == "deepspeed" and lay.kind == "replicated":
-        moments.append((resident + grads + c * P, "gradient reduction", 0, 0))
+        moments.append((resident + grads + c * Pt, "gradient reduction", 0, 0))
     elif lay.kind == "zero12":
-        moments.append((resident + carried + 2 * c * bucket + c * min(P, bucket) + (0 if lay.offload else F32 * P // W),
+        moments.append((resident + carried + 2 * c * bucket + c * min(Pt, bucket) + (0 if lay.offload else F32 * Pt // W),
                         "gradient reduction", 0, 0))
     # The optimizer step: every resident state with the gradients complete, and the update's
     # temporaries (torch's single-tensor AdamW: about two of the largest tensor's shard). It sets the
@@ -395,7 +406,7 @@ def estimate(cfg, backend: str, world: int = 1, micro_batch: int = 1, precision:
     update_temporaries = 2 * F32 * largest // (1 if lay.kind == "replicated" else W)
     step = resident + (grads if separate_grads else 0) + update_temporaries
     if lay.kind == "zero12" and not lay.offload:
-        step += F32 * P // W  # ZeRO-1/2's step flattens this rank's gradient partition (fp32) first
+        step += F32 * Pt // W  # ZeRO-1/2's step flattens this rank's gradient partition (fp32) first
     moments.append((step, "optimizer step", 0, 0))
     if lay.kind == "zero12" and gloo:
         # ZeRO-1/2 all-gather the updated partitions into the parameters, through gloo's buffer.

@@ -28,6 +28,18 @@ class Counts:
     head: int  # final LayerNorm and lm_head: their gradients come first in backward
     tensors: int
     small: list[int]  # sizes of every parameter tensor, for ZeRO-3's persistence threshold
+    # Of those, the frozen ones (requires_grad False): no gradient, no optimizer state.
+    frozen_per_block: list[int] = field(default_factory=list)  # [] where no block has any
+    frozen_root: int = 0
+    frozen_tensors: int = 0
+
+    @property
+    def trainable(self) -> int:
+        return self.total - sum(self.frozen_per_block) - self.frozen_root
+
+    @property
+    def trainable_per_block(self) -> list[int]:
+        return [b - f for b, f in zip(self.per_block, self.frozen_per_block or [0] * len(self.per_block))]
 
     @classmethod
     def of(cls, cfg: GPTConfig) -> "Counts":
