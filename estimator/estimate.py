@@ -266,7 +266,7 @@ def estimate(cfg, backend: str, world: int = 1, micro_batch: int = 1, precision:
     largest = max(n.small, default=0)  # the largest parameter tensor
     units = n.per_block
     # What of each block and of the root makes gradients; the head's part of them at most the root's.
-    grad_units, grad_root = n.trainable_per_block, n.root - n.frozen_root
+    grad_units, grad_root = n.trainable_per_block, n.trainable_root
     grad_head = min(n.head, grad_root)
     bucket = int(float(lay.ds.get("reduce_bucket_size", DS_REDUCE_BUCKET)))
 

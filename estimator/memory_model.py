@@ -38,6 +38,10 @@ class Counts:
         return self.total - sum(self.frozen_per_block) - self.frozen_root
 
     @property
+    def trainable_root(self) -> int:
+        return self.root - self.frozen_root
+
+    @property
     def trainable_per_block(self) -> list[int]:
         return [b - f for b, f in zip(self.per_block, self.frozen_per_block or [0] * len(self.per_block))]
 

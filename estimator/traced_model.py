@@ -127,12 +127,12 @@ class TracedModel:
         sizes = [p.numel() for p in model.parameters()]
         per_block = [sum(p.numel() for p in b.parameters()) for b in blocks]
         root = sum(sizes) - sum(per_block)
+        frozen = [p.numel() for p in model.parameters() if not p.requires_grad]
         frozen_per_block = [sum(p.numel() for p in b.parameters() if not p.requires_grad) for b in blocks]
-        frozen_root = sum(p.numel() for p in model.parameters() if not p.requires_grad) - sum(frozen_per_block)
         # FSDP's root unit; the part of it after the blocks (the head) is approximated as half.
         counts = Counts(sum(sizes), per_block, root, root // 2, len(sizes), sizes,
-                        frozen_per_block if any(frozen_per_block) else [], frozen_root,
-                        sum(1 for p in model.parameters() if not p.requires_grad))
+                        frozen_per_block if any(frozen_per_block) else [], sum(frozen) - sum(frozen_per_block),
+                        len(frozen))
         return cls(workload.name, counts, trace(workload, 2, block_class), trace(workload, 4, block_class))
 
     @classmethod

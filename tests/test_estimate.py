@@ -304,10 +304,10 @@ def test_fsdp_accumulation_keeps_each_units_gradient_whole_until_the_last_micro_
     i and the blocks below (measured on the zoo: counting shards alone put FSDP2 13-22% under,
     runs/reference/cpu-2core-zoo)."""
     cfg = preset("small", vocab_size=65)
-    for backend, options in (("fsdp2", None), ("fsdp", None)):
-        one = estimate(cfg, backend, world=2, micro_batch=8, fsdp_options=options)
-        two = estimate(cfg, backend, world=2, micro_batch=4, grad_accum=2, fsdp_options=options)
-        half = estimate(cfg, backend, world=2, micro_batch=4, fsdp_options=options)
+    for backend in ("fsdp2", "fsdp"):
+        one = estimate(cfg, backend, world=2, micro_batch=8)
+        two = estimate(cfg, backend, world=2, micro_batch=4, grad_accum=2)
+        half = estimate(cfg, backend, world=2, micro_batch=4)
         # the same micro-batch without accumulation: the difference is at least the whole gradients
         # of the top block (the peak's) and the root less their shards
         top = Counts.of(cfg).per_block[-1] + Counts.of(cfg).root
