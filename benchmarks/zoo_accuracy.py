@@ -15,13 +15,25 @@ one question measured (the grid, two rounds), the planner's predictions before a
               and pick, and the model refitted on the race's runs (`refit_samples_per_s`); its runs
               in RUNS_DIR/MODEL/race. Each configuration's own costs (analysis/plan/backend_costs.py)
               are measured by the first plan on the probe model and kept in RUNS_DIR/backend_costs.json
-The question: world 2, global batch 16, a budget every candidate fits (1 GiB), the configurations
-CONFIGS, micro-batches 4 and 8, checkpointing none and full/1 (none alone where a model has no blocks).
+  plan_time.json  the seconds of that command, launch to end
+The question (`grid --question`, named in RUNS_DIR/MODEL/question.json; QUESTIONS): world2 (the
+default): world 2, global batch 16, a budget every candidate fits (1 GiB), the configurations
+CONFIGS, micro-batches 4 and 8, checkpointing none and full/1 (none alone where a model has no
+blocks); deepspeed-world1: world 1, ZeRO-0 to 3, micro-batches 1 to 16, no checkpointing.
+
+    python benchmarks/zoo_accuracy.py grid --question deepspeed-world1 --runs_dir D --models vit mixtral
+    python benchmarks/zoo_accuracy.py plan --runs_dir D --models vit mixtral
+    python benchmarks/zoo_accuracy.py autotune --runs_dir D --models vit mixtral
+
+`autotune` (after those two) runs DeepSpeed's autotuner (`deepspeed --autotuning tune`, fast mode) on
+the deepspeed-world1 question, its files in RUNS_DIR/MODEL/autotune, then its pick, the race's and
+the grid's best, measured alike (--rounds times taking turns): RUNS_DIR/MODEL/autotune.json.
 
 `page` reads those files only (nothing runs) and writes the accuracy page: per model, the median and
 worst |predicted/measured - 1| of samples/s before and after the refit, Spearman's rank correlation
 of predicted and measured, the race's regret against the grid's best, the share of the grid's steps
-and run time the race used, and the estimator's peak (as it is now) against each grid run's.
+and run time the race used, and the estimator's peak (as it is now) against each grid run's; and
+where `autotune` ran, the autotuner head to head with the race.
 tests/test_zoo_accuracy.py holds the committed page to the committed records.
 """
 
@@ -33,6 +45,8 @@ import os
 import statistics
 import subprocess
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -40,31 +54,61 @@ sys.path.insert(0, str(REPO))
 
 CONFIGS = ("ddp", "fsdp_configs/full_shard.yaml", "fsdp_configs/fsdp2.yaml", "ds_configs/z1.json",
            "ds_configs/z2.json", "ds_configs/z3.json")
-QUESTION = ("--world", "2", "--mem_budget_gb", "1", "--global_batch", "16", "--configs", *CONFIGS,
-            "--micro_batches", "4", "8")
+DEEPSPEED = tuple(f"ds_configs/z{stage}.json" for stage in range(4))
 CKPT = ("none", "full/1")
 
 
+@dataclass(frozen=True)
+class Question:
+    """One question the planner is asked of every zoo model: a budget every candidate fits (1 GiB) and
+    global batch 16, at `world` ranks, over `configs` x `micro_batches` x `ckpt`."""
+    world: int
+    configs: tuple[str, ...]
+    micro_batches: tuple[int, ...]
+    ckpt: tuple[str, ...]
+
+    def argv(self, ckpt: tuple[str, ...] | None = None) -> list[str]:
+        return ["--world", str(self.world), "--mem_budget_gb", "1", "--global_batch", "16", "--configs", *self.configs,
+                "--micro_batches", *map(str, self.micro_batches), "--ckpt", *(ckpt or self.ckpt)]
+
+
+QUESTIONS = {
+    # world 2, every backend: the accuracy table's question
+    "world2": Question(2, CONFIGS, (4, 8), CKPT),
+    # world 1, DeepSpeed's stages alone, every micro-batch: what DeepSpeed's autotuner searches (`autotune`)
+    "deepspeed-world1": Question(1, DEEPSPEED, (1, 2, 4, 8, 16), ("none",)),
+}
+
+
+def question_of(out: Path) -> Question:
+    """The question a model's records answer: RUNS_DIR/MODEL/question.json names it (`grid --question`);
+    without it, world2 (the first records were made before there was another)."""
+    f = out / "question.json"
+    return QUESTIONS[json.loads(f.read_text())["question"]] if f.is_file() else QUESTIONS["world2"]
+
+
 def question(out: Path) -> list[str]:
-    """The question for the model whose grid is in `out`: checkpointing none alone where no grid
+    """The question's flags for the model whose grid is in `out`: checkpointing none alone where no grid
     candidate checkpoints (a model without blocks: the planner refuses full/1 for it)."""
+    q = question_of(out)
     grid = json.loads((out / "grid.json").read_text())
-    ckpt = CKPT if any("--ckpt_interval" in g["flags"] for g in grid) else ("none",)
-    return [*QUESTION, "--ckpt", *ckpt]
+    ckpt = q.ckpt if any("--ckpt_interval" in g["flags"] for g in grid) else ("none",)
+    return q.argv(ckpt)
 
 
-def _grid(model_flags: list[str]):
+def _grid(model_flags: list[str], q: Question):
     """The question's fitting candidates (listed without timing anything: the device is a placeholder)."""
     from analysis import plan
 
     link = plan.Link(1.0, 0.0, "placeholder")
     device = plan.Device("this machine, uncalibrated", link, link, sample_s=1e-3)
-    rows = plan.plan(model_flags, 2, 2, 1.0, 16, device, list(CONFIGS), CKPT, [4, 8])
+    rows = plan.plan(model_flags, q.world, q.world, 1.0, 16, device, list(q.configs), q.ckpt, list(q.micro_batches))
     return [r for r in rows if r.get("fits")]
 
 
-def grid(runs_dir: Path, names: list[str], rounds: int, steps: int) -> None:
-    """`grid`: each model's fitting candidates measured, `rounds` times taking turns, into RUNS_DIR/MODEL/grid."""
+def grid(runs_dir: Path, names: list[str], rounds: int, steps: int, qname: str = "world2") -> None:
+    """`grid`: each model's fitting candidates of question `qname` measured, `rounds` times taking
+    turns, into RUNS_DIR/MODEL/grid."""
     from analysis import plan
     from benchmarks.zoo import ZOO
     from training.runner import Runner
@@ -73,7 +117,13 @@ def grid(runs_dir: Path, names: list[str], rounds: int, steps: int) -> None:
     for name in names:
         model = ZOO[name]
         out = runs_dir / name
-        cands = _grid(list(model.flags))
+        q = QUESTIONS[qname]
+        if (out / "grid.json").is_file() and question_of(out) != q:
+            sys.exit(f"{out}: its records answer another question than {qname}")
+        out.mkdir(parents=True, exist_ok=True)
+        if qname != "world2":
+            (out / "question.json").write_text(json.dumps({"question": qname}) + "\n")
+        cands = _grid(list(model.flags), q)
         print(f"{name}: {len(cands)} fitting candidates, {rounds} rounds", flush=True)
         runner = Runner(out / "grid", 1800)
         done = []
@@ -82,7 +132,7 @@ def grid(runs_dir: Path, names: list[str], rounds: int, steps: int) -> None:
                 cand = row["candidate"]
                 pairs = plan.flag_pairs([*model.flags, *cand.flags()[2:], "--steps", str(steps), "--warmup_steps",
                                          "2", "--mem_profile_steps", "1", "--eval_batches", "1"])
-                outcome = runner.run(PlannedRun(f"{cand.run_name()}-r{rnd}", row["backend"], cand.file, 2, pairs))
+                outcome = runner.run(PlannedRun(f"{cand.run_name()}-r{rnd}", row["backend"], cand.file, q.world, pairs))
                 print(f"  round {rnd + 1}/{rounds} [{i + 1}/{len(cands)}] {outcome.line()}", flush=True)
                 s = outcome.summary
                 done.append({"name": outcome.run.name, "flags": cand.flags(), "round": rnd, "status": outcome.status,
@@ -114,13 +164,85 @@ def plan_and_race(runs_dir: Path, names: list[str], steps: int) -> None:
         # Each configuration's own costs measured on the first model's plan (on the probe model, not a
         # zoo model) and kept beside the records: every model's plan prices them alike.
         env = {**os.environ, "GPTLITE_BACKEND_COSTS": str(runs_dir / "backend_costs.json")}
+        started = time.perf_counter()
         proc = subprocess.run([sys.executable, "-m", "analysis.plan", *question(out), "--race", "--verify_steps", str(steps),
                                "--backend_costs", "measure", "--runs_dir", str(out / "race"), "--json",
                                *ZOO[name].flags], cwd=REPO, stdout=subprocess.PIPE, text=True, env=env)  # progress: stderr
         if proc.returncode not in (0, 1):
             sys.exit(f"{name}: analysis.plan failed ({proc.returncode})")
         (out / "plan.json").write_text(proc.stdout)
+        (out / "plan_time.json").write_text(json.dumps({"seconds": time.perf_counter() - started}) + "\n")
         print(f"{name}: planned and raced", flush=True)
+
+
+def autotune(runs_dir: Path, names: list[str], steps: int, rounds: int) -> None:
+    """`autotune`: DeepSpeed's autotuner on each model's deepspeed-world1 question (its grid and plan made
+    first, into the same folder), then its pick, the race's and the grid's best measured `rounds` times
+    taking turns, one harness for all: RUNS_DIR/MODEL/autotune.json, the autotuner's files in
+    RUNS_DIR/MODEL/autotune/."""
+    from analysis import plan
+    from benchmarks.zoo import ZOO
+    from training.runner import Runner
+    from training.sweep import PlannedRun
+
+    q = QUESTIONS["deepspeed-world1"]
+    for name in names:
+        out = runs_dir / name
+        if question_of(out) != q or not (out / "plan.json").is_file():
+            sys.exit(f"{out}: run `grid --question deepspeed-world1` and `plan` into it first")
+        tuned = out / "autotune"
+        if tuned.exists():
+            sys.exit(f"{tuned} exists: the autotuner's time is what it costs (nothing reused); move it away first")
+        tuned.mkdir()
+        # The user's config as the autotuner takes it: the stages and micro-batches of the question (each
+        # experiment's gradient accumulation makes global batch 16), the rest as every ds_configs/ file
+        # has it; its fast mode (micro-batch and stage only), metric throughput over the timed steps.
+        cfg = json.loads((REPO / DEEPSPEED[0]).read_text())
+        cfg["zero_optimization"] = {"stage": [0, 1, 2, 3]}
+        cfg["train_micro_batch_size_per_gpu"] = list(q.micro_batches)
+        cfg["gradient_accumulation_steps"] = 1
+        cfg["autotuning"] = {"enabled": True, "fast": True, "metric": "throughput", "start_profile_step": 2,
+                             "end_profile_step": steps - 1, "max_train_batch_size": 16,
+                             "results_dir": str(tuned / "results"), "exps_dir": str(tuned / "exps")}
+        (tuned / "ds_config.json").write_text(json.dumps(cfg, indent=1) + "\n")
+        command = ["deepspeed", "--autotuning", "tune", "--num_gpus", "1", "train.py", "--deepspeed_config",
+                   _rel(tuned / "ds_config.json"), *ZOO[name].flags, "--steps", str(steps), "--warmup_steps", "2",
+                   "--eval_batches", "1", "--runs_dir", _rel(tuned / "runs")]
+        print(f"{name}: {' '.join(command)}", flush=True)
+        started = time.perf_counter()
+        with open(tuned / "autotuner.log", "w") as log:
+            proc = subprocess.run(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        seconds = time.perf_counter() - started
+        optimal = tuned / "results" / "ds_config_optimal.json"
+        if proc.returncode or not optimal.is_file():
+            sys.exit(f"{name}: the autotuner ended {proc.returncode} without a pick: {tuned / 'autotuner.log'}")
+        experiments = sorted(tuned.glob("results/*/metrics.json"))
+        best = json.loads(optimal.read_text())
+        tuner_flags = ["--deepspeed_config", _rel(optimal), "--micro_batch", str(best["train_micro_batch_size_per_gpu"]),
+                       "--grad_accum", str(best["gradient_accumulation_steps"])]
+        # The picks and the grid's best, measured alike: one harness, `rounds` times taking turns.
+        saved = json.loads((out / "plan.json").read_text())
+        acc = model_accuracy(out)
+        by_command = {c["command"]: c["config_flags"] for c in saved["candidates"] if "command" in c}
+        contenders = {"autotuner": tuner_flags, "race": by_command[saved["pick"]], "grid": acc["best"].split()}
+        runner = Runner(tuned / "final", 1800)
+        final: dict[str, list] = {who: [] for who in contenders}
+        for rnd in range(rounds):
+            for who, flags in contenders.items():
+                fl = plan.flag_pairs([*ZOO[name].flags, *flags, "--steps", str(steps), "--warmup_steps", "2",
+                                         "--mem_profile_steps", "1", "--eval_batches", "1"])
+                config = dict(fl)["deepspeed_config"]
+                pairs = tuple((k, v) for k, v in fl if k != "deepspeed_config")
+                outcome = runner.run(PlannedRun(f"{who}-r{rnd}", "deepspeed", config, 1, pairs))
+                print(f"  final {rnd + 1}/{rounds} {who}: {outcome.line()}", flush=True)
+                final[who].append(outcome.summary.samples_per_s if outcome.status == "ok" else None)
+        race = saved.get("race") or {}
+        (out / "autotune.json").write_text(json.dumps({
+            "command": " ".join(command), "seconds": seconds, "experiments": len(experiments),
+            "experiment_metrics": {m.parent.name: json.loads(m.read_text()) for m in experiments},
+            "pick": " ".join(tuner_flags), "race_pick": " ".join(contenders["race"]), "grid_best": acc["best"],
+            "race_runs": race.get("runs"), "race_seconds": race.get("run_seconds"), "grid_runs": acc["candidates"],
+            "grid_seconds": acc["grid_seconds"], "final": final}, indent=1) + "\n")
 
 
 def spearman(x: list[float], y: list[float]) -> float:
@@ -197,6 +319,42 @@ def model_accuracy(directory: Path, estimate=record_estimate) -> dict:
             "best": best, "pick": pick, "predicted_pick": predicted_pick}
 
 
+def head_to_head(directory: Path) -> dict:
+    """The autotuner against the race on one model, from RUNS_DIR/MODEL/autotune.json, its optimal config
+    and the grid: each pick as a grid candidate (the autotuner's: the grid's file of its stage, its
+    micro-batch and accumulation; its config keeps DeepSpeed's defaults for the rest), its regret by the
+    grid's medians; and the final runs, which measured the picks and the grid's best alike: the median
+    of each (a failed run left out), and their range. Tiny models' steps move far between runs on this
+    machine, so the grid's rounds judge, and the final runs show what one more measurement says."""
+    h = json.loads((directory / "autotune.json").read_text())
+    best = json.loads((directory / "autotune" / "results" / "ds_config_optimal.json").read_text())
+    stage = best["zero_optimization"]["stage"]
+    tuner = (f"--deepspeed_config {DEEPSPEED[stage]} --micro_batch {best['train_micro_batch_size_per_gpu']} "
+             f"--grad_accum {best['gradient_accumulation_steps']}")
+    measured: dict[str, list[float]] = {}
+    for g in json.loads((directory / "grid.json").read_text()):
+        if g["status"] == "ok" and g["samples_per_s"]:
+            measured.setdefault(" ".join(g["flags"]), []).append(g["samples_per_s"])
+    grid = {k: statistics.median(v) for k, v in measured.items()}
+    top = max(grid.values())
+    picks = {"autotuner": tuner, "race": h["race_pick"], "grid": h["grid_best"]}
+    final = {who: [v for v in runs if v] for who, runs in h["final"].items()}
+    peaks = {who: max((json.loads(f.read_text()).get("mem_peak_bytes") or 0
+                       for f in (directory / "autotune" / "final").glob(f"{who}-r*/summary.json")), default=None)
+             for who in picks}
+    plan_time = directory / "plan_time.json"
+    return {**h, "picks": picks, "final_peak_bytes": peaks, "grid_samples_per_s": {who: grid[f] for who, f in picks.items()},
+            "regret": {who: 1 - grid[f] / top for who, f in picks.items()},
+            "final_median": {who: statistics.median(v) if v else None for who, v in final.items()},
+            "final_range": {who: (min(v), max(v)) if v else None for who, v in final.items()},
+            "plan_seconds": json.loads(plan_time.read_text())["seconds"] if plan_time.is_file() else float("nan")}
+
+
+def _short(flags: str) -> str:
+    """A pick's flags, the config file by its name."""
+    return " ".join(Path(f).name if f.endswith(".json") else f for f in flags.split())
+
+
 def _pct(x) -> str:
     return "-" if x is None else f"{x:.0%}" if abs(x) >= 0.095 else f"{x:.1%}"
 
@@ -252,6 +410,29 @@ def page(runs_dirs: list[Path]) -> str:
         lines += ["", "Each model's best measured candidate, the predicted pick and the race's pick:", ""]
         for d, a in models:
             lines.append(f"- {d.name}: best `{a['best']}`; predicted `{a['predicted_pick']}`; raced `{a['pick']}`")
+        tuned = [(d, head_to_head(d)) for d, _ in models if (d / "autotune.json").is_file()]
+        if tuned:
+            lines += ["", "DeepSpeed's autotuner head to head (`zoo_accuracy.py autotune`): its fast mode over the same "
+                      "stages and micro-batches, against the planner's race. Each pick as the grid candidate of its "
+                      "stage and micro-batch, its regret by the grid's medians (the autotuner's config keeps "
+                      "DeepSpeed's defaults for the rest: buckets, overlap). Then the picks and the grid's best "
+                      "measured alike, taking turns (final runs: the median and the range of samples/s, the highest peak: the "
+                      "question's budget is 1 GiB). Time: "
+                      "the autotuner's whole command; the race's runs, launch to end, and its whole plan command (the "
+                      "first model's includes measuring the configurations' own costs); one pass of the grid.", "",
+                      "| model | autotuner: experiments, time | its pick | regret | race: runs, time (plan command) | "
+                      "its pick | regret | grid: candidates, one pass | its best | final runs: autotuner / race / "
+                      "grid's best, samples/s (range), peak |",
+                      "|---|---:|---|---:|---:|---|---:|---:|---|---|"]
+            for d, h in tuned:
+                fin = " / ".join(f"{h['final_median'][w]:.0f} ({h['final_range'][w][0]:.0f}-{h['final_range'][w][1]:.0f}), "
+                                 f"{(h['final_peak_bytes'][w] or 0) / 2**20:.1f} MiB"
+                                 if h["final_median"][w] else "failed" for w in ("autotuner", "race", "grid"))
+                lines.append(
+                    f"| {d.name} | {h['experiments']}, {h['seconds']:.0f} s | `{_short(h['picks']['autotuner'])}` | "
+                    f"{_pct(h['regret']['autotuner'])} | {h['race_runs']}, {h['race_seconds']:.0f} s "
+                    f"({h['plan_seconds']:.0f} s) | `{_short(h['picks']['race'])}` | {_pct(h['regret']['race'])} | "
+                    f"{h['grid_runs']}, {h['grid_seconds']:.0f} s | `{_short(h['picks']['grid'])}` | {fin} |")
     return "\n".join(lines) + "\n"
 
 
@@ -260,13 +441,20 @@ def main() -> None:
                                 epilog="\n".join(__doc__.splitlines()[2:]))
     sub = p.add_subparsers(dest="command", required=True)
     for name, what in (("grid", "measure every fitting candidate (a benchmark: an idle machine)"),
-                       ("plan", "the planner's predictions and its race (a benchmark: an idle machine)")):
+                       ("plan", "the planner's predictions and its race (a benchmark: an idle machine)"),
+                       ("autotune", "DeepSpeed's autotuner on the deepspeed-world1 question, and the picks measured "
+                                    "alike (after grid and plan; a benchmark: an idle machine)")):
         r = sub.add_parser(name, help=what)
         r.add_argument("--runs_dir", required=True, type=Path)
         r.add_argument("--models", nargs="+", required=True, help="zoo models (benchmarks/zoo)")
-        r.add_argument("--steps", type=int, default=8, help="each grid run's steps, and the race's first round's")
+        r.add_argument("--steps", type=int, default=8, help="each run's steps (the race's, the autotuner's experiments')")
         if name == "grid":
             r.add_argument("--rounds", type=int, default=2)
+            r.add_argument("--question", choices=sorted(QUESTIONS), default="world2",
+                           help="world2: every backend at world 2; deepspeed-world1: the stages at world 1, "
+                                "micro-batches 1-16 (what the autotuner searches)")
+        if name == "autotune":
+            r.add_argument("--rounds", type=int, default=3, help="rounds of the picks' measurement, taking turns")
     g = sub.add_parser("page", help="write the accuracy page from the records (nothing runs)")
     g.add_argument("--runs_dir", required=True, type=Path, nargs="+", help="records folders, a section each")
     g.add_argument("--out", required=True, type=Path)
@@ -280,7 +468,9 @@ def main() -> None:
     if unknown:
         p.error(f"--models {' '.join(unknown)}: not in the zoo ({', '.join(ZOO)})")
     if args.command == "grid":
-        grid(args.runs_dir.resolve(), args.models, args.rounds, args.steps)
+        grid(args.runs_dir.resolve(), args.models, args.rounds, args.steps, args.question)
+    elif args.command == "autotune":
+        autotune(args.runs_dir.resolve(), args.models, args.steps, args.rounds)
     else:
         plan_and_race(args.runs_dir.resolve(), args.models, args.steps)
 

@@ -13,7 +13,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks import zoo_accuracy  # noqa: E402
 
 # The records folders the page has a section of, in its order.
-RECORDS = [REPO / "runs" / "reference" / "cpu-2core-zoo"]
+RECORDS = [REPO / "runs" / "reference" / "cpu-2core-zoo", REPO / "runs" / "reference" / "cpu-2core-zoo-deepspeed-world1"]
 PAGE = REPO / "docs" / "results" / "zoo_accuracy.md"
 
 
@@ -74,6 +74,55 @@ def test_a_models_figures_are_the_grids_medians_against_the_plan(tmp_path):
     # per run: a +15% twice, b 0 (its oom run has no peak), c -10% twice
     assert a["peak_runs"] == 5 and a["peak_median"] == pytest.approx(0.1)
     assert a["peak_worst"] == pytest.approx(0.15) and a["peak_beyond"] == 2
+
+
+def test_a_models_question_is_the_one_its_grid_answered(tmp_path):
+    """question.json names the question (grid --question); without it the first records' (world2). Its
+    flags leave checkpointing out where no grid run checkpointed (a model without blocks)."""
+    out = tmp_path / "m"
+    _write(out, [("--a --ckpt_interval 1", 0, 1.0, 1, 1.0)], [], "--a", {})
+    assert zoo_accuracy.question_of(out) == zoo_accuracy.QUESTIONS["world2"]
+    argv = zoo_accuracy.question(out)
+    assert argv[argv.index("--world") + 1] == "2" and argv[argv.index("--ckpt"):] == ["--ckpt", "none", "full/1"]
+    _write(tmp_path / "gru", [("--a", 0, 1.0, 1, 1.0)], [], "--a", {})
+    assert zoo_accuracy.question(tmp_path / "gru")[-2:] == ["--ckpt", "none"]
+    (out / "question.json").write_text(json.dumps({"question": "deepspeed-world1"}))
+    argv = zoo_accuracy.question(out)
+    assert argv[argv.index("--world") + 1] == "1"
+    assert argv[argv.index("--configs") + 1:argv.index("--micro_batches")] == [f"ds_configs/z{i}.json" for i in range(4)]
+    assert argv[argv.index("--micro_batches") + 1:argv.index("--ckpt")] == ["1", "2", "4", "8", "16"]
+
+
+def test_the_autotuner_and_the_race_are_judged_by_the_grid_and_the_final_runs_shown(tmp_path):
+    """Each pick as a grid candidate (the autotuner's: the grid's file of its optimal config's stage, its
+    micro-batch and accumulation), its regret by the grid's medians; the final runs' median and range
+    (a failed run left out); the plan command's seconds from plan_time.json."""
+    z = [f"--deepspeed_config ds_configs/z{i}.json --micro_batch 8 --grad_accum 2" for i in range(4)]
+    out = tmp_path / "m"
+    _write(out, [(z[0], 0, 100.0, 1, 1.0), (z[0], 1, 120.0, 1, 1.0), (z[1], 0, 90.0, 1, 1.0),
+                 (z[1], 1, 80.0, 1, 1.0), (z[2], 0, 200.0, 1, 1.0), (z[2], 1, 160.0, 1, 1.0)], [], z[0], {})
+    (out / "autotune" / "results").mkdir(parents=True)
+    (out / "autotune" / "results" / "ds_config_optimal.json").write_text(json.dumps({
+        "zero_optimization": {"stage": 1}, "train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 2}))
+    (out / "autotune.json").write_text(json.dumps({
+        "race_pick": z[0], "grid_best": z[2], "experiments": 21, "seconds": 300.0,
+        "final": {"autotuner": [80.0, None, 90.0], "race": [100.0, 120.0, 110.0], "grid": [100.0, 105.0, 130.0]}}))
+    h = zoo_accuracy.head_to_head(out)
+    assert h["picks"] == {"autotuner": z[1], "race": z[0], "grid": z[2]}
+    assert h["grid_samples_per_s"] == {"autotuner": 85.0, "race": 110.0, "grid": 180.0}
+    assert h["regret"]["autotuner"] == pytest.approx(1 - 85 / 180) and h["regret"]["grid"] == 0.0
+    assert h["regret"]["race"] == pytest.approx(1 - 110 / 180)
+    assert h["final_median"] == {"autotuner": 85.0, "race": 110.0, "grid": 105.0}
+    assert h["final_range"]["autotuner"] == (80.0, 90.0)
+    assert h["final_peak_bytes"] == {"autotuner": None, "race": None, "grid": None}  # no final records
+    for name, peak in (("autotuner-r0", 5), ("autotuner-r2", 7), ("race-r0", 3)):
+        (out / "autotune" / "final" / name).mkdir(parents=True)
+        (out / "autotune" / "final" / name / "summary.json").write_text(json.dumps({"mem_peak_bytes": peak}))
+    assert zoo_accuracy.head_to_head(out)["final_peak_bytes"] == {"autotuner": 7, "race": 3, "grid": None}
+    assert h["plan_seconds"] != h["plan_seconds"]  # no plan_time.json: not a number, not 0
+    (out / "plan_time.json").write_text(json.dumps({"seconds": 42.0}))
+    assert zoo_accuracy.head_to_head(out)["plan_seconds"] == 42.0
+    assert zoo_accuracy._short(z[1]) == "--deepspeed_config z1.json --micro_batch 8 --grad_accum 2"
 
 
 def test_the_committed_accuracy_page_is_what_its_records_say():
