@@ -221,10 +221,8 @@ def autotune(runs_dir: Path, names: list[str], steps: int, rounds: int) -> None:
         tuner_flags = ["--deepspeed_config", _rel(optimal), "--micro_batch", str(best["train_micro_batch_size_per_gpu"]),
                        "--grad_accum", str(best["gradient_accumulation_steps"])]
         # The picks and the grid's best, measured alike: one harness, `rounds` times taking turns.
-        saved = json.loads((out / "plan.json").read_text())
-        acc = model_accuracy(out)
-        by_command = {c["command"]: c["config_flags"] for c in saved["candidates"] if "command" in c}
-        contenders = {"autotuner": tuner_flags, "race": by_command[saved["pick"]], "grid": acc["best"].split()}
+        acc = model_accuracy(out, estimate=lambda record: 1)  # its grid's best and the race's pick; no peaks
+        contenders = {"autotuner": tuner_flags, "race": acc["pick"].split(), "grid": acc["best"].split()}
         runner = Runner(tuned / "final", 1800)
         final: dict[str, list] = {who: [] for who in contenders}
         for rnd in range(rounds):
@@ -236,13 +234,11 @@ def autotune(runs_dir: Path, names: list[str], steps: int, rounds: int) -> None:
                 outcome = runner.run(PlannedRun(f"{who}-r{rnd}", "deepspeed", config, 1, pairs))
                 print(f"  final {rnd + 1}/{rounds} {who}: {outcome.line()}", flush=True)
                 final[who].append(outcome.summary.samples_per_s if outcome.status == "ok" else None)
-        race = saved.get("race") or {}
         (out / "autotune.json").write_text(json.dumps({
             "command": " ".join(command), "seconds": seconds, "experiments": len(experiments),
             "experiment_metrics": {m.parent.name: json.loads(m.read_text()) for m in experiments},
-            "pick": " ".join(tuner_flags), "race_pick": " ".join(contenders["race"]), "grid_best": acc["best"],
-            "race_runs": race.get("runs"), "race_seconds": race.get("run_seconds"), "grid_runs": acc["candidates"],
-            "grid_seconds": acc["grid_seconds"], "final": final}, indent=1) + "\n")
+            "pick": " ".join(tuner_flags), "race_pick": acc["pick"], "grid_best": acc["best"], "final": final},
+            indent=1) + "\n")
 
 
 def spearman(x: list[float], y: list[float]) -> float:
@@ -316,37 +312,34 @@ def model_accuracy(directory: Path, estimate=record_estimate) -> dict:
             "time_share": race["run_seconds"] / grid_seconds if race.get("run_seconds") and grid_seconds else None,
             "peak_runs": len(peak_errors), "peak_median": statistics.median(map(abs, peak_errors)),
             "peak_worst": max(peak_errors, key=abs), "peak_beyond": sum(abs(e) > 0.10 for e in peak_errors),
-            "best": best, "pick": pick, "predicted_pick": predicted_pick}
+            "best": best, "pick": pick, "predicted_pick": predicted_pick, "grid_median": grid_median}
 
 
-def head_to_head(directory: Path) -> dict:
+def head_to_head(directory: Path, acc: dict) -> dict:
     """The autotuner against the race on one model, from RUNS_DIR/MODEL/autotune.json, its optimal config
-    and the grid: each pick as a grid candidate (the autotuner's: the grid's file of its stage, its
-    micro-batch and accumulation; its config keeps DeepSpeed's defaults for the rest), its regret by the
-    grid's medians; and the final runs, which measured the picks and the grid's best alike: the median
-    of each (a failed run left out), and their range. Tiny models' steps move far between runs on this
-    machine, so the grid's rounds judge, and the final runs show what one more measurement says."""
+    and the model's figures (`acc`, model_accuracy's): each pick as a grid candidate (the autotuner's: the
+    grid's file of its stage, its micro-batch and accumulation; its config keeps DeepSpeed's defaults for
+    the rest), its regret by the grid's medians; and the final runs, which measured the picks and the
+    grid's best (as they were when `autotune` ran) alike: the median of each (a failed run left out),
+    their range and highest peak. Tiny models' steps move far between runs on this machine, so the
+    grid's rounds judge, and the final runs show what one more measurement says."""
     h = json.loads((directory / "autotune.json").read_text())
     best = json.loads((directory / "autotune" / "results" / "ds_config_optimal.json").read_text())
     stage = best["zero_optimization"]["stage"]
     tuner = (f"--deepspeed_config {DEEPSPEED[stage]} --micro_batch {best['train_micro_batch_size_per_gpu']} "
              f"--grad_accum {best['gradient_accumulation_steps']}")
-    measured: dict[str, list[float]] = {}
-    for g in json.loads((directory / "grid.json").read_text()):
-        if g["status"] == "ok" and g["samples_per_s"]:
-            measured.setdefault(" ".join(g["flags"]), []).append(g["samples_per_s"])
-    grid = {k: statistics.median(v) for k, v in measured.items()}
-    top = max(grid.values())
-    picks = {"autotuner": tuner, "race": h["race_pick"], "grid": h["grid_best"]}
+    grid = acc["grid_median"]
+    picks = {"autotuner": tuner, "race": acc["pick"], "grid": acc["best"]}
     final = {who: [v for v in runs if v] for who, runs in h["final"].items()}
     peaks = {who: max((json.loads(f.read_text()).get("mem_peak_bytes") or 0
                        for f in (directory / "autotune" / "final").glob(f"{who}-r*/summary.json")), default=None)
-             for who in picks}
+             for who in final}
     plan_time = directory / "plan_time.json"
-    return {**h, "picks": picks, "final_peak_bytes": peaks, "grid_samples_per_s": {who: grid[f] for who, f in picks.items()},
-            "regret": {who: 1 - grid[f] / top for who, f in picks.items()},
+    return {"experiments": h["experiments"], "seconds": h["seconds"], "picks": picks,
+            "regret": {who: 1 - grid[f] / grid[acc["best"]] for who, f in picks.items()},
             "final_median": {who: statistics.median(v) if v else None for who, v in final.items()},
             "final_range": {who: (min(v), max(v)) if v else None for who, v in final.items()},
+            "final_peak_bytes": peaks,
             "plan_seconds": json.loads(plan_time.read_text())["seconds"] if plan_time.is_file() else float("nan")}
 
 
@@ -410,7 +403,7 @@ def page(runs_dirs: list[Path]) -> str:
         lines += ["", "Each model's best measured candidate, the predicted pick and the race's pick:", ""]
         for d, a in models:
             lines.append(f"- {d.name}: best `{a['best']}`; predicted `{a['predicted_pick']}`; raced `{a['pick']}`")
-        tuned = [(d, head_to_head(d)) for d, _ in models if (d / "autotune.json").is_file()]
+        tuned = [(d, a, head_to_head(d, a)) for d, a in models if (d / "autotune.json").is_file()]
         if tuned:
             lines += ["", "DeepSpeed's autotuner head to head (`zoo_accuracy.py autotune`): its fast mode over the same "
                       "stages and micro-batches, against the planner's race. Each pick as the grid candidate of its "
@@ -424,15 +417,15 @@ def page(runs_dirs: list[Path]) -> str:
                       "its pick | regret | grid: candidates, one pass | its best | final runs: autotuner / race / "
                       "grid's best, samples/s (range), peak |",
                       "|---|---:|---|---:|---:|---|---:|---:|---|---|"]
-            for d, h in tuned:
+            for d, a, h in tuned:
                 fin = " / ".join(f"{h['final_median'][w]:.0f} ({h['final_range'][w][0]:.0f}-{h['final_range'][w][1]:.0f}), "
                                  f"{(h['final_peak_bytes'][w] or 0) / 2**20:.1f} MiB"
                                  if h["final_median"][w] else "failed" for w in ("autotuner", "race", "grid"))
                 lines.append(
                     f"| {d.name} | {h['experiments']}, {h['seconds']:.0f} s | `{_short(h['picks']['autotuner'])}` | "
-                    f"{_pct(h['regret']['autotuner'])} | {h['race_runs']}, {h['race_seconds']:.0f} s "
+                    f"{_pct(h['regret']['autotuner'])} | {a['race_runs']}, {a['race_seconds']:.0f} s "
                     f"({h['plan_seconds']:.0f} s) | `{_short(h['picks']['race'])}` | {_pct(h['regret']['race'])} | "
-                    f"{h['grid_runs']}, {h['grid_seconds']:.0f} s | `{_short(h['picks']['grid'])}` | {fin} |")
+                    f"{a['candidates']}, {a['grid_seconds']:.0f} s | `{_short(h['picks']['grid'])}` | {fin} |")
     return "\n".join(lines) + "\n"
 
 

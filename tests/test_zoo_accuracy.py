@@ -100,16 +100,19 @@ def test_the_autotuner_and_the_race_are_judged_by_the_grid_and_the_final_runs_sh
     z = [f"--deepspeed_config ds_configs/z{i}.json --micro_batch 8 --grad_accum 2" for i in range(4)]
     out = tmp_path / "m"
     _write(out, [(z[0], 0, 100.0, 1, 1.0), (z[0], 1, 120.0, 1, 1.0), (z[1], 0, 90.0, 1, 1.0),
-                 (z[1], 1, 80.0, 1, 1.0), (z[2], 0, 200.0, 1, 1.0), (z[2], 1, 160.0, 1, 1.0)], [], z[0], {})
+                 (z[1], 1, 80.0, 1, 1.0), (z[2], 0, 200.0, 1, 1.0), (z[2], 1, 160.0, 1, 1.0)],
+           [(z[0], 100.0, None), (z[1], 90.0, None), (z[2], 80.0, None)], z[0], {})
     (out / "autotune" / "results").mkdir(parents=True)
     (out / "autotune" / "results" / "ds_config_optimal.json").write_text(json.dumps({
         "zero_optimization": {"stage": 1}, "train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 2}))
     (out / "autotune.json").write_text(json.dumps({
         "race_pick": z[0], "grid_best": z[2], "experiments": 21, "seconds": 300.0,
         "final": {"autotuner": [80.0, None, 90.0], "race": [100.0, 120.0, 110.0], "grid": [100.0, 105.0, 130.0]}}))
-    h = zoo_accuracy.head_to_head(out)
+    acc = zoo_accuracy.model_accuracy(out, estimate=lambda record: 1)
+    assert acc["grid_median"] == {z[0]: 110.0, z[1]: 85.0, z[2]: 180.0}
+    h = zoo_accuracy.head_to_head(out, acc)
     assert h["picks"] == {"autotuner": z[1], "race": z[0], "grid": z[2]}
-    assert h["grid_samples_per_s"] == {"autotuner": 85.0, "race": 110.0, "grid": 180.0}
+    assert (h["experiments"], h["seconds"]) == (21, 300.0)
     assert h["regret"]["autotuner"] == pytest.approx(1 - 85 / 180) and h["regret"]["grid"] == 0.0
     assert h["regret"]["race"] == pytest.approx(1 - 110 / 180)
     assert h["final_median"] == {"autotuner": 85.0, "race": 110.0, "grid": 105.0}
@@ -118,10 +121,10 @@ def test_the_autotuner_and_the_race_are_judged_by_the_grid_and_the_final_runs_sh
     for name, peak in (("autotuner-r0", 5), ("autotuner-r2", 7), ("race-r0", 3)):
         (out / "autotune" / "final" / name).mkdir(parents=True)
         (out / "autotune" / "final" / name / "summary.json").write_text(json.dumps({"mem_peak_bytes": peak}))
-    assert zoo_accuracy.head_to_head(out)["final_peak_bytes"] == {"autotuner": 7, "race": 3, "grid": None}
+    assert zoo_accuracy.head_to_head(out, acc)["final_peak_bytes"] == {"autotuner": 7, "race": 3, "grid": None}
     assert h["plan_seconds"] != h["plan_seconds"]  # no plan_time.json: not a number, not 0
     (out / "plan_time.json").write_text(json.dumps({"seconds": 42.0}))
-    assert zoo_accuracy.head_to_head(out)["plan_seconds"] == 42.0
+    assert zoo_accuracy.head_to_head(out, acc)["plan_seconds"] == 42.0
     assert zoo_accuracy._short(z[1]) == "--deepspeed_config z1.json --micro_batch 8 --grad_accum 2"
 
 
