@@ -254,7 +254,14 @@ net_down() {
         node="${NODES2[$i]}"
         if [ -e "/run/netns/$node" ]; then ip netns del "$node"; fi
         # Deleting the namespace deletes the pair, eth0 with glv1; a glv1 left by a half start goes here.
-        if ip link show "glv$((i + 1))" >/dev/null 2>&1; then ip link del "glv$((i + 1))"; fi
+        # The kernel removes the namespace's devices after `ip netns del` returns: glv1 may vanish
+        # between the check and the delete ("Cannot find device", a CI teardown 2026-11-28), so a
+        # delete that fails fails the stop only if glv1 is still there.
+        if ip link show "glv$((i + 1))" >/dev/null 2>&1 && ! ip link del "glv$((i + 1))" 2>/dev/null \
+                && ip link show "glv$((i + 1))" >/dev/null 2>&1; then
+            echo "slurm_local.sh: cannot delete the link glv$((i + 1))" >&2
+            exit 1
+        fi
     done
     if ip link show "$BRIDGE" >/dev/null 2>&1; then ip link del "$BRIDGE"; fi
 }
