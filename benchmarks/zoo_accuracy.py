@@ -315,6 +315,55 @@ def model_accuracy(directory: Path, estimate=record_estimate) -> dict:
             "best": best, "pick": pick, "predicted_pick": predicted_pick, "grid_median": grid_median}
 
 
+def race_on_grid(directory: Path, within: float) -> dict:
+    """The planner's race (analysis.plan.verify.race, its code as it is now) on one model's committed
+    records, nothing run: its entrants chosen by `within` from the plan's predictions (made before any
+    run), each round's runs read from the grid, a candidate's k-th race run being its grid round k (in
+    turn), charged that run's launch-to-end seconds. Returns the race's runs, its steps and seconds
+    against one pass of the grid's, its pick and the pick's regret by the grid's medians."""
+    from analysis.plan.candidates import GiB
+    from analysis.plan.verify import race
+
+    saved = json.loads((directory / "plan.json").read_text())
+    grid_runs = json.loads((directory / "grid.json").read_text())
+    by_flags: dict[str, list[dict]] = {}
+    for g in sorted(grid_runs, key=lambda g: g["round"]):
+        by_flags.setdefault(" ".join(g["flags"]), []).append(g)
+    rows = [c for c in saved["candidates"] if c.get("fits") and " ".join(c["config_flags"]) in by_flags]
+    flags_of = {c["command"]: " ".join(c["config_flags"]) for c in rows}
+    taken: dict[str, int] = {}
+
+    def measure(alive: list[dict], rnd: int) -> list[dict]:
+        out = []
+        for row in alive:
+            runs = by_flags[flags_of[row["command"]]]
+            g = runs[taken.get(row["command"], 0) % len(runs)]
+            taken[row["command"]] = taken.get(row["command"], 0) + 1
+            out.append({"command": row["command"], "candidate": flags_of[row["command"]],
+                        "status": g["status"], "measured_samples_per_s": g["samples_per_s"],
+                        "measured_peak_gb": g["mem_peak_bytes"] / GiB if g["mem_peak_bytes"] else None,
+                        "steps": g["steps"], "run_seconds": g["seconds"] or 0.0})
+        return out
+
+    steps = grid_runs[0]["steps"]
+    raced = race(rows, [], question_of(directory).world, directory, steps, 0.0, 1.0, within=within, measure=measure)
+    medians = {k: statistics.median(g["samples_per_s"] for g in v if g["status"] == "ok" and g["samples_per_s"])
+               for k, v in by_flags.items() if any(g["status"] == "ok" and g["samples_per_s"] for g in v)}
+    seconds = sum(statistics.median(g["seconds"] for g in v) for v in by_flags.values()
+                  if all(g["seconds"] is not None for g in v))
+    pick = flags_of[raced["pick"]["command"]] if raced["pick"] else None
+    best = max(medians, key=medians.get)
+    entered = {r["config"] for r in rows if any(m["command"] == r["command"] for m in raced["rounds"][0])}
+    # How near the rule came to leaving out the winner: the best grid median of the configurations it left out.
+    left_out = [medians[flags_of[r["command"]]] for r in rows
+                if r["config"] not in entered and flags_of[r["command"]] in medians]
+    return {"entrants": len(entered), "configurations": len({r["config"] for r in rows}), "runs": raced["runs"],
+            "steps_share": raced["steps_run"] / raced["grid_steps"], "seconds": raced["run_seconds"],
+            "time_share": raced["run_seconds"] / seconds, "pick": pick,
+            "regret": 1 - medians[pick] / medians[best] if pick else None,
+            "left_out_best": max(left_out) / medians[best] if left_out else None}
+
+
 def head_to_head(directory: Path, acc: dict) -> dict:
     """The autotuner against the race on one model, from RUNS_DIR/MODEL/autotune.json, its optimal config
     and the model's figures (`acc`, model_accuracy's): each pick as a grid candidate (the autotuner's: the
@@ -359,6 +408,7 @@ def _rel(path: Path) -> str:
 def page(runs_dirs: list[Path]) -> str:
     """The accuracy page's text: a section per records folder of RUNS_DIRS (each a folder of models,
     each with grid.json and plan.json), headed by the first line of the folder's README after its title."""
+    from analysis.plan.verify import RACE_WITHIN
     from benchmarks.zoo import ZOO
 
     lines = ["# The planner on the model zoo (issue 40)", "",
@@ -403,6 +453,25 @@ def page(runs_dirs: list[Path]) -> str:
         lines += ["", "Each model's best measured candidate, the predicted pick and the race's pick:", ""]
         for d, a in models:
             lines.append(f"- {d.name}: best `{a['best']}`; predicted `{a['predicted_pick']}`; raced `{a['pick']}`")
+        ran = sorted({json.loads((d / "plan.json").read_text()).get("race", {}).get("within", 0.0) for d, _ in models})
+        lines += ["", "The race's entry rule on the grid's records (`race_on_grid`: the race's code as it is now, "
+                  "nothing run; each race run is the candidate's next grid round, charged that run's seconds): every "
+                  f"configuration entered (`--race_within 0`) against those predicted within {RACE_WITHIN} of the best "
+                  f"(`--race_within {RACE_WITHIN}`, the default since 2026-11-28). The race above ran with "
+                  f"`--race_within {' and '.join(f'{w:g}' for w in ran)}`. Left out: the best "
+                  "grid median among the configurations the rule left out, as a share of the grid's best (below 1: "
+                  "none of them would have won).", "",
+                  "| model | every configuration: runs, steps / time share, regret | within "
+                  f"{RACE_WITHIN}: configurations entered, runs | steps share | time share | regret | left out, best |",
+                  "|---|---|---:|---:|---:|---:|---:|"]
+        for d, a in models:
+            every, rule = race_on_grid(d, 0.0), race_on_grid(d, RACE_WITHIN)
+            lines.append(
+                f"| {d.name} | {every['runs']}, {_pct(every['steps_share'])} / {_pct(every['time_share'])}, "
+                f"{_pct(every['regret'])} | {rule['entrants']} of {rule['configurations']}, {rule['runs']} | "
+                f"{_pct(rule['steps_share'])} | {_pct(rule['time_share'])} ({rule['seconds']:.0f} s) | "
+                f"{_pct(rule['regret'])} | "
+                + (f"{rule['left_out_best']:.2f} |" if rule["left_out_best"] is not None else "- |"))
         tuned = [(d, a, head_to_head(d, a)) for d, a in models if (d / "autotune.json").is_file()]
         if tuned:
             lines += ["", "DeepSpeed's autotuner head to head (`zoo_accuracy.py autotune`): its fast mode over the same "

@@ -248,6 +248,8 @@ def test_the_frontier_keeps_what_nothing_beats_on_both_memory_and_speed():
     (["--ckpt", "none", "none"], "--ckpt: each at most once (none is given 2 times)"),
     (["--configs", "ddp", "ddp"], "--configs: each at most once"),
     (["--ckpt", "none", "full/99", "--gpu", "here"], "--ckpt full/99: K must be at most the model's 4 blocks"),
+    (["--gpu", "here", "--race", "--race_within", "1.5"], "--race_within must lie between 0 and 1 (got 1.5)"),
+    (["--gpu", "here", "--race", "--race_within", "nan"], "--race_within must lie between 0 and 1 (got nan)"),
     (["--top", "0"], "--top must be >= 1"),
     (["--top", "-1"], "--top must be >= 1"),
     (["--gpu", "here", "--verify", "1", "--timeout_s", "0"], "--timeout_s must be a number of seconds > 0"),
@@ -744,6 +746,40 @@ def test_the_race_runs_each_configurations_best_and_halves_until_two_are_left(tm
     assert {n.split("-")[1] for n, _ in ran[8:11]} == {"b", "d", "h"}
     assert raced["pick"]["command"] == "run b 8" and raced["pick"]["race_samples_per_s"] == 9.0
     assert raced["steps_run"] == 13 * 4
+
+
+def test_the_race_enters_the_configurations_predicted_within_a_share_of_the_best(tmp_path, monkeypatch):
+    """--race_within: a configuration enters only if its best-ranked candidate is predicted at least that
+    share of the best candidate's (its other candidates never enter); two entrants each run twice, and
+    the pick is the faster by the median of its runs, whatever the first round said."""
+    runs = {"a": [9.0, 6.0], "b": [8.0, 8.0], "c": [20.0], "d": [20.0]}
+
+    def speed(config):
+        return lambda steps: runs[config][sum(n.split("-")[1] == config for n, _ in ran) - 1]
+
+    ran = _fake_runner(monkeypatch, {c: speed(c) for c in runs})
+    preds = {"a": 20.0, "b": 13.0, "c": 11.0, "d": 4.0}
+    rows = [{"candidate": plan.Candidate(c, m, 8 // m, "none"), "config": c, "backend": "ddp", "fits": True,
+             "command": f"run {c} {m}", "pred_samples_per_s": preds[c] / (1 if m == 8 else 2), "est_peak_gb": 0.5}
+            for m in (8, 4) for c in "abcd"]
+    rows.sort(key=lambda r: -r["pred_samples_per_s"])
+    assert [r["command"] for r in plan.entrants(rows)] == ["run a 8", "run b 8", "run c 8", "run d 8"]
+    assert [r["command"] for r in plan.entrants(rows, within=0.6)] == ["run a 8", "run b 8"]  # c: 11 < 0.6 x 20
+    assert [r["command"] for r in plan.entrants(rows, within=0.5)] == ["run a 8", "run b 8", "run c 8"]
+    assert [r["command"] for r in plan.entrants(rows, per_family=2, within=0.6)] == [
+        "run a 8", "run b 8", "run a 4", "run b 4"]  # a family in: its second too (b 4's 6.5 is below 12)
+    with pytest.raises(ConfigError, match="race_within must lie between 0 and 1"):
+        plan.entrants(rows, within=1.5)
+    raced = plan.race(rows, TINY, 2, tmp_path, 4, 60, budget_gb=1.0, within=0.6)
+    # c and d, the fastest measured, never ran: left out by their predictions
+    assert ran == [("race0-a-mb8x1-none", 4), ("race0-b-mb8x1-none", 4), ("race1-a-mb8x1-none", 4),
+                   ("race1-b-mb8x1-none", 4)]
+    assert raced["pick"]["command"] == "run b 8" and raced["runs"] == 4  # a's median (9, 6) 7.5 < b's 8
+    # the same race, every configuration entered: c and d ran, and one of them won
+    ran.clear()
+    runs.update(a=[9.0, 6.0], b=[8.0, 8.0], c=[20.0, 20.0], d=[20.0, 19.0])
+    raced = plan.race(rows, TINY, 2, tmp_path / "every", 4, 60, budget_gb=1.0, within=0.0)
+    assert raced["pick"]["command"] in ("run c 8", "run d 8") and len(raced["rounds"][0]) == 4
 
 
 def test_backend_costs_are_fitted_from_the_probe_runs_and_kept_per_machine(tmp_path, monkeypatch):

@@ -13,7 +13,8 @@ sys.path.insert(0, str(REPO))
 from benchmarks import zoo_accuracy  # noqa: E402
 
 # The records folders the page has a section of, in its order.
-RECORDS = [REPO / "runs" / "reference" / "cpu-2core-zoo", REPO / "runs" / "reference" / "cpu-2core-zoo-deepspeed-world1"]
+RECORDS = [REPO / "runs" / "reference" / name
+           for name in ("cpu-2core-zoo", "cpu-2core-zoo-deepspeed-world1", "cpu-2core-zoo-race-within")]
 PAGE = REPO / "docs" / "results" / "zoo_accuracy.md"
 
 
@@ -30,8 +31,8 @@ def _write(directory: Path, grid: list[tuple], candidates: list[tuple], pick: st
         {"name": f"{f}-r{r}", "flags": f.split(), "round": r, "status": "ok" if s else "oom", "steps": 8,
          "samples_per_s": s, "mem_peak_bytes": p, "seconds": sec} for f, r, s, p, sec in grid]))
     (directory / "plan.json").write_text(json.dumps({
-        "candidates": [{"config_flags": f.split(), "command": f"run {f}", "fits": True, "pred_samples_per_s": p,
-                        "refit_samples_per_s": r} for f, p, r in candidates],
+        "candidates": [{"config_flags": f.split(), "config": f.split()[0], "command": f"run {f}", "fits": True,
+                        "pred_samples_per_s": p, "refit_samples_per_s": r} for f, p, r in candidates],
         "pick": f"run {pick}", "race": race}))
 
 
@@ -74,6 +75,39 @@ def test_a_models_figures_are_the_grids_medians_against_the_plan(tmp_path):
     # per run: a +15% twice, b 0 (its oom run has no peak), c -10% twice
     assert a["peak_runs"] == 5 and a["peak_median"] == pytest.approx(0.1)
     assert a["peak_worst"] == pytest.approx(0.15) and a["peak_beyond"] == 2
+
+
+def test_the_race_on_the_grids_records_runs_the_races_code_on_the_grids_rounds(tmp_path):
+    """race_on_grid: the planner's race with each run read from the grid (a candidate's k-th run its
+    round k) and charged that run's seconds: every configuration entered, c (predicted last, measured
+    fastest) wins; with --race_within 0.6 it is left out, and the regret and the left-out best say so."""
+    grid = [("--a", 0, 10.0, 1, 10.0), ("--a", 1, 12.0, 1, 10.0), ("--b", 0, 8.0, 1, 10.0), ("--b", 1, 9.0, 1, 10.0),
+            ("--c", 1, 28.0, 1, 20.0), ("--c", 0, 30.0, 1, 20.0)]
+    _write(tmp_path / "m", grid, [("--a", 20.0, None), ("--b", 15.0, None), ("--c", 5.0, None)], "--a", {})
+    every = zoo_accuracy.race_on_grid(tmp_path / "m", 0.0)
+    # round 0: a 10, b 8, c 30 (round 0's runs) -> c and a again (their round 1): c (30, 28) 29, a (10, 12) 11
+    assert every["pick"] == "--c" and every["regret"] == 0 and every["runs"] == 5 and every["entrants"] == 3
+    assert every["steps_share"] == pytest.approx(5 / 3) and every["seconds"] == 70.0
+    assert every["time_share"] == pytest.approx(70 / 40) and every["left_out_best"] is None
+    rule = zoo_accuracy.race_on_grid(tmp_path / "m", 0.6)
+    # a and b (15 >= 0.6 x 20) each twice: a (10, 12) 11 against b (8, 9) 8.5; c, 5 < 12, left out
+    assert rule["pick"] == "--a" and rule["runs"] == 4 and rule["entrants"] == 2 and rule["configurations"] == 3
+    assert rule["regret"] == pytest.approx(1 - 11 / 29) and rule["left_out_best"] == pytest.approx(1.0)
+    assert rule["time_share"] == pytest.approx(40 / 40)
+
+
+def test_on_the_committed_records_the_races_entry_rule_leaves_out_no_winner():
+    """What docs/planner.md and entrants() say of --race_within's default, held to the zoo's records:
+    on every model of every question, the configurations it leaves out measured at most 0.71 of the
+    grid's best, and the race's pick on the grid's records is within 5% of the best."""
+    from analysis.plan.verify import RACE_WITHIN
+
+    models = [d for r in RECORDS for d in sorted(r.iterdir()) if (d / "plan.json").is_file()]
+    assert len(models) == 13
+    for d in models:
+        rule = zoo_accuracy.race_on_grid(d, RACE_WITHIN)
+        assert rule["left_out_best"] is None or round(rule["left_out_best"], 2) <= 0.71, d.name
+        assert rule["regret"] <= 0.05, d.name
 
 
 def test_a_models_question_is_the_one_its_grid_answered(tmp_path):

@@ -41,7 +41,9 @@ model whose parts are printed:
 sizes, prefetching: variants()), written into DIR as the files their commands name (DDP's are flags).
 The answer is ranked by predicted samples/s, with each candidate's exact launch command.
 --race runs every configuration's best-ranked candidate a few steps and the faster half again (its runs'
-median), until two are left (successive halving): a wrong prediction costs steps, not the pick.
+median), until two are left (successive halving): a wrong prediction costs steps, not the pick. Only
+the configurations predicted within --race_within (0.6) of the best enter: each one left out saves a
+launch, and on the model zoo none left out would have won (0 enters every configuration).
 --verify K runs the top K and two further down (here, or as Slurm jobs with --executor slurm;
 --verify_rounds R runs each R times, taking turns), refits the step model on them and picks the
 fastest measured. --out DIR writes plan.md and plan.png (every
@@ -70,7 +72,7 @@ from analysis.plan.candidates import (CHOSEN_FLAGS, CKPT, Candidate, GiB, MARGIN
 from analysis.plan.device import (CALIBRATION_LINE, Device, Link, calibrate, calibration_line,
     calibration_points, here_device, named_device, probe_link)  # noqa: F401 - the planner's API, as one module had it
 from analysis.plan.cost import command, evaluate, plan, rank  # noqa: F401 - the planner's API, as one module had it
-from analysis.plan.verify import SLURM_OWN, _measured, entrants, flag_pairs, race, to_verify, verify  # noqa: F401 - the planner's API, as one module had it
+from analysis.plan.verify import RACE_WITHIN, SLURM_OWN, _measured, entrants, flag_pairs, race, to_verify, verify  # noqa: F401 - the planner's API, as one module had it
 from analysis.plan.refit import refit, replay  # noqa: F401 - the planner's API, as one module had it
 
 
@@ -129,10 +131,16 @@ def main(argv=None) -> int:
                         "a minute on a 2-core CPU); off prices none")
     p.add_argument("--race", action="store_true",
                    help="trust no prediction across configurations: race them on this machine (successive halving). "
-                        "Every configuration's best-ranked fitting candidate runs --verify_steps steps, the faster half "
+                        "Every configuration's best-ranked fitting candidate (of those --race_within admits) runs "
+                        "--verify_steps steps, the faster half "
                         "within the budget (the median of each one's runs) runs again, until two are left; the faster "
                         "is the pick. "
                         "Prints the steps and seconds it ran against the grid's (every fitting candidate as long)")
+    p.add_argument("--race_within", type=float, default=RACE_WITHIN, metavar="F",
+                   help="--race: enter only the configurations whose best prediction is at least F x the best "
+                        f"candidate's (default {RACE_WITHIN}; 0: every configuration). On the model zoo no "
+                        "configuration predicted below 0.6 of the leader measured above 0.71 of the best, and "
+                        "racing fewer saves a launch per configuration left out (docs/results/zoo_accuracy.md)")
     p.add_argument("--verify_steps", type=int, default=8, help="steps of each verifying run, and of a race's first "
                    "round (2 warm-up steps and the last, profiled for memory, are not timed)")
     p.add_argument("--verify_rounds", type=int, default=1, metavar="R",
@@ -173,6 +181,8 @@ def main(argv=None) -> int:
             p.error(str(e))
     if (args.verify or args.race) and args.gpu != "here":
         p.error(f"{'--verify' if args.verify else '--race'} runs the candidates on this machine: it needs --gpu here")
+    if not 0.0 <= args.race_within <= 1.0:
+        p.error(f"--race_within must lie between 0 and 1 (got {args.race_within:g})")
     if args.verify and args.race:
         p.error("--verify K and --race: one or the other (the race runs every configuration's best-ranked candidate)")
     if args.verify_rounds != 1 and not args.verify:
@@ -259,11 +269,14 @@ def main(argv=None) -> int:
         elif args.race and fitting:
             if not args.json:
                 _print_table(rows, fitting, device, args)
-                print(f"\nracing: the best-ranked candidate of each of {len(entrants(rows))} configurations, "
+                entering = len(entrants(rows, within=args.race_within))
+                left = len(entrants(rows)) - entering
+                print(f"\nracing: the best-ranked candidate of each of {entering} configurations"
+                      + (f" ({left} predicted below {args.race_within:g} x the best left out)" if left else "") + ", "
                       f"{args.verify_steps} steps, the faster half (the median of its runs) again, until two are "
                       f"left, into {args.runs_dir}", flush=True)
             raced = race(rows, train_argv, args.world, Path(args.runs_dir).resolve(), args.verify_steps,
-                         args.timeout_s, args.mem_budget_gb, slurm)
+                         args.timeout_s, args.mem_budget_gb, slurm, within=args.race_within)
             # each entrant's last run, its samples/s the median of its runs (what the race ranked it by)
             latest = {m["command"]: {**m, "measured_samples_per_s": m.get("race_samples_per_s",
                                                                           m["measured_samples_per_s"])}
@@ -310,11 +323,11 @@ def main(argv=None) -> int:
 
 def _race_summary(raced: dict) -> dict:
     """What --json says of a race: its rounds (each run's candidate, steps, samples/s, status), the
-    steps and seconds it ran against the grid's."""
+    steps and seconds it ran against the grid's, and its --race_within."""
     keys = ("candidate", "command", "steps", "status", "measured_samples_per_s", "race_samples_per_s",
             "measured_peak_gb", "record", "run_seconds")
     return {"rounds": [[{k: m.get(k) for k in keys} for m in rnd] for rnd in raced["rounds"]],
-            **{k: raced[k] for k in ("runs", "grid_runs", "steps_run", "grid_steps", "run_seconds")}}
+            **{k: raced[k] for k in ("runs", "grid_runs", "steps_run", "grid_steps", "run_seconds", "within")}}
 
 
 def _print_verified(verified: list[dict], fitted: dict | None, fitting: list[dict], pick: str | None,

@@ -47,6 +47,9 @@ def flag_pairs(argv: list[str]) -> tuple[tuple[str, object], ...]:
     return tuple(pairs)
 
 
+# The race's default entry (entrants()): the configurations predicted within this share of the best.
+RACE_WITHIN = 0.6
+
 # Slurm settings the plan's question decides (training/slurm.py FLAGS).
 SLURM_OWN = ("nodes", "gpus_per_node")
 
@@ -98,41 +101,57 @@ def _run_rows(chosen: list[dict], rows: list[dict], train_argv: list[str], world
     return out
 
 
-def entrants(rows: list[dict], per_family: int = 1) -> list[dict]:
+def entrants(rows: list[dict], per_family: int = 1, within: float = 0.0) -> list[dict]:
     """The race's entrants: the `per_family` best-ranked fitting candidates of each configuration
     (a backend's file or flags, a --variants file its own), in the order ranked. A configuration's
     own costs are what the step model misses most on a model it was not tuned on (issue 40: ZeRO-3
     measured at 0.08 of its prediction on a ViT where DDP was at 0.54), and they are shared by its
-    micro-batches and checkpointing, which the calibrated compute ranks within it."""
+    micro-batches and checkpointing, which the calibrated compute ranks within it.
+    `within` (0 to 1): only the configurations whose best prediction is at least `within` x the best
+    candidate's; 0 enters every one. The model's errors are large, but not that large across a whole
+    configuration: on the zoo's 13 model questions (runs/reference/cpu-2core-zoo*) no configuration predicted
+    below 0.6 of the leader measured above 0.71 of the grid's best (docs/results/zoo_accuracy.md)."""
+    if not 0.0 <= within <= 1.0:
+        raise ConfigError(f"race_within must lie between 0 and 1 (got {within!r})")
+    fitting = [r for r in rows if r.get("fits")]
+    lead = max((r["pred_samples_per_s"] for r in fitting), default=0.0)
     seen: dict[str, int] = {}
     out = []
-    for r in rows:
-        if r.get("fits") and seen.get(r["config"], 0) < per_family:
-            seen[r["config"]] = seen.get(r["config"], 0) + 1
+    for r in fitting:
+        if r["config"] not in seen:  # a configuration enters on its best-ranked candidate's prediction
+            seen[r["config"]] = 0 if r["pred_samples_per_s"] >= within * lead else per_family
+        if seen[r["config"]] < per_family:
+            seen[r["config"]] += 1
             out.append(r)
     return out
 
 
 def race(rows: list[dict], train_argv: list[str], world: int, runs_dir: Path, steps: int, timeout_s: float,
-         budget_gb: float, slurm=None, per_family: int = 1) -> dict:
+         budget_gb: float, slurm=None, per_family: int = 1, within: float = 0.0, measure=None) -> dict:
     """Successive halving, trusting no prediction across configurations: every configuration's
     entrants (entrants()) run `steps` steps; the faster half of those that ran ok within the budget
-    (measured peak) run again, and so on, until a round has at most two: the faster is the pick.
+    (measured peak) run again, and so on, until a round after the first has at most two: the faster
+    is the pick.
     A candidate's speed is the median of all its runs so far, so a survivor's measurement grows
     longer round by round. Every run is `steps` long: a longer run measures other steps (on the
     2-core CPU, a 32-step run of an HF Llama under DDP took 19-23 ms for steps 2-6 and 22-35 ms
     after; ZeRO-2's took 20-31 ms throughout), and the grid the race is judged against runs as long.
+    `within`: which configurations enter (entrants()). `measure(alive, round)`: how a round's
+    candidates are measured (default: run here, or as Slurm jobs, through the sweep's executor; the
+    same rule on records already measured: benchmarks/zoo_accuracy.py).
     Returns {rounds: [[measured, ...],
     ...] (each run as verify's, with its `round` and `race_samples_per_s`, the median of the
     candidate's runs so far), pick (the winner's last, None if nothing ran ok within the budget),
     steps_run (every run's steps, summed), run_seconds (their launch-to-end seconds, summed),
-    grid_steps (the fitting candidates x `steps`), runs, grid_runs}."""
-    alive = entrants(rows, per_family)
+    grid_steps (the fitting candidates x `steps`), runs, grid_runs, within}."""
+    if measure is None:
+        def measure(alive: list[dict], rnd: int) -> list[dict]:
+            return _run_rows(alive, rows, train_argv, world, runs_dir, steps, timeout_s, slurm, 1, f"race{rnd}")
+    alive = entrants(rows, per_family, within)
     rounds: list[list[dict]] = []
     history: dict[str, list[float]] = {}
     while alive:
-        measured = _run_rows(alive, rows, train_argv, world, runs_dir, steps, timeout_s, slurm, 1,
-                             f"race{len(rounds)}")
+        measured = measure(alive, len(rounds))
         good = []
         for m in measured:
             m["round"] = len(rounds)
@@ -144,17 +163,18 @@ def race(rows: list[dict], train_argv: list[str], world: int, runs_dir: Path, st
                 good.append(m)
         rounds.append(measured)
         good.sort(key=lambda m: -m["race_samples_per_s"])
-        if len(good) <= 2:  # the last two raced: the faster is the pick
+        # The last two raced (each at least twice: two entrants run again): the faster is the pick.
+        if len(good) <= 1 or (len(good) <= 2 and len(rounds) > 1):
             break
         by_command = {r["command"]: r for r in alive}
-        alive = [by_command[m["command"]] for m in good[:(len(good) + 1) // 2]]
+        alive = [by_command[m["command"]] for m in good[:max(2, (len(good) + 1) // 2)]]
     last = [m for m in rounds[-1] if "race_samples_per_s" in m] if rounds else []
     pick = max(last, key=lambda m: m["race_samples_per_s"], default=None)
     every = [m for rnd in rounds for m in rnd]
     fitting = sum(1 for r in rows if r.get("fits"))
     return {"rounds": rounds, "pick": pick, "steps_run": sum(m["steps"] for m in every),
             "run_seconds": sum(m["run_seconds"] for m in every), "grid_steps": fitting * steps,
-            "runs": len(every), "grid_runs": fitting}
+            "runs": len(every), "grid_runs": fitting, "within": within}
 
 
 def _measured(row: dict, runs: list, runs_dir: Path, rank: int) -> dict:
