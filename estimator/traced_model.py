@@ -53,7 +53,7 @@ def _trace(mode, model, x, y, block_class: str | None) -> dict:
     seen: set = set()
     keep = []  # the storages stay alive (and their ids unique) until the trace ends
     out = {"full": [0] * len(blocks), "kept": [0] * len(blocks), "largest": [0] * len(blocks), "before": 0, "after": 0,
-           "ops": [{} for _ in blocks]}
+           "largest_after": 0, "ops": [{} for _ in blocks]}
     made: set = set()  # the storages an operator made (outputs that are views of older tensors are not new)
     state = {"block": None, "finished": 0}
 
@@ -77,7 +77,10 @@ def _trace(mode, model, x, y, block_class: str | None) -> dict:
             out["full"][i] += size
             out["largest"][i] = max(out["largest"][i], size)
         else:
-            out["before" if state["finished"] < len(blocks) else "after"] += size
+            where = "before" if state["finished"] < len(blocks) else "after"
+            out[where] += size
+            if where == "after":
+                out["largest_after"] = max(out["largest_after"], size)
         return t
 
     class OpOutputs(TorchDispatchMode):

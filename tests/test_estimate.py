@@ -280,6 +280,22 @@ def test_with_gradient_accumulation_backward_holds_every_gradient():
 
 
 
+def test_a_model_without_blocks_peaks_in_its_heads_backward():
+    """The zoo's GRU has no blocks: everything it saves is the head's, and its backward holds gradient
+    buffers beside them as a block's does, two of its largest saved tensor (without that moment its DDP
+    peaks were estimated 8-12% under: runs/reference/cpu-2core-zoo)."""
+    from benchmarks.zoo import ZOO, workload
+    from estimator.traced_model import TracedModel
+
+    traced = TracedModel.of(workload(ZOO["gru_lm"]))
+    t = traced.at(8)
+    assert traced.n_blocks == 0 and 0 < t["largest_after"] < t["after"]
+    e = estimate(traced, "ddp", world=2, micro_batch=8)
+    assert e.peak_moment == "backward of the head"
+    bases = {name: b for b, _, name in e.moment_bases}
+    assert bases["backward of the head"] - bases["start of backward"] == 2 * t["largest_after"] - t["output"]
+
+
 def test_frozen_parameters_hold_no_gradient_and_no_optimizer_state():
     """A frozen parameter (requires_grad False) gets no gradient and AdamW keeps no state for it: the
     zoo's frozen_tied model (its first block frozen) counts its trainable parameters' (counting all,
