@@ -312,17 +312,19 @@ def model_accuracy(directory: Path, estimate=record_estimate) -> dict:
             "time_share": race["run_seconds"] / grid_seconds if race.get("run_seconds") and grid_seconds else None,
             "peak_runs": len(peak_errors), "peak_median": statistics.median(map(abs, peak_errors)),
             "peak_worst": max(peak_errors, key=abs), "peak_beyond": sum(abs(e) > 0.10 for e in peak_errors),
-            "best": best, "pick": pick, "predicted_pick": predicted_pick, "grid_median": grid_median}
+            "best": best, "pick": pick, "predicted_pick": predicted_pick, "grid_median": grid_median,
+            "race_within": race.get("within", 0.0)}  # the race's entry rule (0: before there was one)
 
 
-def race_on_grid(directory: Path, within: float) -> dict:
+def race_on_grid(directory: Path, acc: dict, within: float) -> dict:
     """The planner's race (analysis.plan.verify.race, its code as it is now) on one model's committed
     records, nothing run: its entrants chosen by `within` from the plan's predictions (made before any
     run), each round's runs read from the grid, a candidate's k-th race run being its grid round k (in
-    turn), charged that run's launch-to-end seconds. Returns the race's runs, its steps and seconds
-    against one pass of the grid's, its pick and the pick's regret by the grid's medians."""
+    turn), charged that run's launch-to-end seconds. With the model's figures (`acc`, model_accuracy's):
+    the race's runs, its steps and seconds against one pass of the grid's, its pick and the pick's
+    regret by the grid's medians, and the best of the configurations it left out."""
     from analysis.plan.candidates import GiB
-    from analysis.plan.verify import race
+    from analysis.plan.verify import entrants, race
 
     saved = json.loads((directory / "plan.json").read_text())
     grid_runs = json.loads((directory / "grid.json").read_text())
@@ -345,23 +347,19 @@ def race_on_grid(directory: Path, within: float) -> dict:
                         "steps": g["steps"], "run_seconds": g["seconds"] or 0.0})
         return out
 
-    steps = grid_runs[0]["steps"]
-    raced = race(rows, [], question_of(directory).world, directory, steps, 0.0, 1.0, within=within, measure=measure)
-    medians = {k: statistics.median(g["samples_per_s"] for g in v if g["status"] == "ok" and g["samples_per_s"])
-               for k, v in by_flags.items() if any(g["status"] == "ok" and g["samples_per_s"] for g in v)}
-    seconds = sum(statistics.median(g["seconds"] for g in v) for v in by_flags.values()
-                  if all(g["seconds"] is not None for g in v))
+    raced = race(rows, [], question_of(directory).world, directory, grid_runs[0]["steps"], 0.0, 1.0, within=within,
+                 measure=measure)
+    medians, best = acc["grid_median"], acc["grid_median"][acc["best"]]
     pick = flags_of[raced["pick"]["command"]] if raced["pick"] else None
-    best = max(medians, key=medians.get)
-    entered = {r["config"] for r in rows if any(m["command"] == r["command"] for m in raced["rounds"][0])}
+    entered = {r["config"] for r in entrants(rows, within=within)}
     # How near the rule came to leaving out the winner: the best grid median of the configurations it left out.
     left_out = [medians[flags_of[r["command"]]] for r in rows
                 if r["config"] not in entered and flags_of[r["command"]] in medians]
     return {"entrants": len(entered), "configurations": len({r["config"] for r in rows}), "runs": raced["runs"],
             "steps_share": raced["steps_run"] / raced["grid_steps"], "seconds": raced["run_seconds"],
-            "time_share": raced["run_seconds"] / seconds, "pick": pick,
-            "regret": 1 - medians[pick] / medians[best] if pick else None,
-            "left_out_best": max(left_out) / medians[best] if left_out else None}
+            "time_share": raced["run_seconds"] / acc["grid_seconds"], "pick": pick,
+            "regret": 1 - medians[pick] / best if pick else None,
+            "left_out_best": max(left_out) / best if left_out else None}
 
 
 def head_to_head(directory: Path, acc: dict) -> dict:
@@ -453,7 +451,7 @@ def page(runs_dirs: list[Path]) -> str:
         lines += ["", "Each model's best measured candidate, the predicted pick and the race's pick:", ""]
         for d, a in models:
             lines.append(f"- {d.name}: best `{a['best']}`; predicted `{a['predicted_pick']}`; raced `{a['pick']}`")
-        ran = sorted({json.loads((d / "plan.json").read_text()).get("race", {}).get("within", 0.0) for d, _ in models})
+        ran = sorted({a["race_within"] for _, a in models})
         lines += ["", "The race's entry rule on the grid's records (`race_on_grid`: the race's code as it is now, "
                   "nothing run; each race run is the candidate's next grid round, charged that run's seconds): every "
                   f"configuration entered (`--race_within 0`) against those predicted within {RACE_WITHIN} of the best "
@@ -465,7 +463,7 @@ def page(runs_dirs: list[Path]) -> str:
                   f"{RACE_WITHIN}: configurations entered, runs | steps share | time share | regret | left out, best |",
                   "|---|---|---:|---:|---:|---:|---:|"]
         for d, a in models:
-            every, rule = race_on_grid(d, 0.0), race_on_grid(d, RACE_WITHIN)
+            every, rule = race_on_grid(d, a, 0.0), race_on_grid(d, a, RACE_WITHIN)
             lines.append(
                 f"| {d.name} | {every['runs']}, {_pct(every['steps_share'])} / {_pct(every['time_share'])}, "
                 f"{_pct(every['regret'])} | {rule['entrants']} of {rule['configurations']}, {rule['runs']} | "
