@@ -13,10 +13,13 @@ and the live bytes at each moment of the step that can set its peak, the largest
 estimate (`peak_moment` names it):
 - the start of backward (every activation kept, the head's, the output's gradient);
 - the backward of each block (its activations, recomputed if checkpointed, and their gradients;
-  FULL_SHARD's unit gathered again with the next one prefetched);
+  a traced model's, the most its traced backward holds at once; FULL_SHARD's unit gathered again
+  with the next one prefetched);
 - the end of each FSDP unit's backward (its gradients on their way into the reduce-scatter), and,
   on gloo, each FSDP2 unit's forward all-gather;
-- ZeRO-3's end of forward (every parameter gathered, the last gathers in flight);
+- ZeRO-3's end of forward (every parameter gathered, the last gathers in flight; on one rank a
+  parameter's data is its partition: nothing gathered), and its coalesced reduce-scatter of the
+  gradient bucket (the flattened bucket and this rank's part copied out);
 - ZeRO-1/2's reduction of each block's gradients into this rank's partition, and the gradient
   reduction after backward (ZeRO-0's flattened all-reduce buffer; ZeRO-1/2's two buckets, the
   flattened bucket and the fp32 gradient partition);
@@ -119,6 +122,15 @@ class Activations:
     batch: int  # inputs and targets
     ops: list[dict] | None = None  # per block, the bytes of each aten operator's new outputs (traced)
     head_transient: int = 0  # the largest short-lived buffers of the head's backward (traced)
+    # Traced backward (estimator/traced_model.py): the most each block's backward holds at once, of
+    # its forward's tensors and the backward's; the head's, of the head's and the
+    # backward's. None where the trace could not run backward: the rule above instead.
+    backward: list[int] | None = None
+    head_backward: int | None = None
+
+    def own_backward(self, i: int) -> int:
+        """The most block i's backward holds at once, of its activations and its backward's buffers."""
+        return self.backward[i] if self.backward else self.full[i] + self.transient
 
     def retained(self, i: int, choice: str, save_ops=None) -> int:
         """What block i keeps for backward under `choice` (CKPT_CHOICES): everything it saves (none),
@@ -155,10 +167,19 @@ def traced_activations(traced, micro_batch: int, act: int) -> Activations:
         return value * act // F32
 
     transient = max((2 * big + inp for big, inp in zip(t["largest"], t["kept"])), default=0)
+    # The traced backward sees the tensors operators return, not the buffers kernels allocate inside
+    # (fake tensors have no memory to allocate): one of the largest tensor saved there is allowed for
+    # them. On the zoo's 596 grid runs the traced peaks alone lay under every DDP run's measured one
+    # (1-9%); with the allowance -4% to +10% (runs/reference/cpu-2core-zoo*, docs/estimator.md).
+    backward = head_backward = None
+    if t.get("backward_peak") is not None:
+        backward = [scale(v + big) for v, big in zip(t["backward_peak"], t["largest"])]
+        head_backward = scale(t["head_backward_peak"] + t["largest_after"])
     return Activations(full=[scale(v) for v in t["full"]], kept=[scale(v) for v in t["kept"]],
                        transient=scale(transient), head=scale(t["after"]), before=scale(t["before"]),
                        logits_grad=t["output"], batch=t["batch"], head_transient=scale(2 * t["largest_after"]),
-                       ops=[{op: scale(b) for op, b in block.items()} for block in t["ops"]])
+                       ops=[{op: scale(b) for op, b in block.items()} for block in t["ops"]],
+                       backward=backward, head_backward=head_backward)
 
 
 def ckpt_choices(blocks: int, interval: int, policy: str = "full", plan=None) -> list[str]:
@@ -273,7 +294,11 @@ def estimate(cfg, backend: str, world: int = 1, micro_batch: int = 1, precision:
 
     # What lives through the whole step.
     resident = (0 if params_host else params) + (0 if offloading else optimizer)
-    if lay.kind in ("shard_grad_op", "zero3") or lay.fsdp1_root_gathered:
+    # ZeRO-3 on one rank gathers nothing: a parameter's data is its partition, aliased (DeepSpeed's
+    # NoGatherHandle), though the record counts it as gathered too (model_state_bytes); unless the
+    # partition lives on the host (ZeRO-Infinity's offload_param on a GPU): copied to the device.
+    alone = lay.kind == "zero3" and W == 1 and not params_host
+    if lay.kind == "shard_grad_op" or (lay.kind == "zero3" and not alone) or lay.fsdp1_root_gathered:
         resident += gathered
     if lay.ddp_bucket:
         resident += grads
@@ -332,7 +357,10 @@ def estimate(cfg, backend: str, world: int = 1, micro_batch: int = 1, precision:
     moments.append((resident + carried + (F32 * Pt if unsynced or accumulated_shards else 0) + sum(per_block) + head
                     + a.logits_grad,
                     "start of backward", sum(per_block) + head, blocks))
-    if a.head_transient:
+    if a.head_backward is not None:
+        moments.append((resident + carried + (F32 * Pt if unsynced or accumulated_shards else 0) + sum(per_block)
+                        + a.head_backward, "backward of the head", sum(per_block) + head, blocks))
+    elif a.head_transient:
         # The head's own backward (traced models): what it keeps, and its gradients' buffers as a
         # block's (two of its largest saved tensor), beside every block's activations. It sets the
         # peak of a model without blocks (the zoo's GRU: its DDP peaks were measured 8-12% above the
@@ -340,7 +368,7 @@ def estimate(cfg, backend: str, world: int = 1, micro_batch: int = 1, precision:
         # and some at micro-batch 4 x 2 of bert, llama and vit, 0.7-2.3%; none beyond 10% since.
         moments.append((resident + carried + (F32 * Pt if unsynced or accumulated_shards else 0) + sum(per_block) + head
                         + a.head_transient, "backward of the head", sum(per_block) + head, blocks))
-    if lay.kind == "zero3" and gloo:
+    if lay.kind == "zero3" and gloo and not alone:
         # The end of forward: everything gathered, and the last gathers still in flight through
         # gloo's buffers: the prefetch (up to stage3_prefetch_bucket_size elements: the whole model
         # of a small one) or at least the module fetched and the next one (a parameter can exceed
@@ -369,8 +397,8 @@ def estimate(cfg, backend: str, world: int = 1, micro_batch: int = 1, precision:
         # FSDP2 keeps the reduce-scatter input of the unit above until this unit reduces
         # (reduce_scatter_max_input_buffers, 1 by default).
         held = c * units[i + 1] if fsdp_unit and backend == "fsdp2" and i + 1 < blocks else 0
-        moments.append((resident + carried + grads_so_far(i, grad_units[i] // 3) + below + a.full[i] + transient
-                        + regathered + held, f"backward of block {i}",
+        moments.append((resident + carried + grads_so_far(i, grad_units[i] // 3) + below + a.own_backward(i)
+                        + transient - a.transient + regathered + held, f"backward of block {i}",
                         below + (0 if checkpointed[i] else a.full[i]), i))
         if fsdp_unit:
             # The end of the unit's backward, its activations gone: two unit-sized buffers of its
@@ -408,6 +436,13 @@ def estimate(cfg, backend: str, world: int = 1, micro_batch: int = 1, precision:
     elif lay.kind == "zero12":
         moments.append((resident + carried + 2 * c * bucket + c * min(Pt, bucket) + (0 if lay.offload else F32 * Pt // W),
                         "gradient reduction", 0, 0))
+    elif lay.kind == "zero3" and not grads_host:
+        # ZeRO-3 reduce-scatters its bucket of gradients coalesced: flattened into one buffer, and
+        # this rank's part of it copied out (on one rank, the whole of it again). Measured on one
+        # rank, 16 micro-batches of 1 (the zoo's mixture of experts): two model-sized fp32 buffers
+        # alive at the peak beside every state.
+        flat = c * min(Pt, bucket)
+        moments.append((resident + flat + flat // W, "gradient reduction", 0, 0))
     # The optimizer step: every resident state with the gradients complete, and the update's
     # temporaries (torch's single-tensor AdamW: about two of the largest tensor's shard). It sets the
     # peak of models whose activations are small beside their states.

@@ -17,12 +17,21 @@ selective checkpoint keeps besides the input is the outputs of the operators it 
 alive through all of backward) and `after` (saved after the last: alive until backward leaves the
 head), `output` (the output's fp32 gradient, the first thing backward makes), and `batch` (the
 input and target tensors). Parameters: the counts the model-state formulas need.
+
+The same trace then runs backward (each parameter's gradient dropped as it is made: the backend
+holds gradients, counted apart): `backward_peak`, per block, the most alive at once while backward
+is in the block (from the first of its saved tensors backward reads to the next block's), of the
+tensors its forward made and those the backward made (the gradient flowing in, the block's own
+buffers); `head_backward_peak`, the same for the head. Every storage an operator returns is held
+weakly, so it counts while it is alive. A model whose backward fails on fake tensors has neither
+(None), and the estimator counts its backward by rule.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -51,11 +60,18 @@ def _trace(mode, model, x, y, block_class: str | None) -> dict:
     # not a new tensor (ViT and the CNN at micro-batch 8 were estimated 12-20% high counting it twice).
     owned |= {t.untyped_storage() for t in (x, y) if isinstance(t, torch.Tensor)}
     seen: set = set()
-    keep = []  # the storages stay alive (and their ids unique) until the trace ends
+    keep = []  # the storages stay alive (and their ids unique) until the forward ends
     out = {"full": [0] * len(blocks), "kept": [0] * len(blocks), "largest": [0] * len(blocks), "before": 0, "after": 0,
            "largest_after": 0, "ops": [{} for _ in blocks]}
     made: set = set()  # the storages an operator made (outputs that are views of older tensors are not new)
-    state = {"block": None, "finished": 0}
+    state = {"block": None, "finished": 0, "backward": None}
+    # Every storage an operator makes, by where it was made (("forward", block), or "backward"), held
+    # weakly: what is alive at each operator of the backward.
+    live: dict[int, tuple] = {}
+
+    def where() -> object:
+        i = state["block"]
+        return i if i is not None else ("before" if state["finished"] < len(blocks) else "after")
 
     def pre(i, module, args):
         state["block"] = i
@@ -69,7 +85,7 @@ def _trace(mode, model, x, y, block_class: str | None) -> dict:
     def pack(t: torch.Tensor):
         storage = t.untyped_storage()
         if storage in owned or storage in seen:
-            return t
+            return where(), t
         seen.add(storage)
         keep.append(storage)
         size, i = storage.nbytes(), state["block"]
@@ -77,41 +93,81 @@ def _trace(mode, model, x, y, block_class: str | None) -> dict:
             out["full"][i] += size
             out["largest"][i] = max(out["largest"][i], size)
         else:
-            where = "before" if state["finished"] < len(blocks) else "after"
-            out[where] += size
-            if where == "after":
+            w = where()
+            out[w] += size
+            if w == "after":
                 out["largest_after"] = max(out["largest_after"], size)
-        return t
+        return where(), t
+
+    def unpack(packed):
+        # Backward is in the place whose saved tensor it reads.
+        state["backward"] = packed[0]
+        return packed[1]
+
+    def alive(place) -> int:
+        return sum(size for ref, size, made_in in live.values() if made_in in (place, "backward") and ref() is not None)
 
     class OpOutputs(TorchDispatchMode):
-        """The bytes of each operator's new outputs, per block and operator name."""
+        """The bytes of each operator's new outputs, per block and operator name; in backward, the
+        most alive at once in each block (its forward's tensors and backward's)."""
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             result = func(*args, **(kwargs or {}))
             i = state["block"]
-            if i is not None:
-                name = func.overloadpacket.__name__
-                for t in tree_leaves(result):
-                    if isinstance(t, torch.Tensor):
-                        storage = t.untyped_storage()
-                        if storage not in owned and storage not in made:
-                            made.add(storage)
-                            keep.append(storage)
-                            out["ops"][i][name] = out["ops"][i].get(name, 0) + storage.nbytes()
+            for t in tree_leaves(result):
+                if isinstance(t, torch.Tensor):
+                    storage = t.untyped_storage()
+                    if storage in owned:
+                        continue
+                    entry = live.get(id(storage))
+                    if entry is None or entry[0]() is not storage:
+                        live[id(storage)] = (weakref.ref(storage), storage.nbytes(),
+                                             "backward" if out.get("phase") == "backward" else where())
+                    if i is not None and out.get("phase") != "backward" and storage not in made:
+                        made.add(storage)
+                        keep.append(storage)
+                        name = func.overloadpacket.__name__
+                        out["ops"][i][name] = out["ops"][i].get(name, 0) + storage.nbytes()
+            place = state["backward"]
+            if out.get("phase") == "backward" and place is not None:
+                key = "backward_peak" if isinstance(place, int) else None
+                if key:
+                    out[key][place] = max(out[key][place], alive(place))
+                elif place == "after":
+                    out["head_backward_peak"] = max(out["head_backward_peak"], alive(place))
             return result
 
     handles = [b.register_forward_pre_hook(functools.partial(pre, i)) for i, b in enumerate(blocks)]
     handles += [b.register_forward_hook(functools.partial(post, i)) for i, b in enumerate(blocks)]
     try:
         with torch.random.fork_rng(devices=[]), mode, OpOutputs(), \
-                torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                torch.autograd.graph.saved_tensors_hooks(pack, unpack):
             output, loss = model(x, y)
+            out["output"] = output.numel() * 4
+            out["batch"] = _nbytes(x) + _nbytes(y)
+            # The backward, its gradients of parameters dropped as they are made (the backend's
+            # part): what is alive at once in each block's backward, of its own forward's tensors and
+            # the backward's (the gradient flowing in, the block's temporaries).
+            seen.clear(), made.clear(), keep.clear()
+            del output
+            out.update(phase="backward", backward_peak=[0] * len(blocks), head_backward_peak=0)
+            grads = [p.register_post_accumulate_grad_hook(_drop_grad) for p in model.parameters() if p.requires_grad]
+            try:
+                loss.backward()
+            except Exception:  # noqa: BLE001 - a model fake tensors cannot run backward on: the rule instead
+                out.update(backward_peak=None, head_backward_peak=None)
+            finally:
+                for h in grads:
+                    h.remove()
     finally:
         for h in handles:
             h.remove()
-    out["output"] = output.numel() * 4
-    out["batch"] = _nbytes(x) + _nbytes(y)
+    out.pop("phase", None)
     return out
+
+
+def _drop_grad(p: torch.Tensor) -> None:
+    p.grad = None
 
 
 @dataclass
@@ -151,6 +207,8 @@ class TracedModel:
     def at(self, micro_batch: int) -> dict:
         """The traced quantities at `micro_batch`, on the line through the traces at 2 and 4."""
         def line(a, b):
+            if a is None or b is None:  # not traced (a model whose backward failed on fake tensors)
+                return None
             if isinstance(a, dict):
                 return {k: line(a.get(k, 0), b.get(k, 0)) for k in {**a, **b}}
             if isinstance(a, list):

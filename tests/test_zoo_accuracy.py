@@ -111,6 +111,28 @@ def test_on_the_committed_records_the_races_entry_rule_leaves_out_no_winner():
         assert rule["regret"] <= 0.05, d.name
 
 
+def test_the_peaks_that_repeat_round_after_round_are_estimated_within_ten_percent():
+    """Every zoo model's DDP and ZeRO-0 runs, and its ZeRO-3 runs on one rank, in the committed
+    records (no collective of their own mid-backward: their measured peaks repeat round after
+    round): the estimate within 10% of each.
+    - The mixture of experts' DDP and ZeRO-0 were 10-11% over while a block's backward was counted
+      as all it saves and two of its largest saved tensor: its largest (the experts' gate-up
+      output) is freed early in its backward, which the traced backward sees.
+    - ZeRO-3 on one rank was up to 18% over, counted with a gathered copy of every parameter and
+      gathers in flight: on one rank a parameter's data is its partition."""
+    checked = 0
+    for d in (d for r in RECORDS for d in sorted(r.iterdir()) if (d / "grid.json").is_file()):
+        one_rank = "world1" in d.parent.name
+        for g in json.loads((d / "grid.json").read_text()):
+            flags = " ".join(g["flags"])
+            if g["status"] == "ok" and g["mem_peak_bytes"] and (
+                    "--backend ddp" in flags or "z0.json" in flags or (one_rank and "z3.json" in flags)):
+                error = zoo_accuracy.record_estimate(d / "grid" / g["name"]) / g["mem_peak_bytes"] - 1
+                assert abs(error) <= 0.10, f"{d.relative_to(REPO)} {g['name']}: {error:+.1%}"
+                checked += 1
+    assert checked >= 130
+
+
 def test_a_models_question_is_the_one_its_grid_answered(tmp_path):
     """question.json names the question (grid --question); without it the first records' (world2). Its
     flags leave checkpointing out where no grid run checkpointed (a model without blocks)."""
