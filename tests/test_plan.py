@@ -712,10 +712,10 @@ def test_the_refit_leaves_waiting_communication_unscaled_and_counts_a_variant_as
 def test_the_race_runs_each_configurations_best_and_halves_until_two_are_left(tmp_path, monkeypatch):
     """Six configurations, two candidates each: the race's first round runs each configuration's
     best-ranked candidate (not the second), 4 steps; the faster half within the budget runs again, as
-    long, ranked by the median of its runs so far, until a round has two; the pick is the faster,
-    whatever the prediction said. A configuration over the budget (measured) or out of memory is
+    long, ranked by the median of its runs so far, until a round has two; the pick is the faster where
+    its runs resolve it, whatever the prediction said. A configuration over the budget (measured) or out of memory is
     dropped; the steps run are counted against the grid's (every fitting candidate once)."""
-    runs: dict[str, list] = {"a": [5.0], "b": [9.0, 6.0, 6.5], "c": [7.0], "d": [8.0, 8.0, 8.0], "e": [None],
+    runs: dict[str, list] = {"a": [5.0], "b": [9.0, 9.2, 6.5], "c": [7.0], "d": [10.0, 10.0, 8.0], "e": [None],
                              "f": [10.0], "g": [6.0], "h": [7.5, 7.0]}
 
     def speed(config):  # each configuration's runs in turn
@@ -728,12 +728,13 @@ def test_the_race_runs_each_configurations_best_and_halves_until_two_are_left(tm
     rows.append({"candidate": plan.Candidate("z", 8, 1, "none"), "config": "z", "fits": False, "command": "run z"})
     assert [r["command"] for r in plan.entrants(rows)] == [f"run {c} 8" for c in "abcdef"]
     raced = plan.race(rows, TINY, 2, tmp_path, 4, 60, budget_gb=1.0)
-    # round 0: ok within the budget b 9, d 8, c 7, a 5 (e out of memory, f over): two go on, b and d;
-    # two raced: b's median (9, 6) is 7.5, d's 8: d
-    assert ran == [(f"race0-{c}-mb8x1-none", 4) for c in "abcdef"] + [("race1-b-mb8x1-none", 4),
-                                                                       ("race1-d-mb8x1-none", 4)]
-    assert raced["pick"]["command"] == "run d 8" and raced["pick"]["race_samples_per_s"] == 8.0
-    assert [m["race_samples_per_s"] for m in raced["rounds"][1]] == [7.5, 8.0]
+    # round 0: ok within the budget d 10, b 9, c 7, a 5 (e out of memory, f over): two go on, d and b;
+    # two raced: d's median (10, 10) 10, b's (9, 9.2) 9.1, 10% apart where their runs lie 2% apart: d,
+    # though b was predicted faster
+    assert ran == [(f"race0-{c}-mb8x1-none", 4) for c in "abcdef"] + [("race1-d-mb8x1-none", 4),
+                                                                       ("race1-b-mb8x1-none", 4)]
+    assert raced["pick"]["command"] == "run d 8" and raced["pick"]["race_samples_per_s"] == 10.0
+    assert [m["race_samples_per_s"] for m in raced["rounds"][1]] == [10.0, 9.1] and not raced["tied"]
     assert raced["steps_run"] == 8 * 4 and raced["grid_steps"] == 12 * 4
     assert raced["runs"] == 8 and raced["grid_runs"] == 12 and raced["run_seconds"] == 80.0
     ran.clear()
@@ -751,7 +752,8 @@ def test_the_race_runs_each_configurations_best_and_halves_until_two_are_left(tm
 def test_the_race_enters_the_configurations_predicted_within_a_share_of_the_best(tmp_path, monkeypatch):
     """--race_within: a configuration enters only if its best-ranked candidate is predicted at least that
     share of the best candidate's (its other candidates never enter); two entrants each run twice, and
-    the pick is the faster by the median of its runs, whatever the first round said."""
+    the pick is the faster by the median of its runs where the gap is wider than the finalists' own runs
+    lie apart; where it is not, the prediction breaks the tie."""
     runs = {"a": [9.0, 6.0], "b": [8.0, 8.0], "c": [20.0], "d": [20.0]}
 
     def speed(config):
@@ -774,7 +776,12 @@ def test_the_race_enters_the_configurations_predicted_within_a_share_of_the_best
     # c and d, the fastest measured, never ran: left out by their predictions
     assert ran == [("race0-a-mb8x1-none", 4), ("race0-b-mb8x1-none", 4), ("race1-a-mb8x1-none", 4),
                    ("race1-b-mb8x1-none", 4)]
-    assert raced["pick"]["command"] == "run b 8" and raced["runs"] == 4  # a's median (9, 6) 7.5 < b's 8
+    # a's median (9, 6) 7.5 is below b's 8, by less than a's runs lie apart (50%): the prediction's a
+    assert raced["pick"]["command"] == "run a 8" and raced["runs"] == 4 and raced["tied"]
+    ran.clear()
+    runs.update(a=[6.0, 6.2], b=[8.0, 8.0])  # b 29% ahead, the runs 3% apart: b, against the prediction
+    raced = plan.race(rows, TINY, 2, tmp_path / "resolved", 4, 60, budget_gb=1.0, within=0.6)
+    assert raced["pick"]["command"] == "run b 8" and not raced["tied"]
     # the same race, every configuration entered: c and d ran, and one of them won
     ran.clear()
     runs.update(a=[9.0, 6.0], b=[8.0, 8.0], c=[20.0, 20.0], d=[20.0, 19.0])

@@ -99,15 +99,17 @@ def test_the_race_on_the_grids_records_runs_the_races_code_on_the_grids_rounds(t
 
 def test_on_the_committed_records_the_races_entry_rule_leaves_out_no_winner():
     """What docs/planner.md and entrants() say of --race_within's default, held to the zoo's records:
-    on every model of every question, the configurations it leaves out measured at most 0.71 of the
-    grid's best, and the race's pick on the grid's records is within 5% of the best."""
+    on every model of every question, the configurations it leaves out measured at most 0.73 of the
+    grid's best (0.71 on the first 13 questions; the 14th to 18th, measured after the rule was set,
+    its first held-out check: llama's 0.73), and the race's pick on the grid's records is within 5%
+    of the best."""
     from analysis.plan.verify import RACE_WITHIN
 
     models = [d for r in RECORDS for d in sorted(r.iterdir()) if (d / "plan.json").is_file()]
-    assert len(models) == 13
+    assert len(models) == 18
     for d in models:
         rule = zoo_accuracy.race_on_grid(d, zoo_accuracy.model_accuracy(d, estimate=lambda record: 1), RACE_WITHIN)
-        assert rule["left_out_best"] is None or round(rule["left_out_best"], 2) <= 0.71, d.name
+        assert rule["left_out_best"] is None or round(rule["left_out_best"], 2) <= 0.73, d.name
         assert rule["regret"] <= 0.05, d.name
 
 

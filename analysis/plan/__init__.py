@@ -139,7 +139,7 @@ def main(argv=None) -> int:
     p.add_argument("--race_within", type=float, default=RACE_WITHIN, metavar="F",
                    help="--race: enter only the configurations whose best prediction is at least F x the best "
                         f"candidate's (default {RACE_WITHIN}; 0: every configuration). On the model zoo no "
-                        "configuration predicted below 0.6 of the leader measured above 0.71 of the best, and "
+                        "configuration predicted below 0.6 of the leader measured above 0.73 of the best, and "
                         "racing fewer saves a launch per configuration left out (docs/results/zoo_accuracy.md)")
     p.add_argument("--verify_steps", type=int, default=8, help="steps of each verifying run, and of a race's first "
                    "round (2 warm-up steps and the last, profiled for memory, are not timed)")
@@ -327,7 +327,7 @@ def _race_summary(raced: dict) -> dict:
     keys = ("candidate", "command", "steps", "status", "measured_samples_per_s", "race_samples_per_s",
             "measured_peak_gb", "record", "run_seconds")
     return {"rounds": [[{k: m.get(k) for k in keys} for m in rnd] for rnd in raced["rounds"]],
-            **{k: raced[k] for k in ("runs", "grid_runs", "steps_run", "grid_steps", "run_seconds", "within")}}
+            **{k: raced[k] for k in ("runs", "grid_runs", "steps_run", "grid_steps", "run_seconds", "within", "tied")}}
 
 
 def _print_verified(verified: list[dict], fitted: dict | None, fitting: list[dict], pick: str | None,
@@ -365,6 +365,9 @@ def _print_verified(verified: list[dict], fitted: dict | None, fitting: list[dic
               f"(its {raced['grid_runs']} fitting candidates once: "
               f"{raced['steps_run'] / max(raced['grid_steps'], 1):.0%}), {raced['run_seconds']:.0f} s of runs")
         print("\npick (the race's winner):", pick or "none of the raced runs")
+        if raced.get("tied"):
+            print("  the last two's runs did not resolve them (their gap within their own runs' spread): "
+                  "the one predicted faster")
     else:
         print("\npick (fastest measured within the budget):", pick or "none of the verified runs")
     for command in ties:
