@@ -132,6 +132,14 @@ class Activations:
         """The most block i's backward holds at once, of its activations and its backward's buffers."""
         return self.backward[i] if self.backward else self.full[i] + self.transient
 
+    def own_head_backward(self) -> int | None:
+        """The most the head's backward holds at once, of what it keeps and its backward's buffers
+        (traced models; by rule, what it keeps and two of its largest saved tensor where the backward
+        was not traced); None for a model by formula (its head's backward is the start of backward's)."""
+        if self.head_backward is not None:
+            return self.head_backward
+        return self.head + self.head_transient if self.head_transient else None
+
     def retained(self, i: int, choice: str, save_ops=None) -> int:
         """What block i keeps for backward under `choice` (CKPT_CHOICES): everything it saves (none),
         its input (full), or its input and the outputs of the operators a selective checkpoint keeps."""
@@ -262,7 +270,7 @@ def estimate(cfg, backend: str, world: int = 1, micro_batch: int = 1, precision:
         assumptions.append("activations traced once in fp32 on fake tensors (estimator/traced_model.py)"
                            + (", scaled to 16 bits" if act != F32 else ""))
     blocks = len(a.full)
-    transient, head = a.transient, a.head
+    head = a.head
     choices = ckpt_choices(blocks, ckpt_interval, ckpt_policy, ckpt_plan)
     checkpointed = [c != "none" for c in choices]
     if "selective" in choices and a.ops is None:  # GPT-lite by formula: its operators' outputs traced
@@ -316,8 +324,8 @@ def estimate(cfg, backend: str, world: int = 1, micro_batch: int = 1, precision:
         else:
             resident += c * largest  # the device's buffer for one parameter's gradient on its way out
     resident += a.before  # what the forward kept before the first block lives through backward
-    if lay.kind == "zero12":
-        transient += 2 * c * bucket  # ZeRO-1/2's two gradient buckets, from the first gradient of backward on
+    # ZeRO-1/2's two gradient buckets, from the first gradient of backward on.
+    buckets = 2 * c * bucket if lay.kind == "zero12" else 0
 
     # With gradient accumulation, what the micro-batches before the last leave for the last one's
     # backward. DDP's gradients are views into its buckets only once a synchronized backward has put
@@ -354,20 +362,14 @@ def estimate(cfg, backend: str, world: int = 1, micro_batch: int = 1, precision:
     # The moments of a step whose live bytes can set its peak: (bytes, moment, activations then).
     moments = []
     # Backward starts in the head: every block's activations and the head's are alive.
-    moments.append((resident + carried + (F32 * Pt if unsynced or accumulated_shards else 0) + sum(per_block) + head
-                    + a.logits_grad,
-                    "start of backward", sum(per_block) + head, blocks))
-    if a.head_backward is not None:
-        moments.append((resident + carried + (F32 * Pt if unsynced or accumulated_shards else 0) + sum(per_block)
-                        + a.head_backward, "backward of the head", sum(per_block) + head, blocks))
-    elif a.head_transient:
-        # The head's own backward (traced models): what it keeps, and its gradients' buffers as a
-        # block's (two of its largest saved tensor), beside every block's activations. It sets the
-        # peak of a model without blocks (the zoo's GRU: its DDP peaks were measured 8-12% above the
-        # start of backward). Of the zoo's 596 grid runs it raised 24 estimates: the GRU's 0.8-4.4%,
-        # and some at micro-batch 4 x 2 of bert, llama and vit, 0.7-2.3%; none beyond 10% since.
-        moments.append((resident + carried + (F32 * Pt if unsynced or accumulated_shards else 0) + sum(per_block) + head
-                        + a.head_transient, "backward of the head", sum(per_block) + head, blocks))
+    kept_then = resident + carried + (F32 * Pt if unsynced or accumulated_shards else 0) + sum(per_block)
+    moments.append((kept_then + head + a.logits_grad, "start of backward", sum(per_block) + head, blocks))
+    own_head = a.own_head_backward()
+    if own_head is not None:
+        # The head's own backward (traced models), beside every block's activations. It sets the peak
+        # of a model without blocks (the zoo's GRU: its DDP peaks were measured 8-12% above the start
+        # of backward).
+        moments.append((kept_then + own_head, "backward of the head", sum(per_block) + head, blocks))
     if lay.kind == "zero3" and gloo and not alone:
         # The end of forward: everything gathered, and the last gathers still in flight through
         # gloo's buffers: the prefetch (up to stage3_prefetch_bucket_size elements: the whole model
@@ -398,7 +400,7 @@ def estimate(cfg, backend: str, world: int = 1, micro_batch: int = 1, precision:
         # (reduce_scatter_max_input_buffers, 1 by default).
         held = c * units[i + 1] if fsdp_unit and backend == "fsdp2" and i + 1 < blocks else 0
         moments.append((resident + carried + grads_so_far(i, grad_units[i] // 3) + below + a.own_backward(i)
-                        + transient - a.transient + regathered + held, f"backward of block {i}",
+                        + buckets + regathered + held, f"backward of block {i}",
                         below + (0 if checkpointed[i] else a.full[i]), i))
         if fsdp_unit:
             # The end of the unit's backward, its activations gone: two unit-sized buffers of its
@@ -467,7 +469,8 @@ def estimate(cfg, backend: str, world: int = 1, micro_batch: int = 1, precision:
         activation_bytes=int(activation_at_peak), total_bytes=int(peak + batch + data_bytes),
         host_bytes=int(host),
         terms={"resident_model_states": int(resident), "activation_per_block": int(max(a.full, default=0)),
-               "checkpointed_block_input": int(max(a.kept, default=0)), "backward_transient": int(transient),
+               "checkpointed_block_input": int(max(a.kept, default=0)), "backward_transient":
+                   int(max((a.own_backward(i) - a.full[i] for i in range(blocks)), default=a.transient) + buckets),
                "head_activations": int(head), "data": int(data_bytes)},
         peak_moment=moment,
         # The dataset's tensors are alive all step, like the batch: a plan's peak counts both.

@@ -64,9 +64,10 @@ def _trace(mode, model, x, y, block_class: str | None) -> dict:
     out = {"full": [0] * len(blocks), "kept": [0] * len(blocks), "largest": [0] * len(blocks), "before": 0, "after": 0,
            "largest_after": 0, "ops": [{} for _ in blocks]}
     made: set = set()  # the storages an operator made (outputs that are views of older tensors are not new)
-    state = {"block": None, "finished": 0, "backward": None}
-    # Every storage an operator makes, by where it was made (("forward", block), or "backward"), held
-    # weakly: what is alive at each operator of the backward.
+    # In forward, the block running; in backward (`backward_in`), the place whose saved tensor it read last.
+    state = {"block": None, "finished": 0, "backward": False, "backward_in": None}
+    # Every storage an operator makes: (weak reference, bytes, where it was made: a block's index,
+    # "before" or "after" in forward, or "backward"); what is alive at each operator of the backward.
     live: dict[int, tuple] = {}
 
     def where() -> object:
@@ -101,7 +102,7 @@ def _trace(mode, model, x, y, block_class: str | None) -> dict:
 
     def unpack(packed):
         # Backward is in the place whose saved tensor it reads.
-        state["backward"] = packed[0]
+        state["backward_in"] = packed[0]
         return packed[1]
 
     def alive(place) -> int:
@@ -122,19 +123,17 @@ def _trace(mode, model, x, y, block_class: str | None) -> dict:
                     entry = live.get(id(storage))
                     if entry is None or entry[0]() is not storage:
                         live[id(storage)] = (weakref.ref(storage), storage.nbytes(),
-                                             "backward" if out.get("phase") == "backward" else where())
-                    if i is not None and out.get("phase") != "backward" and storage not in made:
+                                             "backward" if state["backward"] else where())
+                    if i is not None and not state["backward"] and storage not in made:
                         made.add(storage)
                         keep.append(storage)
                         name = func.overloadpacket.__name__
                         out["ops"][i][name] = out["ops"][i].get(name, 0) + storage.nbytes()
-            place = state["backward"]
-            if out.get("phase") == "backward" and place is not None:
-                key = "backward_peak" if isinstance(place, int) else None
-                if key:
-                    out[key][place] = max(out[key][place], alive(place))
-                elif place == "after":
-                    out["head_backward_peak"] = max(out["head_backward_peak"], alive(place))
+            place = state["backward_in"]
+            if isinstance(place, int):
+                out["backward_peak"][place] = max(out["backward_peak"][place], alive(place))
+            elif place == "after":
+                out["head_backward_peak"] = max(out["head_backward_peak"], alive(place))
             return result
 
     handles = [b.register_forward_pre_hook(functools.partial(pre, i)) for i, b in enumerate(blocks)]
@@ -150,7 +149,8 @@ def _trace(mode, model, x, y, block_class: str | None) -> dict:
             # the backward's (the gradient flowing in, the block's temporaries).
             seen.clear(), made.clear(), keep.clear()
             del output
-            out.update(phase="backward", backward_peak=[0] * len(blocks), head_backward_peak=0)
+            out.update(backward_peak=[0] * len(blocks), head_backward_peak=0)
+            state["backward"] = True
             grads = [p.register_post_accumulate_grad_hook(_drop_grad) for p in model.parameters() if p.requires_grad]
             try:
                 loss.backward()
@@ -162,7 +162,6 @@ def _trace(mode, model, x, y, block_class: str | None) -> dict:
     finally:
         for h in handles:
             h.remove()
-    out.pop("phase", None)
     return out
 
 
