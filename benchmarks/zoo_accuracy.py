@@ -154,16 +154,17 @@ def plan_and_race(runs_dir: Path, names: list[str], steps: int) -> None:
         if (out / "race").exists():
             sys.exit(f"{out / 'race'} exists: a race reuses no record (its runs' seconds are what it costs); "
                      "move it away first")
+        # Each configuration's own costs measured on the first model's plan (on the probe model, not a
+        # zoo model) and kept beside the records with the link between the ranks (probed once, on the
+        # first plan): every model's plan prices them alike.
+        env = {**os.environ, "GPTLITE_BACKEND_COSTS": str(runs_dir / "backend_costs.json")}
         # The step model without the configurations' own costs (as it was before issue 40's item 2):
         # predictions only, nothing run.
         proc = subprocess.run([sys.executable, "-m", "analysis.plan", *question(out), "--backend_costs", "off", "--json",
-                               *ZOO[name].flags], cwd=REPO, stdout=subprocess.PIPE, text=True)
+                               *ZOO[name].flags], cwd=REPO, stdout=subprocess.PIPE, text=True, env=env)
         if proc.returncode not in (0, 1):
             sys.exit(f"{name}: analysis.plan failed ({proc.returncode})")
         (out / "plan_without_own_costs.json").write_text(proc.stdout)
-        # Each configuration's own costs measured on the first model's plan (on the probe model, not a
-        # zoo model) and kept beside the records: every model's plan prices them alike.
-        env = {**os.environ, "GPTLITE_BACKEND_COSTS": str(runs_dir / "backend_costs.json")}
         started = time.perf_counter()
         proc = subprocess.run([sys.executable, "-m", "analysis.plan", *question(out), "--race", "--verify_steps", str(steps),
                                "--backend_costs", "measure", "--runs_dir", str(out / "race"), "--json",

@@ -3,6 +3,7 @@ the commands it prints (which train.py resolves as the planner did), this machin
 CLI's bad input, and --verify's real runs through the sweep runner."""
 
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -831,6 +832,65 @@ def test_backend_costs_are_fitted_from_the_probe_runs_and_kept_per_machine(tmp_p
     probe.costs_for(["ddp"], 2, None, measure_missing=True, progress=lambda line: None)
     assert measured == [("ddp", 2)]  # another machine: measured again
     assert "not measured" in bc.summary_line({}, ["ds_configs/z3.json"])
+
+
+def test_the_link_is_probed_once_per_machine_and_kept_with_the_backend_costs(tmp_path, monkeypatch):
+    """--gpu here prices every call on the link kept in the backend costs' file (their residuals are
+    what is left after pricing the probe runs' calls on it): probed the first time (many calls, several
+    launches: five calls read 291 to 2381 us per ring step across eight plans on the 2-core CPU), then
+    read back, probed again on another machine or world; a probe takes the mean of each launch's calls
+    and the median of the launches; the tests' cache (os.devnull) keeps nothing."""
+    from analysis.plan import backend_costs as bc
+    from analysis.plan import device
+
+    launches = iter([(0.004, 0.020), (0.001, 0.012), (0.002, 0.014)])  # (small, large) seconds per call
+
+    class Queue:
+        def get(self):
+            return next(launches)
+
+    class Proc:
+        exitcode = 0
+
+        def __init__(self, target, args):
+            pass
+
+        def start(self):
+            pass
+
+        def join(self, timeout):
+            pass
+
+    class Context:
+        SimpleQueue = Queue
+        Process = Proc
+
+    import torch.multiprocessing as mp
+
+    monkeypatch.setattr(mp, "get_context", lambda kind: Context())
+    link = device.probe_link(2, sizes=(1024, 8 * 2**20), calls=(50, 8), launches=3)
+    # the median launch's: 0.002 s over 2 ring steps; 8 MiB of bus bytes over (0.014 - 0.002) s
+    assert link.latency_us == pytest.approx(1000.0) and link.gb_s == pytest.approx(8 * 2**20 / 0.012 / 1e9)
+
+    probed = []
+
+    def fake_probe(world):
+        probed.append(world)
+        return device.Link(1.5, 700.0 + len(probed), "probed")
+
+    monkeypatch.setattr(device, "probe_link", fake_probe)
+    monkeypatch.setenv("GPTLITE_BACKEND_COSTS", str(tmp_path / "backend_costs.json"))
+    first = device.machine_link(2)
+    assert (first.latency_us, probed) == (701.0, [2]) and str(tmp_path) in first.source
+    assert device.machine_link(2).latency_us == 701.0 and probed == [2]  # kept: not probed again
+    kept = json.loads((tmp_path / "backend_costs.json").read_text())
+    assert kept["link|world=2"]["machine"] == bc.machine() and kept["link|world=2"]["gb_s"] == 1.5
+    assert device.machine_link(4).latency_us == 702.0 and probed == [2, 4]
+    monkeypatch.setattr(bc, "machine", lambda: {"cpu": "another"})
+    assert device.machine_link(2).latency_us == 703.0 and probed == [2, 4, 2]
+    monkeypatch.setenv("GPTLITE_BACKEND_COSTS", os.devnull)
+    assert device.machine_link(2).latency_us == 704.0 and device.machine_link(2).latency_us == 705.0
+    assert os.path.exists(os.devnull) and not os.path.isfile(os.devnull)
 
 
 def test_a_configurations_measured_cost_is_added_to_its_step_and_left_out_of_the_refit():

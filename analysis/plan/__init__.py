@@ -127,8 +127,8 @@ def main(argv=None) -> int:
                    help="--gpu here: each configuration's own cost on this machine (its hooks, flattening, engine, "
                         "calls; analysis/plan/backend_costs.py), measured on a probe model at world --world and "
                         "kept in $GPTLITE_CACHE/backend_costs.json: cached (default) uses those kept and prices the "
-                        "others at 0, saying which; measure measures the missing ones first (6 runs each, about "
-                        "a minute on a 2-core CPU); off prices none")
+                        "others at 0, saying which; measure measures the missing ones first (9 runs each, about "
+                        "a minute and a half on a 2-core CPU); off prices none")
     p.add_argument("--race", action="store_true",
                    help="trust no prediction across configurations: race them on this machine (successive halving). "
                         "Every configuration's best-ranked fitting candidate (of those --race_within admits) runs "
@@ -225,7 +225,7 @@ def main(argv=None) -> int:
         configs = [*configs, *bases]
         if args.gpu == "here":
             if not args.json:
-                print("calibrating this machine (the model's step timed; the link between its ranks probed) ...",
+                print("calibrating this machine (the model's step timed; the link between its ranks probed, or kept) ...",
                       file=sys.stderr, flush=True)
             device = here_device(train_argv, args.world, per_node, args.overlap,
                                  sorted({c.micro_batch for c in asked}))

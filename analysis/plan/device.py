@@ -130,48 +130,87 @@ def calibration_points(micro_batches: list[int], gpu: bool) -> tuple[int, int]:
     return (small, large) if small < large else (small, 2 * small)
 
 
-def probe_link(world: int, sizes: tuple[int, int] = (1024, 8 * 2**20), reps: int = 5) -> Link:
-    """all_reduce timed between `world` local processes (gloo, this machine): a small message gives
-    the latency per ring step, a large one the bus bandwidth."""
+# The link between local processes, as a training step meets it: on the 2-core CPU one all_reduce of
+# 1 KB between two processes took 0.13 to 8 ms (200 calls, 2026-11-28: median 0.25-0.76 ms, mean
+# 0.86-1.9 ms, three launches), so a probe of five calls read anything from 291 to 2381 us per ring
+# step across the eight plans of runs/reference/cpu-2core-zoo-race-within, and one plan priced every
+# DDP step of its model 9.5 ms of waiting where its runs left 1.3. Each launch times many calls and
+# takes their mean (what a step pays on average); the median of the launches is kept.
+LINK_CALLS = (50, 8)  # timed per launch: the small message, the large one
+LINK_LAUNCHES = 3
+
+
+def probe_link(world: int, sizes: tuple[int, int] = (1024, 8 * 2**20), calls: tuple[int, int] = LINK_CALLS,
+               launches: int = LINK_LAUNCHES) -> Link:
+    """all_reduce timed between `world` local processes (gloo, this machine), `launches` times: a small
+    message gives the latency per ring step, a large one the bus bandwidth (each launch's mean over
+    its `calls`, the median of the launches)."""
     import tempfile
 
     import torch.multiprocessing as mp
 
-    with tempfile.TemporaryDirectory() as tmp:
-        ctx = mp.get_context("spawn")
-        queue = ctx.SimpleQueue()
-        procs = [ctx.Process(target=_probe_rank, args=(r, world, f"{tmp}/store", sizes, reps, queue))
-                 for r in range(world)]
-        for proc in procs:
-            proc.start()
-        for proc in procs:
-            proc.join(120)
-        if any(proc.exitcode != 0 for proc in procs):
-            raise RuntimeError("the all_reduce probe between local processes failed")
-        small_s, large_s = queue.get()
+    timed = []
+    for _ in range(launches):
+        with tempfile.TemporaryDirectory() as tmp:
+            ctx = mp.get_context("spawn")
+            queue = ctx.SimpleQueue()
+            procs = [ctx.Process(target=_probe_rank, args=(r, world, f"{tmp}/store", sizes, calls, queue))
+                     for r in range(world)]
+            for proc in procs:
+                proc.start()
+            for proc in procs:
+                proc.join(120)
+            if any(proc.exitcode != 0 for proc in procs):
+                raise RuntimeError("the all_reduce probe between local processes failed")
+            timed.append(queue.get())
+    small_s = statistics.median(t[0] for t in timed)
+    large_s = statistics.median(t[1] for t in timed)
     steps = 2 * (world - 1)
     bus = 2 * (world - 1) / world * sizes[1]
     return Link(bus / max(large_s - small_s, 1e-9) / 1e9, small_s / steps * 1e6,
-                f"all_reduce timed between {world} local processes (gloo)")
+                f"all_reduce timed between {world} local processes (gloo; the mean of {calls[0]} and {calls[1]} "
+                f"calls, the median of {launches} launches)")
 
 
-def _probe_rank(rank: int, world: int, store: str, sizes, reps: int, queue) -> None:
+def _probe_rank(rank: int, world: int, store: str, sizes, calls, queue) -> None:
     import torch
     import torch.distributed as dist
 
     dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world)
     times = []
-    for size in sizes:
+    for size, n in zip(sizes, calls):
         t = torch.zeros(size // 4)
         dist.all_reduce(t)  # warm-up
         dist.barrier()
         started = time.perf_counter()
-        for _ in range(reps):
+        for _ in range(n):
             dist.all_reduce(t)
-        times.append((time.perf_counter() - started) / reps)
+        times.append((time.perf_counter() - started) / n)
     if rank == 0:
         queue.put(times)
     dist.destroy_process_group()
+
+
+def machine_link(world: int) -> Link:
+    """The link between `world` local processes: probed once per machine (probe_link) and kept with
+    the configurations' own costs (backend_costs.cache_path(): their residuals are what the step model
+    leaves after pricing the calls on this link, so a plan prices them on the same one), measured
+    again when the machine changes."""
+    from datetime import datetime, timezone
+
+    from analysis.plan.backend_costs import cache_path, keep, load, machine
+
+    key, here = f"link|world={world}", machine()
+    entry = load().get(key)
+    if not (entry and entry.get("machine") == here):
+        link = probe_link(world)
+        entry = {"gb_s": link.gb_s, "latency_us": link.latency_us, "source": link.source, "machine": here,
+                 "measured": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+        cache = load()  # read again: another plan may have kept something meanwhile
+        cache[key] = entry
+        keep(cache)
+    return Link(entry["gb_s"], entry["latency_us"], f"{entry['source']}, measured {entry['measured']}, kept in "
+                f"{cache_path()}")
 
 
 def here_device(train_argv: list[str], world: int, per_node: int, overlap: float,
@@ -200,7 +239,7 @@ def here_device(train_argv: list[str], world: int, per_node: int, overlap: float
         if torch.cuda.is_initialized():
             gc.collect()
             torch.cuda.empty_cache()
-    inside = probe_link(world) if world > 1 else Link(math.inf, 0.0, "one rank: nothing to communicate")
+    inside = machine_link(world) if world > 1 else Link(math.inf, 0.0, "one rank: nothing to communicate")
     timed = ", ".join(f"micro-batch {m}: {s * 1e3:.1f} ms" for m, s in c["timed"].items())
     return Device(f"here ({setup.env.device})", inside, inside, micro_step_s=c["micro_step_s"],
                   sample_s=c["sample_s"], optimizer_s=c["optimizer_s"], recompute=c["recompute"], overlap=overlap,
