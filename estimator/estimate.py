@@ -336,9 +336,12 @@ def estimate(cfg, backend: str, world: int = 1, micro_batch: int = 1, precision:
     # until the last one's backward ends. (Measured: HF Llama, 2.7M parameters, 2 ranks, micro-batch
     # 4 x 2, fp32: DDP's records 10 MB above the estimate without this, one fp32 gradient; ZeRO-2's
     # 6 to 10 MB, against its 5.4 MB partition. ZeRO-1 reduces only at the last micro-batch, its
-    # gradients accumulating whole in between: not measured with accumulation, not counted.)
+    # gradients accumulating whole in between: not measured with accumulation, not counted.) On one
+    # rank every parameter lies whole in the partition, its gradient a view of it that the next
+    # micro-batch adds into: nothing carried (the zoo's one-rank records: ZeRO-2's peaks equal
+    # ZeRO-1's within 3% at accumulation 2 to 16, runs/reference/cpu-2core-zoo-deepspeed-world1).
     unsynced = grad_accum > 1 and lay.ddp_bucket and not lay.grads_beside_buckets
-    carried = c * Pt // W if (grad_accum > 1 and lay.kind == "zero12" and not lay.offload
+    carried = c * Pt // W if (grad_accum > 1 and lay.kind == "zero12" and not lay.offload and W > 1
                              and int(lay.ds.get("stage", 0)) == 2) else 0
     fsdp_unit = lay.kind in ("full_shard", "shard_grad_op") and backend in ("fsdp", "fsdp2")
     # Where gradients are not held in buckets or partitions allocated up front, they grow as

@@ -834,6 +834,23 @@ def test_backend_costs_are_fitted_from_the_probe_runs_and_kept_per_machine(tmp_p
     assert "not measured" in bc.summary_line({}, ["ds_configs/z3.json"])
 
 
+def test_a_probe_points_slow_repeat_does_not_set_the_configurations_cost():
+    """A probe point's step is the fastest of its repeats (backend_costs.point_seconds): what else runs
+    on the machine only slows a run down (FSDP2's three runs of one point, 170, 328 and 676 ms, whose
+    median put 111 ms on every micro-step). benchmarks/own_costs_replay.py refits kept probe runs so."""
+    from analysis.plan import backend_costs as bc
+    from benchmarks.own_costs_replay import refitted
+
+    truth = {"per_step_s": 0.004, "per_micro_step_s": 0.002, "per_item_s": 1e-4}
+    tensors = {2: 10, 12: 50}
+    runs = {}
+    for slow, (layers, m, a) in zip((1, 2, 3), bc.POINTS):
+        fastest = 0.01 + bc.cost_seconds(truth, a, tensors[layers])  # predicted 0.01 s, plus the cost
+        runs[f"{layers}x{m}x{a}"] = {"predicted_s": 0.01, "measured_s": [fastest * slow, fastest, fastest * 4]}
+    assert bc.point_seconds([0.170, 0.328, 0.676]) == 0.170
+    assert refitted({"runs": runs, "items": {"2": 10, "12": 50}}) == pytest.approx(truth)
+
+
 def test_the_link_is_probed_once_per_machine_and_kept_with_the_backend_costs(tmp_path, monkeypatch):
     """--gpu here prices every call on the link kept in the backend costs' file (their residuals are
     what is left after pricing the probe runs' calls on it): probed the first time (many calls, several

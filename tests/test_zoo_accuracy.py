@@ -14,7 +14,8 @@ from benchmarks import zoo_accuracy  # noqa: E402
 
 # The records folders the page has a section of, in its order.
 RECORDS = [REPO / "runs" / "reference" / name
-           for name in ("cpu-2core-zoo", "cpu-2core-zoo-deepspeed-world1", "cpu-2core-zoo-race-within")]
+           for name in ("cpu-2core-zoo", "cpu-2core-zoo-deepspeed-world1", "cpu-2core-zoo-race-within",
+                        "cpu-2core-zoo-link-kept")]
 PAGE = REPO / "docs" / "results" / "zoo_accuracy.md"
 
 
@@ -99,18 +100,22 @@ def test_the_race_on_the_grids_records_runs_the_races_code_on_the_grids_rounds(t
 
 def test_on_the_committed_records_the_races_entry_rule_leaves_out_no_winner():
     """What docs/planner.md and entrants() say of --race_within's default, held to the zoo's records:
-    on every model of every question, the configurations it leaves out measured at most 0.73 of the
-    grid's best (0.71 on the first 13 questions; the 14th to 18th, measured after the rule was set,
-    its first held-out check: llama's 0.73), and the race's pick on the grid's records is within 5%
-    of the best."""
+    on every model of every question, no configuration it leaves out measured within 5% of the grid's
+    best (the most any did: 0.71 of the best on the first 13 questions, 0.73 on the 14th to 18th,
+    measured after the rule was set, and 0.85 on the 19th to 22nd, whose predictions a slow probe run
+    skewed: runs/reference/cpu-2core-zoo-link-kept), and the race's pick on the grid's records is
+    within 5% of the best."""
     from analysis.plan.verify import RACE_WITHIN
 
     models = [d for r in RECORDS for d in sorted(r.iterdir()) if (d / "plan.json").is_file()]
-    assert len(models) == 18
+    assert len(models) == 22
+    left_out = []
     for d in models:
         rule = zoo_accuracy.race_on_grid(d, zoo_accuracy.model_accuracy(d, estimate=lambda record: 1), RACE_WITHIN)
-        assert rule["left_out_best"] is None or round(rule["left_out_best"], 2) <= 0.73, d.name
+        assert rule["left_out_best"] is None or rule["left_out_best"] < 0.95, d.name
         assert rule["regret"] <= 0.05, d.name
+        left_out.append(rule["left_out_best"] or 0.0)
+    assert round(max(left_out[:18]), 2) <= 0.73 and round(max(left_out), 2) <= 0.85  # what the docs say
 
 
 def test_the_peaks_that_repeat_round_after_round_are_estimated_within_ten_percent():

@@ -39,11 +39,21 @@ PROBE = Path(__file__).resolve().with_name("probe_model.py")
 # (blocks, micro-batch, accumulation) of the three probe runs.
 POINTS = ((2, 8, 1), (12, 8, 1), (12, 4, 2))
 STEPS = 24  # 2 warm-up, the last profiled for memory: 21 timed
-# Each point run three times, taking turns, its step the median: on the 2-core CPU one probe run of DDP
-# (12 blocks, 8 x 1, 7 timed steps) read 1472 samples/s and the same run 25 minutes later 587; of
-# ZeRO-3's two runs of 2 blocks, 8 x 1, one 31 ms a step and the other 65, and the median of two, their
-# mean, put 28 ms on every ZeRO-3 step (runs/reference/cpu-2core-zoo-race-within/backend_costs.json).
+# Each point run three times, taking turns, its step the fastest of them (point_seconds): on the 2-core
+# CPU one probe run of DDP (12 blocks, 8 x 1, 7 timed steps) read 1472 samples/s and the same run 25
+# minutes later 587; of ZeRO-3's two runs of 2 blocks, 8 x 1, one 31 ms a step and the other 65, and
+# their median, the mean of two, put 28 ms on every ZeRO-3 step
+# (runs/reference/cpu-2core-zoo-race-within/backend_costs.json); of FSDP2's three at 12 blocks, 4 x 2,
+# 170, 328 and 676 ms, the third of every point slow, and their median put 111 ms on every FSDP2
+# micro-step (runs/reference/cpu-2core-zoo-link-kept/backend_costs.json).
 REPEATS = 3
+
+
+def point_seconds(times: list[float]) -> float:
+    """A probe point's step from its repeats: the fastest. What else runs on the machine only ever
+    slows a run down, and a slow repeat is that, not the configuration (replayed on the zoo's four
+    records folders, benchmarks/own_costs_replay.py: see docs/planner.md)."""
+    return min(times)
 
 
 def cache_path() -> Path:

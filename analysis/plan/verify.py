@@ -109,8 +109,9 @@ def entrants(rows: list[dict], per_family: int = 1, within: float = 0.0) -> list
     micro-batches and checkpointing, which the calibrated compute ranks within it.
     `within` (0 to 1): only the configurations whose best prediction is at least `within` x the best
     candidate's; 0 enters every one. The model's errors are large, but not that large across a whole
-    configuration: on the zoo's 18 model questions (runs/reference/cpu-2core-zoo*) no configuration predicted
-    below 0.6 of the leader measured above 0.73 of the grid's best (docs/results/zoo_accuracy.md)."""
+    configuration: on the zoo's 22 model questions (runs/reference/cpu-2core-zoo*) no configuration predicted
+    below 0.6 of the leader measured within 5% of the grid's best (at most 0.73 of it on the first 18,
+    0.85 on the four whose own costs a slow probe run skewed; docs/results/zoo_accuracy.md)."""
     if not 0.0 <= within <= 1.0:
         raise ConfigError(f"race_within must lie between 0 and 1 (got {within!r})")
     fitting = [r for r in rows if r.get("fits")]

@@ -1,0 +1,95 @@
+#!/usr/bin/env python
+"""The zoo's predictions replayed with each configuration's own costs refitted by the code as it is now.
+
+    python benchmarks/own_costs_replay.py runs/reference/cpu-2core-zoo runs/reference/cpu-2core-zoo-race-within
+
+Each records folder of benchmarks/zoo_accuracy.py keeps the probe runs its plans' own costs were fitted
+from (RUNS_DIR/backend_costs.json: each point's repeats, measured and predicted). This refits them
+with analysis/plan/backend_costs.py as it is now (point_seconds, fit) and re-prices every fitting
+candidate of every model's plan.json: its step as the plan priced it, less the own cost it was charged,
+plus the refitted one. Nothing runs; the predictions' other parts (compute, communication) stay as
+the plan made them. Prints, per model, the median |predicted / measured - 1| over the fitting
+candidates (measured: the grid's median) and Spearman's rank correlation, as recorded and replayed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+
+def refitted(entry: dict) -> dict:
+    """A kept configuration's own costs, refitted from its probe runs by the code now."""
+    from analysis.plan.backend_costs import POINTS, fit, point_seconds
+
+    residuals = {}
+    for point in POINTS:
+        run = entry["runs"]["x".join(map(str, point))]
+        residuals[point] = point_seconds(run["measured_s"]) - run["predicted_s"]
+    return fit(residuals, {int(k): v for k, v in entry["items"].items()})
+
+
+def replay(model_dir: Path, costs: dict) -> dict:
+    """One model's plan.json re-priced with `costs` refitted: {recorded, replayed}: (median error, Spearman)."""
+    from analysis.plan.backend_costs import cost_seconds, items, key
+    from benchmarks.zoo import ZOO
+    from benchmarks.zoo_accuracy import question_of, spearman
+    from training.describe import resolve_flags
+
+    world = question_of(model_dir).world
+    grid = json.loads((model_dir / "grid.json").read_text())
+    saved = json.loads((model_dir / "plan.json").read_text())
+    measured: dict[str, list[float]] = {}
+    for g in grid:
+        if g["status"] == "ok" and g["samples_per_s"]:
+            measured.setdefault(" ".join(g["flags"]), []).append(g["samples_per_s"])
+    n_items: dict[str, int] = {}
+    rows = []
+    for c in saved["candidates"]:
+        flags = " ".join(c.get("config_flags", []))
+        if not c.get("fits") or flags not in measured:
+            continue
+        step = c["step_ms"] / 1e3
+        batch = c["pred_samples_per_s"] * step
+        entry = costs.get(key(c.get("base") or c["config"], world))
+        new = step
+        if entry is not None and "runs" in entry:
+            if c["backend"] not in n_items:
+                setup = resolve_flags([*ZOO[model_dir.name].flags, *c["config_flags"]], world)
+                n_items[c["backend"]] = items(setup, c["backend"])[1]
+            accum = int(c["micro x accum"].split("x")[1])
+            new = step - c["own_ms"] / 1e3 + cost_seconds(refitted(entry), accum, n_items[c["backend"]])
+        rows.append((c["pred_samples_per_s"], batch / new, statistics.median(measured[flags])))
+    out = {}
+    for name, i in (("recorded", 0), ("replayed", 1)):
+        out[name] = (statistics.median(abs(r[i] / r[2] - 1) for r in rows),
+                     spearman([r[i] for r in rows], [r[2] for r in rows]))
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="\n".join(__doc__.splitlines()[2:]))
+    p.add_argument("runs_dirs", nargs="+", type=Path, help="records folders of benchmarks/zoo_accuracy.py")
+    args = p.parse_args()
+    for runs_dir in args.runs_dirs:
+        kept = runs_dir / "backend_costs.json"
+        if not kept.is_file():
+            print(f"{runs_dir}: no backend_costs.json, nothing to refit")
+            continue
+        costs = json.loads(kept.read_text())
+        for d in sorted(runs_dir.iterdir()):
+            if (d / "plan.json").is_file() and (d / "grid.json").is_file():
+                r = replay(d, costs)
+                print(f"{runs_dir.name} {d.name}: recorded {r['recorded'][0]:.0%} ({r['recorded'][1]:.2f}), "
+                      f"replayed {r['replayed'][0]:.0%} ({r['replayed'][1]:.2f})", flush=True)
+
+
+if __name__ == "__main__":
+    main()
