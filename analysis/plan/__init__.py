@@ -139,7 +139,7 @@ def main(argv=None) -> int:
     p.add_argument("--race_within", type=float, default=RACE_WITHIN, metavar="F",
                    help="--race: enter only the configurations whose best prediction is at least F x the best "
                         f"candidate's (default {RACE_WITHIN}; 0: every configuration). On the model zoo no "
-                        "configuration predicted below 0.6 of the leader measured within 5% of the best (at most "
+                        "configuration predicted below 0.6 of the leader measured within 5%% of the best (at most "
                         "0.85 of it), and "
                         "racing fewer saves a launch per configuration left out (docs/results/zoo_accuracy.md)")
     p.add_argument("--verify_steps", type=int, default=8, help="steps of each verifying run, and of a race's first "
