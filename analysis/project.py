@@ -70,8 +70,9 @@ def add_gpu_flag(p, hw: dict) -> None:
     the device the prediction is for."""
     p.add_argument("--gpu", default=HERE, choices=(HERE, *hw["gpus"]),
                    help="the device the prediction is for: here, this machine's (the planner calibrates it and "
-                        "probes the link between its ranks once, keeping it with the backend costs; the projection, to W GPUs, takes its kind from analysis/hardware.yaml), or "
-                        "a GPU of analysis/hardware.yaml (default: here)")
+                        "probes the link between its ranks once, keeping it with the backend costs; the "
+                        "projection, to W GPUs, takes its kind from analysis/hardware.yaml), or a GPU of "
+                        "analysis/hardware.yaml (default: here)")
 
 
 def gpu_here(hw: dict, device_name: str | None = None) -> str | None:

@@ -24,39 +24,25 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 
-def refitted(entry: dict) -> dict:
-    """A kept configuration's own costs, refitted from its probe runs by the code now."""
-    from analysis.plan.backend_costs import POINTS, fit, point_seconds
-
-    residuals = {}
-    for point in POINTS:
-        run = entry["runs"]["x".join(map(str, point))]
-        residuals[point] = point_seconds(run["measured_s"]) - run["predicted_s"]
-    return fit(residuals, {int(k): v for k, v in entry["items"].items()})
-
-
 def replay(model_dir: Path, costs: dict) -> dict:
-    """One model's plan.json re-priced with `costs` refitted: {recorded, replayed}: (median error, Spearman)."""
-    from analysis.plan.backend_costs import cost_seconds, items, key
+    """One model's plan.json re-priced with `costs` refitted (backend_costs.fit_runs, the code now):
+    {recorded, replayed}: (median error, Spearman) over the fitting candidates the grid measured."""
+    from analysis.plan.backend_costs import cost_seconds, fit_runs, items, key
     from benchmarks.zoo import ZOO
-    from benchmarks.zoo_accuracy import question_of, spearman
+    from benchmarks.zoo_accuracy import model_accuracy, question_of, spearman
     from training.describe import resolve_flags
 
     world = question_of(model_dir).world
-    grid = json.loads((model_dir / "grid.json").read_text())
+    acc = model_accuracy(model_dir, estimate=lambda record: 1)  # the peaks are not asked
+    measured = acc["grid_median"]
     saved = json.loads((model_dir / "plan.json").read_text())
-    measured: dict[str, list[float]] = {}
-    for g in grid:
-        if g["status"] == "ok" and g["samples_per_s"]:
-            measured.setdefault(" ".join(g["flags"]), []).append(g["samples_per_s"])
     n_items: dict[str, int] = {}
-    rows = []
+    replayed = []
     for c in saved["candidates"]:
         flags = " ".join(c.get("config_flags", []))
         if not c.get("fits") or flags not in measured:
             continue
         step = c["step_ms"] / 1e3
-        batch = c["pred_samples_per_s"] * step
         entry = costs.get(key(c.get("base") or c["config"], world))
         new = step
         if entry is not None and "runs" in entry:
@@ -64,13 +50,12 @@ def replay(model_dir: Path, costs: dict) -> dict:
                 setup = resolve_flags([*ZOO[model_dir.name].flags, *c["config_flags"]], world)
                 n_items[c["backend"]] = items(setup, c["backend"])[1]
             accum = int(c["micro x accum"].split("x")[1])
-            new = step - c["own_ms"] / 1e3 + cost_seconds(refitted(entry), accum, n_items[c["backend"]])
-        rows.append((c["pred_samples_per_s"], batch / new, statistics.median(measured[flags])))
-    out = {}
-    for name, i in (("recorded", 0), ("replayed", 1)):
-        out[name] = (statistics.median(abs(r[i] / r[2] - 1) for r in rows),
-                     spearman([r[i] for r in rows], [r[2] for r in rows]))
-    return out
+            new = step - c["own_ms"] / 1e3 + cost_seconds(fit_runs(entry["runs"], entry["items"]), accum,
+                                                          n_items[c["backend"]])
+        replayed.append((c["pred_samples_per_s"] * step / new, measured[flags]))
+    return {"recorded": (acc["median_before"], acc["spearman"]),
+            "replayed": (statistics.median(abs(p / m - 1) for p, m in replayed),
+                         spearman([p for p, _ in replayed], [m for _, m in replayed]))}
 
 
 def main() -> None:

@@ -839,7 +839,6 @@ def test_a_probe_points_slow_repeat_does_not_set_the_configurations_cost():
     on the machine only slows a run down (FSDP2's three runs of one point, 170, 328 and 676 ms, whose
     median put 111 ms on every micro-step). benchmarks/own_costs_replay.py refits kept probe runs so."""
     from analysis.plan import backend_costs as bc
-    from benchmarks.own_costs_replay import refitted
 
     truth = {"per_step_s": 0.004, "per_micro_step_s": 0.002, "per_item_s": 1e-4}
     tensors = {2: 10, 12: 50}
@@ -848,7 +847,7 @@ def test_a_probe_points_slow_repeat_does_not_set_the_configurations_cost():
         fastest = 0.01 + bc.cost_seconds(truth, a, tensors[layers])  # predicted 0.01 s, plus the cost
         runs[f"{layers}x{m}x{a}"] = {"predicted_s": 0.01, "measured_s": [fastest * slow, fastest, fastest * 4]}
     assert bc.point_seconds([0.170, 0.328, 0.676]) == 0.170
-    assert refitted({"runs": runs, "items": {"2": 10, "12": 50}}) == pytest.approx(truth)
+    assert bc.fit_runs(runs, {"2": 10, "12": 50}) == pytest.approx(truth)
 
 
 def test_the_link_is_probed_once_per_machine_and_kept_with_the_backend_costs(tmp_path, monkeypatch):

@@ -125,6 +125,15 @@ def fit(residuals: dict[tuple[int, int, int], float], n: dict[int, int]) -> dict
     return {"per_step_s": per_step, "per_micro_step_s": per_micro, "per_item_s": per_item}
 
 
+def fit_runs(runs: dict[str, dict], n: dict) -> dict:
+    """The costs fitted from a configuration's probe runs as measure() keeps them (`runs`: {"BxMxA":
+    {measured_s: each repeat's step, predicted_s}}; `n`: {blocks: items}): each point's step
+    (point_seconds) less the step model's prediction, fitted (fit)."""
+    residuals = {point: point_seconds(runs["x".join(map(str, point))]["measured_s"])
+                 - runs["x".join(map(str, point))]["predicted_s"] for point in POINTS}
+    return fit(residuals, {int(k): v for k, v in n.items()})
+
+
 def load() -> dict:
     """The kept costs ({key: entry}); none where the file is missing or unreadable."""
     try:

@@ -6,16 +6,16 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from analysis.plan.backend_costs import (POINTS, PROBE, REPEATS, STEPS, fit, items, keep, key, load, machine,
-                                         point_seconds)
+from analysis.plan.backend_costs import POINTS, PROBE, REPEATS, STEPS, fit_runs, items, keep, key, load, machine
 from gptlite.errors import ConfigError
 
 
 def measure(config: str, world: int, device, progress=print) -> dict:
     """One configuration's costs, measured: the three probe points run REPEATS times taking turns
-    through the sweep runner (in a scratch directory: nothing is kept but the figures), the fastest
-    of each point's runs (point_seconds) against the step model's prediction with the model's compute calibrated on that probe size (`device(train_argv, micro_batches)`
-    returns a calibrated analysis.plan.Device)."""
+    through the sweep runner (in a scratch directory: nothing is kept but the figures and the runs'
+    steps), fitted by backend_costs.fit_runs against the step model's prediction with the model's
+    compute calibrated on that probe size (`device(train_argv, micro_batches)` returns a calibrated
+    analysis.plan.Device)."""
     from analysis.plan.candidates import Candidate
     from analysis.plan.cost import evaluate
     from analysis.plan.verify import flag_pairs
@@ -23,7 +23,7 @@ def measure(config: str, world: int, device, progress=print) -> dict:
     from training.runner import Runner
     from training.sweep import PlannedRun
 
-    residuals, n, runs, times = {}, {}, {}, {}
+    n, runs, times = {}, {}, {}
     with tempfile.TemporaryDirectory(prefix="backend-costs-") as tmp:
         runner = Runner(Path(tmp), 900)
         planned = {}
@@ -47,10 +47,8 @@ def measure(config: str, world: int, device, progress=print) -> dict:
                                        f"{outcome.summary.error or ''})")
                 times.setdefault((layers, micro, accum), []).append(micro * accum * world / outcome.summary.samples_per_s)
         for point, (model, cand, row) in planned.items():
-            measured = point_seconds(times[point])
-            residuals[point] = measured - row["step_ms"] / 1e3
             runs["x".join(map(str, point))] = {"measured_s": times[point], "predicted_s": row["step_ms"] / 1e3}
-    return {**fit(residuals, n), "item": item, "runs": runs, "items": {str(k): v for k, v in n.items()}}
+    return {**fit_runs(runs, n), "item": item, "runs": runs, "items": {str(k): v for k, v in n.items()}}
 
 
 def costs_for(configs: list[str], world: int, device, measure_missing: bool, progress=print) -> tuple[dict, list[str]]:
