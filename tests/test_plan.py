@@ -834,6 +834,30 @@ def test_backend_costs_are_fitted_from_the_probe_runs_and_kept_per_machine(tmp_p
     assert "not measured" in bc.summary_line({}, ["ds_configs/z3.json"])
 
 
+def test_kept_costs_are_priced_at_the_machines_speed_now(tmp_path, monkeypatch):
+    """Costs measured while the machine ran at one speed (its reference step, kept beside them) are
+    scaled to the speed a plan reads when it prices them; costs kept without a reference stay as
+    kept; the cache keeps what was measured, unscaled; the plan's assumption line says by how much."""
+    from analysis.plan import backend_costs as bc
+    from analysis.plan import probe
+
+    monkeypatch.setenv("GPTLITE_BACKEND_COSTS", str(tmp_path / "backend_costs.json"))
+    truth = {"per_step_s": 0.004, "per_micro_step_s": 0.002, "per_item_s": 1e-4, "item": "trainable tensor"}
+    speeds = iter([2e-3, 1e-3])  # measured at 2 ms a reference step; the plan reads 1 ms: twice as fast
+    monkeypatch.setattr(probe, "reference_seconds", lambda: next(speeds))
+    monkeypatch.setattr(probe, "measure", lambda config, world, device, progress=print:
+                        {**truth, "reference_s": probe.reference_seconds()})
+    found, _ = probe.costs_for(["ddp"], 2, None, measure_missing=True, progress=lambda line: None)
+    assert found["ddp"]["per_step_s"] == pytest.approx(0.002) and found["ddp"]["per_item_s"] == pytest.approx(5e-5)
+    assert json.loads((tmp_path / "backend_costs.json").read_text())["ddp|world=2|"]["per_step_s"] == 0.004
+    assert "x0.50" in bc.summary_line(found, [])
+    speeds = iter([4e-3])  # kept, read at 4 ms now: twice as slow as when measured
+    found, _ = probe.costs_for(["ddp"], 2, None, measure_missing=False, progress=lambda line: None)
+    assert found["ddp"]["per_micro_step_s"] == pytest.approx(0.004) and "x2.00" in bc.summary_line(found, [])
+    assert bc.at_speed(truth, 4e-3) == truth  # kept without a reference: as kept
+    assert 0 < bc.reference_seconds() < 1  # the real one: a step of a tiny model, in seconds
+
+
 def test_a_probe_points_slow_repeat_does_not_set_the_configurations_cost():
     """A probe point's step is the fastest of its repeats (backend_costs.point_seconds): what else runs
     on the machine only slows a run down (FSDP2's three runs of one point, 170, 328 and 676 ms, whose

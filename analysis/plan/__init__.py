@@ -234,13 +234,8 @@ def main(argv=None) -> int:
                 from analysis.plan.backend_costs import summary_line
                 from analysis.plan.probe import costs_for
 
-                calibrated: dict[tuple, Device] = {}
-
                 def probe_device(model: list[str], micro_batches: list[int]) -> Device:
-                    if tuple(model) not in calibrated:
-                        calibrated[tuple(model)] = here_device(model, args.world, per_node, args.overlap,
-                                                               micro_batches)
-                    return calibrated[tuple(model)]
+                    return here_device(model, args.world, per_node, args.overlap, micro_batches)
 
                 found, missing = costs_for([c for c in configs if c not in bases], args.world, probe_device,
                                            args.backend_costs == "measure",

@@ -47,6 +47,51 @@ STEPS = 24  # 2 warm-up, the last profiled for memory: 21 timed
 # 170, 328 and 676 ms, the third of every point slow, and their median put 111 ms on every FSDP2
 # micro-step (runs/reference/cpu-2core-zoo-link-kept/backend_costs.json).
 REPEATS = 3
+# The machine's speed when the costs were measured and when a plan prices them: the probe model (12
+# blocks) forward and backward at micro-batch 8 in one process, timed REFERENCE_CALLS times after a
+# warm-up, their median (reference_seconds). A 2-core VM's speed drifts: the zoo's calibrations read
+# it 1.7-1.8x faster 35 minutes apart (runs/reference/cpu-2core-zoo-link-kept-fastest), and costs
+# measured at one speed priced at another put every plan's own costs off by as much.
+REFERENCE = (12, 8)
+REFERENCE_CALLS = 40
+
+
+def reference_seconds() -> float:
+    """This machine's speed now, as one step of a fixed tiny model (REFERENCE, in this process): a step
+    of it is mostly per-operator overhead, as a configuration's own cost is."""
+    import statistics
+    import time
+
+    import torch
+
+    from analysis.plan import probe_model
+
+    layers, micro = REFERENCE
+    gen = torch.Generator().manual_seed(0)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = probe_model.get_model(layers)
+    x = torch.randn(micro, probe_model.WIDTH, generator=gen)
+    y = torch.randint(probe_model.CLASSES, (micro,), generator=gen)
+    times = []
+    for i in range(REFERENCE_CALLS + 5):
+        start = time.perf_counter()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        if i >= 5:  # the first calls warm up
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def at_speed(entry: dict, now: float | None) -> dict:
+    """A kept entry's costs at the machine's speed `now` (reference_seconds): scaled by now / its
+    reference_s, the speed they were measured at ("scale" says by how much); unscaled where either
+    is unknown (costs kept before there was a reference)."""
+    then = entry.get("reference_s")
+    if not then or not now:
+        return entry
+    f = now / then
+    return {**entry, **{k: entry[k] * f for k in ("per_step_s", "per_micro_step_s", "per_item_s")}, "scale": f,
+            "reference_now_s": now}
 
 
 def point_seconds(times: list[float]) -> float:
@@ -163,6 +208,12 @@ def summary_line(found: dict, missing: list[str]) -> str:
     parts = [f"{c}: {e['per_step_s'] * 1e3:.1f} ms + {e['per_micro_step_s'] * 1e3:.1f} ms per micro-step + "
              f"{e['per_item_s'] * 1e6:.0f} us per {e['item']} per micro-step" for c, e in found.items()]
     line = "each configuration's own cost, measured on this machine (backend_costs): " + ("; ".join(parts) or "none")
+    scales = [e["scale"] for e in found.values() if "scale" in e]
+    if scales:
+        now = next(e["reference_now_s"] for e in found.values() if "scale" in e)
+        line += (f" (at the machine's speed now: the measured costs x{min(scales):.2f}"
+                 + (f" to x{max(scales):.2f}" if max(scales) - min(scales) >= 0.005 else "")
+                 + f", the reference step {now * 1e3:.2f} ms now against when each was measured)")
     if missing:
         line += f"; not measured (priced at 0; --backend_costs measure): {', '.join(missing)}"
     return line

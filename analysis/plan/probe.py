@@ -6,7 +6,8 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from analysis.plan.backend_costs import POINTS, PROBE, REPEATS, STEPS, fit_runs, items, keep, key, load, machine
+from analysis.plan.backend_costs import (POINTS, PROBE, REPEATS, STEPS, at_speed, fit_runs, items, keep, key, load,
+                                         machine, reference_seconds)
 from gptlite.errors import ConfigError
 
 
@@ -15,7 +16,8 @@ def measure(config: str, world: int, device, progress=print) -> dict:
     through the sweep runner (in a scratch directory: nothing is kept but the figures and the runs'
     steps), fitted by backend_costs.fit_runs against the step model's prediction with the model's
     compute calibrated on that probe size (`device(train_argv, micro_batches)` returns a calibrated
-    analysis.plan.Device)."""
+    analysis.plan.Device). The machine's speed (backend_costs.reference_seconds) is read before and after
+    the runs, and the faster kept as `reference_s`: a plan scales the costs to its own speed."""
     from analysis.plan.candidates import Candidate
     from analysis.plan.cost import evaluate
     from analysis.plan.verify import flag_pairs
@@ -23,14 +25,17 @@ def measure(config: str, world: int, device, progress=print) -> dict:
     from training.runner import Runner
     from training.sweep import PlannedRun
 
-    n, runs, times = {}, {}, {}
+    n, runs, times, calibrated = {}, {}, {}, {}
+    speed = [reference_seconds()]
     with tempfile.TemporaryDirectory(prefix="backend-costs-") as tmp:
         runner = Runner(Path(tmp), 900)
         planned = {}
         for layers, micro, accum in POINTS:  # the step model's prediction of each point, first
             model = ["--model", str(PROBE), "--model_args", f"layers={layers}"]
             cand = Candidate(config, micro, accum, "none")
-            row = evaluate(cand, model, world, world, 1e6, device(model, [4, 8]))
+            if layers not in calibrated:  # calibrated for each configuration: the speed drifts between them
+                calibrated[layers] = device(model, [4, 8])
+            row = evaluate(cand, model, world, world, 1e6, calibrated[layers])
             if "refused" in row:
                 raise ConfigError(f"{config}: the probe run is refused ({row['refused']})")
             item, n[layers] = items(resolve_flags([*model, *cand.flags()], world), row["backend"])
@@ -48,12 +53,15 @@ def measure(config: str, world: int, device, progress=print) -> dict:
                 times.setdefault((layers, micro, accum), []).append(micro * accum * world / outcome.summary.samples_per_s)
         for point, (model, cand, row) in planned.items():
             runs["x".join(map(str, point))] = {"measured_s": times[point], "predicted_s": row["step_ms"] / 1e3}
-    return {**fit_runs(runs, n), "item": item, "runs": runs, "items": {str(k): v for k, v in n.items()}}
+    speed.append(reference_seconds())
+    return {**fit_runs(runs, n), "item": item, "runs": runs, "items": {str(k): v for k, v in n.items()},
+            "reference_s": min(speed)}
 
 
 def costs_for(configs: list[str], world: int, device, measure_missing: bool, progress=print) -> tuple[dict, list[str]]:
     """({config: its costs} for those of `configs` cached for this machine (measured first where
-    `measure_missing`), [the configurations without]). The cache is rewritten whole, by a rename."""
+    `measure_missing`), [the configurations without]), each at the machine's speed now
+    (backend_costs.at_speed). The cache is rewritten whole, by a rename."""
     cache = load()
     here = machine()
     found, missing = {}, []
@@ -75,4 +83,7 @@ def costs_for(configs: list[str], world: int, device, measure_missing: bool, pro
             continue
         cache[k] = found[config] = entry
         keep(cache)
+    if any("reference_s" in e for e in found.values()):
+        now = reference_seconds()
+        found = {c: at_speed(e, now) for c, e in found.items()}
     return found, missing
