@@ -213,11 +213,59 @@ def machine_link(world: int) -> Link:
                 f"{cache_path()}")
 
 
+def _calibrate_rank(train_argv: list[str], ranks: int, points: tuple[int, int], barrier, queue) -> None:
+    """One of `ranks` processes calibrating at once (calibrate_together): its calibration, or its error."""
+    try:
+        from core.dist import set_cpu_threads
+        from training.describe import resolve_flags, simulated_env
+
+        setup = resolve_flags([*train_argv, "--backend", "single"], 1)
+        set_cpu_threads(simulated_env(ranks, None, setup.cfg.device))
+        barrier.wait(300)  # the model built in each: the timing starts together
+        queue.put(calibrate(setup.workload, setup.cfg.block_class, points, str(setup.env.device),
+                            setup.cfg.save_ops(), precision=setup.cfg.precision))
+    except Exception as e:  # the parent names it
+        queue.put(f"{type(e).__name__}: {e}")
+
+
+def calibrate_together(train_argv: list[str], ranks: int, points: tuple[int, int]) -> dict:
+    """The calibration as `ranks` ranks of one CPU node meet it: `ranks` processes calibrating at once,
+    each with its share of the cores (core/dist.set_cpu_threads), every figure their mean. Alone, one
+    process has the memory bandwidth and caches to itself: on the 2-core CPU (2026-11-28, forward and
+    backward at micro-batch 8, two launches each, alone then two at once) the zoo's ViT took 4.2 ms
+    alone and 5.1 together, GPT-lite 21.5 and 24.1, the mixture of experts 15.2 and 17.9,
+    frozen_tied 0.63 and 1.23; and against the grid measured in the same window
+    (runs/reference/cpu-2core-zoo-plan-in-window) the plans calibrated alone predicted ViT's DDP 8 x 1
+    at 12.4 ms a step where it ran 17.4."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queue, barrier = ctx.SimpleQueue(), ctx.Barrier(ranks)
+    procs = [ctx.Process(target=_calibrate_rank, args=(train_argv, ranks, points, barrier, queue))
+             for _ in range(ranks)]
+    for proc in procs:
+        proc.start()
+    got = [queue.get() for _ in procs]
+    for proc in procs:
+        proc.join(60)
+    failed = [g for g in got if isinstance(g, str)]
+    if failed:
+        raise RuntimeError(f"the calibration in {ranks} processes failed: {failed[0]}")
+
+    def mean(values):
+        return statistics.fmean(values)
+
+    return {"micro_step_s": mean(g["micro_step_s"] for g in got), "sample_s": mean(g["sample_s"] for g in got),
+            "optimizer_s": mean(g["optimizer_s"] for g in got),
+            "recompute": {k: mean(g["recompute"][k] for g in got) for k in got[0]["recompute"]},
+            "timed": {m: mean(g["timed"][m] for g in got) for m in got[0]["timed"]}}
+
+
 def here_device(train_argv: list[str], world: int, per_node: int, overlap: float,
                 micro_batches: list[int]) -> Device:
     """This machine: compute calibrated on its device (at calibration_points of the `micro_batches`
-    compared) with the CPU threads one of `per_node` ranks gets (core/dist.set_cpu_threads), its
-    ranks' link probed."""
+    compared) with the CPU threads one of `per_node` ranks gets (core/dist.set_cpu_threads), on a CPU
+    in as many processes at once as the node runs ranks (calibrate_together), its ranks' link probed."""
     import torch
 
     from core.dist import set_cpu_threads
@@ -226,11 +274,16 @@ def here_device(train_argv: list[str], world: int, per_node: int, overlap: float
     setup = resolve_flags([*train_argv, "--backend", "single"], 1)
     cfg = setup.cfg
     threads = torch.get_num_threads()
-    set_cpu_threads(simulated_env(min(world, per_node), None, cfg.device))
+    ranks = min(world, per_node)
+    set_cpu_threads(simulated_env(ranks, None, cfg.device))
+    together = ranks > 1 and torch.device(setup.env.device).type == "cpu"
     try:
         points = calibration_points(micro_batches, torch.device(setup.env.device).type == "cuda")
-        c = calibrate(setup.workload, cfg.block_class, points, str(setup.env.device), cfg.save_ops(),
-                      precision=cfg.precision)
+        if together:
+            c = calibrate_together(train_argv, ranks, points)
+        else:
+            c = calibrate(setup.workload, cfg.block_class, points, str(setup.env.device), cfg.save_ops(),
+                          precision=cfg.precision)
     finally:
         torch.set_num_threads(threads)
         # The verifying runs are other processes on the same GPU: what the calibration's caching allocator
@@ -243,7 +296,9 @@ def here_device(train_argv: list[str], world: int, per_node: int, overlap: float
     timed = ", ".join(f"micro-batch {m}: {s * 1e3:.1f} ms" for m, s in c["timed"].items())
     return Device(f"here ({setup.env.device})", inside, inside, micro_step_s=c["micro_step_s"],
                   sample_s=c["sample_s"], optimizer_s=c["optimizer_s"], recompute=c["recompute"], overlap=overlap,
-                  notes=[f"compute calibrated on {setup.env.device}: forward and backward {timed}; "
+                  notes=[f"compute calibrated on {setup.env.device}"
+                         + (f" in {ranks} processes at once (their mean)" if together else "")
+                         + f": forward and backward {timed}; "
                          f"{calibration_line(c)}; recompute of every block: "
                          + ", ".join(f"{k} +{v:.0%}" for k, v in c["recompute"].items()),
                          f"link: {inside.source}: {inside.gb_s:.2f} GB/s, {inside.latency_us:.0f} us per ring step",
