@@ -59,13 +59,15 @@ REFERENCE_CALLS = 40
 def reference_seconds() -> float:
     """This machine's speed now, as one step of a fixed tiny model (REFERENCE, in this process): a step
     of it is mostly per-operator overhead, as a configuration's own cost is."""
+    import importlib.util
     import statistics
     import time
 
     import torch
 
-    from analysis.plan import probe_model
-
+    spec = importlib.util.spec_from_file_location("gptlite_probe_model", PROBE)  # a model file, as train.py loads one
+    probe_model = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe_model)
     layers, micro = REFERENCE
     gen = torch.Generator().manual_seed(0)
     with torch.random.fork_rng():
