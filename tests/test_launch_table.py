@@ -1,6 +1,8 @@
-"""The table of shared launches (tests/launches.py) says who reads what, and says it truly."""
+"""The table of shared launches (tests/launches.py) says who reads what, and says it truly; the port
+every launch gets is free."""
 
 import importlib
+import socket
 
 import pytest
 
@@ -46,3 +48,26 @@ def test_a_unit_test_that_starts_a_process_fails():
         subprocess.run(["true"])
     with pytest.raises(StartedAProcess):
         multiprocessing.get_context("spawn").Process(target=print).start()
+
+
+def test_a_launch_port_is_free_and_below_the_kernels_ephemeral_range(monkeypatch):
+    """core.ports.free_port: a port nothing holds, drawn below the range the kernel hands to bind(0) and
+    to outgoing connections (from there gloo's next connection took it before the launcher bound it:
+    EADDRINUSE); a held port is drawn again."""
+    import random
+
+    from core import ports
+
+    span = ports.ephemeral_range()
+    if span is None or span[0] <= 2048:
+        pytest.skip(f"no ephemeral range to stay below here ({ports.EPHEMERAL}: {span})")
+    drawn = {ports.free_port() for _ in range(20)}
+    assert all(ports.bindable(p) and p < span[0] for p in drawn), (drawn, span)
+    assert len(drawn) > 1, "the same port twenty times: not drawn at random"
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:
+        held.bind(("127.0.0.1", min(drawn)))
+        held.listen()
+        free = max(drawn)
+        draws = iter([min(drawn), free])
+        monkeypatch.setattr(random, "randrange", lambda *a: next(draws))
+        assert ports.free_port() == free
