@@ -54,6 +54,10 @@ REPEATS = 3
 # measured at one speed priced at another put every plan's own costs off by as much.
 REFERENCE = (12, 8)
 REFERENCE_CALLS = 40
+# What a probe run's prediction calibrates its compute on, which its own cost is the rest of: since
+# 2026-11-28 the micro-step's forward and backward and train.py's own loop at --backend single
+# (analysis/plan/device.py with_loop). Costs kept against another calibration are measured again.
+CALIBRATION = "micro-step and train.py's loop"
 
 
 def reference_seconds() -> float:
@@ -127,7 +131,7 @@ def machine() -> dict:
     except Exception:  # not installed: its configurations are refused before they are probed
         deepspeed = None
     return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__, "deepspeed": deepspeed,
-            "python": platform.python_version()}
+            "python": platform.python_version(), "calibration": CALIBRATION}
 
 
 def key(config: str, world: int) -> str:

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import json
 import math
 import re
 import statistics
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import yaml
 
@@ -102,6 +104,75 @@ def calibrate(workload, block_class: str | None, micro_batches: tuple[int, int],
                            precision=precision) or {}
     return {"micro_step_s": fixed, "sample_s": per_sample, "optimizer_s": step,
             "recompute": {k: v / seconds[large] for k, v in extra.items()}, "timed": seconds}
+
+
+LOOP_STEPS = 16  # of the loop's own step (loop_step_seconds): 2 warm-up, the last profiled, 13 timed
+
+
+def loop_step_seconds(train_argv: list[str], micro: int, steps: int = LOOP_STEPS) -> float:
+    """One step of train.py's own loop: the run `train_argv` names at --backend single, micro-batch
+    `micro`, one micro-step, trained `steps` steps in this process (with this process's CPU threads)
+    into a scratch directory; the median of its timed steps. Besides the forward, backward and the
+    optimizer that `calibrate` times, a step draws its batch from the dataset, clips the gradients,
+    zeroes them, moves the learning rate and times itself: on the 2-core CPU (2026-11-28, the zoo's
+    ViT at micro-batch 8, one thread) train.py's step took 15.0 ms where the calibration's forward,
+    backward and optimizer step summed to 6.4 (py-spy of the run: forward 30%, backward 25%, optimizer
+    and clipping 31%, the batch 10%), and every plan of runs/reference/cpu-2core-zoo-plan-in-window
+    predicted its model's steps faster than they ran (+7% to +43%)."""
+    import os
+    import signal
+    import tempfile
+
+    import torch
+
+    from training.cli import config_from_argv
+    from training.describe import simulated_env
+    from training.run import Run, resolve
+
+    handler = signal.getsignal(signal.SIGTERM)  # a run sets its own
+    threads = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = threads or str(torch.get_num_threads())  # the run keeps this process's share
+    try:
+        with tempfile.TemporaryDirectory(prefix="calibrate-loop-") as tmp:
+            cfg = config_from_argv([*train_argv, "--backend", "single", "--micro_batch", str(micro), "--grad_accum",
+                                    "1", "--steps", str(steps), "--warmup_steps", "2", "--mem_profile_steps", "1",
+                                    "--eval_batches", "1", "--runs_dir", tmp, "--run_name", "loop", "--quiet"])
+            setup = resolve(cfg, env=simulated_env(1, None, cfg.device))
+            code = Run(setup).execute()
+            summary = json.loads((Path(tmp) / "loop" / "summary.json").read_text())
+            if code != 0 or summary.get("status") != "ok":
+                raise RuntimeError(f"train.py's loop at micro-batch {micro} failed: {summary.get('error')}")
+            lines = [json.loads(line) for line in (Path(tmp) / "loop" / "metrics.jsonl").read_text().splitlines()]
+            timed = [line["step_time_s"] for line in lines if line.get("timed")]
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+        if threads is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = threads
+    if not timed:
+        raise RuntimeError(f"train.py's loop at micro-batch {micro} timed no step")
+    return statistics.median(timed)
+
+
+def with_loop(c: dict, train_argv: list[str], micro: int) -> dict:
+    """A calibration `c` with the step's own work beyond its micro-steps (optimizer_s) taken from
+    train.py's loop at micro-batch `micro` (loop_step_seconds): what that step took beyond the
+    calibrated micro-step, where it is more than the optimizer's step alone."""
+    loop = loop_step_seconds(train_argv, micro)
+    beyond = loop - (c["micro_step_s"] + micro * c["sample_s"])
+    return {**c, "optimizer_s": max(c["optimizer_s"], beyond), "loop": {"micro_batch": micro, "step_s": loop,
+                                                                         "optimizer_alone_s": c["optimizer_s"]}}
+
+
+def loop_note(c: dict) -> str:
+    """What the calibration's optimizer step holds where train.py's loop was timed (with_loop)."""
+    loop = c.get("loop")
+    if not loop:
+        return ""
+    return (f" (train.py's own step at --backend single, micro-batch {loop['micro_batch']}: "
+            f"{loop['step_s'] * 1e3:.1f} ms; the optimizer alone {loop['optimizer_alone_s'] * 1e3:.1f} ms, the rest of "
+            "that step beyond its micro-step counted with it)")
 
 
 def calibration_line(c: dict) -> str:
@@ -222,8 +293,9 @@ def _calibrate_rank(train_argv: list[str], ranks: int, points: tuple[int, int], 
         setup = resolve_flags([*train_argv, "--backend", "single"], 1)
         set_cpu_threads(simulated_env(ranks, None, setup.cfg.device))
         barrier.wait(300)  # the model built in each: the timing starts together
-        queue.put(calibrate(setup.workload, setup.cfg.block_class, points, str(setup.env.device),
-                            setup.cfg.save_ops(), precision=setup.cfg.precision))
+        c = calibrate(setup.workload, setup.cfg.block_class, points, str(setup.env.device), setup.cfg.save_ops(),
+                      precision=setup.cfg.precision)
+        queue.put(with_loop(c, train_argv, max(points)))
     except Exception as e:  # the parent names it
         queue.put(f"{type(e).__name__}: {e}")
 
@@ -258,7 +330,8 @@ def calibrate_together(train_argv: list[str], ranks: int, points: tuple[int, int
     return {"micro_step_s": mean(g["micro_step_s"] for g in got), "sample_s": mean(g["sample_s"] for g in got),
             "optimizer_s": mean(g["optimizer_s"] for g in got),
             "recompute": {k: mean(g["recompute"][k] for g in got) for k in got[0]["recompute"]},
-            "timed": {m: mean(g["timed"][m] for g in got) for m in got[0]["timed"]}}
+            "timed": {m: mean(g["timed"][m] for g in got) for m in got[0]["timed"]},
+            "loop": {**got[0]["loop"], **{k: mean(g["loop"][k] for g in got) for k in ("step_s", "optimizer_alone_s")}}}
 
 
 def here_device(train_argv: list[str], world: int, per_node: int, overlap: float,
@@ -284,6 +357,8 @@ def here_device(train_argv: list[str], world: int, per_node: int, overlap: float
         else:
             c = calibrate(setup.workload, cfg.block_class, points, str(setup.env.device), cfg.save_ops(),
                           precision=cfg.precision)
+            if torch.device(setup.env.device).type == "cpu":
+                c = with_loop(c, train_argv, max(points))
     finally:
         torch.set_num_threads(threads)
         # The verifying runs are other processes on the same GPU: what the calibration's caching allocator
@@ -299,7 +374,7 @@ def here_device(train_argv: list[str], world: int, per_node: int, overlap: float
                   notes=[f"compute calibrated on {setup.env.device}"
                          + (f" in {ranks} processes at once (their mean)" if together else "")
                          + f": forward and backward {timed}; "
-                         f"{calibration_line(c)}; recompute of every block: "
+                         f"{calibration_line(c)}{loop_note(c)}; recompute of every block: "
                          + ", ".join(f"{k} +{v:.0%}" for k, v in c["recompute"].items()),
                          f"link: {inside.source}: {inside.gb_s:.2f} GB/s, {inside.latency_us:.0f} us per ring step",
                          f"overlap {overlap}"])
