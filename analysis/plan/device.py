@@ -117,7 +117,7 @@ def loop_step_seconds(train_argv: list[str], micro: int, steps: int = LOOP_STEPS
     zeroes them, moves the learning rate and times itself: on the 2-core CPU (2026-11-28, the zoo's
     ViT at micro-batch 8, one thread) train.py's step took 15.0 ms where the calibration's forward,
     backward and optimizer step summed to 6.4 (py-spy of the run: forward 30%, backward 25%, optimizer
-    and clipping 31%, the batch 10%), and every plan of runs/reference/cpu-2core-zoo-plan-in-window
+    and clipping 31%, the batch 8%), and every plan of runs/reference/cpu-2core-zoo-plan-in-window
     predicted its model's steps faster than they ran (+7% to +43%)."""
     import os
     import signal
@@ -324,9 +324,7 @@ def calibrate_together(train_argv: list[str], ranks: int, points: tuple[int, int
     if failed:
         raise RuntimeError(f"the calibration in {ranks} processes failed: {failed[0]}")
 
-    def mean(values):
-        return statistics.fmean(values)
-
+    mean = statistics.fmean
     return {"micro_step_s": mean(g["micro_step_s"] for g in got), "sample_s": mean(g["sample_s"] for g in got),
             "optimizer_s": mean(g["optimizer_s"] for g in got),
             "recompute": {k: mean(g["recompute"][k] for g in got) for k in got[0]["recompute"]},
