@@ -294,8 +294,18 @@ def test_the_calibrations_step_is_train_pys_own_loop(monkeypatch):
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     handler = signal.getsignal(signal.SIGTERM)
-    step = device.loop_step_seconds(TINY, 4, steps=5)
-    assert step > 0
+    from training import trackers
+
+    started = []
+    real = trackers.Trackers
+
+    def recorded(names, *args, **kwargs):
+        started.append(names)
+        return real(names, *args, **kwargs)
+
+    monkeypatch.setattr(trackers, "Trackers", recorded)
+    step = device.loop_step_seconds([*TINY, "--tracker", "csv"], 4, steps=5)
+    assert step > 0 and started and not any(started), started  # a scratch run: not the user's trackers
     assert "OMP_NUM_THREADS" not in os.environ and signal.getsignal(signal.SIGTERM) is handler
     c = {"micro_step_s": 0.002, "sample_s": 0.001, "optimizer_s": 0.001}
     monkeypatch.setattr(device, "loop_step_seconds", lambda argv, micro: 0.02)

@@ -137,6 +137,8 @@ def loop_step_seconds(train_argv: list[str], micro: int, steps: int = LOOP_STEPS
             cfg = config_from_argv([*train_argv, "--backend", "single", "--micro_batch", str(micro), "--grad_accum",
                                     "1", "--steps", str(steps), "--warmup_steps", "2", "--mem_profile_steps", "1",
                                     "--eval_batches", "1", "--runs_dir", tmp, "--run_name", "loop", "--quiet"])
+            # a scratch run: none of the user's trackers, checkpoints or resumption
+            cfg = dataclasses.replace(cfg, tracker=None, save_dir=None, resume=False)
             setup = resolve(cfg, env=simulated_env(1, None, cfg.device))
             code = Run(setup).execute()
             summary = json.loads((Path(tmp) / "loop" / "summary.json").read_text())
