@@ -3,6 +3,7 @@ before any rank starts)."""
 
 import random
 import socket
+from pathlib import Path
 
 EPHEMERAL = "/proc/sys/net/ipv4/ip_local_port_range"
 BELOW = 16384  # how far below the ephemeral range a port is drawn
@@ -12,7 +13,7 @@ TRIES = 64
 def ephemeral_range() -> tuple[int, int] | None:
     """The ports the kernel hands out to bind(0) and to every outgoing connection (Linux), or None."""
     try:
-        low, high = map(int, open(EPHEMERAL).read().split())
+        low, high = map(int, Path(EPHEMERAL).read_text().split())
     except (OSError, ValueError):
         return None
     return low, high

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import json
 import math
 import re
 import statistics
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import yaml
 
@@ -140,12 +138,12 @@ def loop_step_seconds(train_argv: list[str], micro: int, steps: int = LOOP_STEPS
             # a scratch run: none of the user's trackers, checkpoints or resumption
             cfg = dataclasses.replace(cfg, tracker=None, save_dir=None, resume=False)
             setup = resolve(cfg, env=simulated_env(1, None, cfg.device))
-            code = Run(setup).execute()
-            summary = json.loads((Path(tmp) / "loop" / "summary.json").read_text())
-            if code != 0 or summary.get("status") != "ok":
-                raise RuntimeError(f"train.py's loop at micro-batch {micro} failed: {summary.get('error')}")
-            lines = [json.loads(line) for line in (Path(tmp) / "loop" / "metrics.jsonl").read_text().splitlines()]
-            timed = [line["step_time_s"] for line in lines if line.get("timed")]
+            run = Run(setup)
+            code = run.execute()
+            summary = run.record and run.record.read_summary()
+            if code != 0 or summary is None or summary.status != "ok":
+                raise RuntimeError(f"train.py's loop at micro-batch {micro} failed: {summary and summary.error}")
+            timed = [line["step_time_s"] for line in run.record.metrics if line.get("timed")]
     finally:
         signal.signal(signal.SIGTERM, handler)
         if threads is None:
