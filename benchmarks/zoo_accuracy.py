@@ -33,7 +33,8 @@ the grid's best, measured alike (--rounds times taking turns): RUNS_DIR/MODEL/au
 worst |predicted/measured - 1| of samples/s before and after the refit, Spearman's rank correlation
 of predicted and measured, the race's regret against the grid's best, the share of the grid's steps
 and run time the race used, and the estimator's peak (as it is now) against each grid run's; and
-where `autotune` ran, the autotuner head to head with the race.
+where `autotune` ran, the autotuner head to head with the race. A folder of grids without plans
+(`grid` alone: measured for the peaks) gets a table of the peaks alone.
 tests/test_zoo_accuracy.py holds the committed page to the committed records.
 """
 
@@ -257,7 +258,25 @@ def record_estimate(record: Path) -> int:
     return estimate_from_record(json.loads((record / "config.json").read_text())).total_bytes
 
 
-def model_accuracy(directory: Path, estimate=record_estimate) -> dict:
+def peak_errors(directory: Path, estimate=None) -> list[tuple[str, float]]:
+    """Each successful grid run's (name, estimated / measured peak - 1), the estimate being
+    `estimate(its record directory)`: by default the estimator as it is now (record_estimate)."""
+    estimate = estimate or record_estimate
+    return [(g["name"], estimate(directory / "grid" / g["name"]) / g["mem_peak_bytes"] - 1)
+            for g in json.loads((directory / "grid.json").read_text())
+            if g["status"] == "ok" and g["samples_per_s"] and g["mem_peak_bytes"]]
+
+
+def peak_accuracy(directory: Path, estimate=None) -> dict:
+    """The peak errors of a model's grid runs: how many, the median and worst |error| (the worst with its
+    sign and run), and how many lie beyond 10%."""
+    errors = peak_errors(directory, estimate)
+    worst = max(errors, key=lambda e: abs(e[1]))
+    return {"peak_runs": len(errors), "peak_median": statistics.median(abs(e) for _, e in errors),
+            "peak_worst": worst[1], "peak_worst_run": worst[0], "peak_beyond": sum(abs(e) > 0.10 for _, e in errors)}
+
+
+def model_accuracy(directory: Path, estimate=None) -> dict:
     """One zoo model's figures from its grid.json, grid records and plan.json; each grid run's peak
     against `estimate(its record directory)`, the estimator as it is now (the plan's own estimates
     are of the estimator as it was when the plan ran)."""
@@ -265,13 +284,10 @@ def model_accuracy(directory: Path, estimate=record_estimate) -> dict:
     saved = json.loads((directory / "plan.json").read_text())
     measured: dict[str, list[float]] = {}
     seconds: dict[str, list[float]] = {}
-    peak_errors = []
     for g in grid:
         key = " ".join(g["flags"])
         if g["status"] == "ok" and g["samples_per_s"]:
             measured.setdefault(key, []).append(g["samples_per_s"])
-            if g["mem_peak_bytes"]:
-                peak_errors.append(estimate(directory / "grid" / g["name"]) / g["mem_peak_bytes"] - 1)
         if g["seconds"] is not None:
             seconds.setdefault(key, []).append(g["seconds"])
     grid_median = {k: statistics.median(v) for k, v in measured.items()}
@@ -311,8 +327,7 @@ def model_accuracy(directory: Path, estimate=record_estimate) -> dict:
             "steps_share": race["steps_run"] / race["grid_steps"] if race.get("grid_steps") else None,
             "race_runs": race.get("runs"), "race_seconds": race.get("run_seconds"), "grid_seconds": grid_seconds,
             "time_share": race["run_seconds"] / grid_seconds if race.get("run_seconds") and grid_seconds else None,
-            "peak_runs": len(peak_errors), "peak_median": statistics.median(map(abs, peak_errors)),
-            "peak_worst": max(peak_errors, key=abs), "peak_beyond": sum(abs(e) > 0.10 for e in peak_errors),
+            **peak_accuracy(directory, estimate),
             "best": best, "pick": pick, "predicted_pick": predicted_pick, "grid_median": grid_median,
             "race_within": race.get("within", 0.0)}  # the race's entry rule (0: before there was one)
 
@@ -404,9 +419,23 @@ def _rel(path: Path) -> str:
     return str(path.relative_to(REPO) if path.is_relative_to(REPO) else path)
 
 
+def _peaks_table(runs_dir: Path) -> list[str]:
+    from benchmarks.zoo import ZOO
+
+    lines = ["| model | shape | runs | peak error, median / worst (runs beyond 10%) | the worst run |",
+             "|---|---|---:|---:|---|"]
+    for d in sorted(d for d in runs_dir.iterdir() if (d / "grid.json").is_file()):
+        a = peak_accuracy(d)
+        lines.append(f"| {d.name} | {ZOO[d.name].shape if d.name in ZOO else ''} | {a['peak_runs']} | "
+                     f"{_pct(a['peak_median'])} / {a['peak_worst']:+.1%} ({a['peak_beyond']} of {a['peak_runs']}) | "
+                     f"{a['peak_worst_run']} |")
+    return lines
+
+
 def page(runs_dirs: list[Path]) -> str:
     """The accuracy page's text: a section per records folder of RUNS_DIRS (each a folder of models,
-    each with grid.json and plan.json), headed by the first line of the folder's README after its title."""
+    each with grid.json and plan.json; or grid.json alone: the peaks alone), headed by the first
+    paragraph of the folder's README after its title."""
     from analysis.plan.verify import RACE_WITHIN
     from benchmarks.zoo import ZOO
 
@@ -425,12 +454,18 @@ def page(runs_dirs: list[Path]) -> str:
              "rounds of one candidate lie apart (the faster / the slower - 1, the median over the candidates), "
              "the measurement's repeatability on this machine. Peak error: the estimator's peak (as it is now, "
              "from each record's config.json) against each grid run's measured peak: the median and worst "
-             "|estimated / measured - 1| of the runs, and how many lie beyond 10%."]
+             "|estimated / measured - 1| of the runs, and how many lie beyond 10%. Peaks recorded before "
+             "2026-11-29 (commit 140ba42) may count a gloo collective's buffers, freed unseen by gloo's worker "
+             "thread, as alive to the step's end (core/memory_profile.py): the folders with a table of peaks "
+             "alone measured every candidate once again after that fix."]
     for runs_dir in runs_dirs:
         readme = (runs_dir / "README.md").read_text().split("\n\n") if (runs_dir / "README.md").is_file() else []
         lines += ["", f"## {_rel(runs_dir)}", ""]
         if len(readme) > 1:
             lines += [" ".join(readme[1].split()), ""]
+        if not any((d / "plan.json").is_file() for d in runs_dir.iterdir()):
+            lines += _peaks_table(runs_dir)  # measured for the peaks alone: no plan, no race
+            continue
         lines += ["| model | shape | candidates | rounds' spread | error without own costs, median / worst (Spearman) | "
                   "error predicted, median / worst | Spearman | error refitted, median / worst | "
                   "regret of the predicted pick | regret of the race | race's steps / grid's | "

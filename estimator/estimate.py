@@ -57,15 +57,12 @@ Accuracy (tests/test_estimate.py, tests/test_model_parity.py): model states with
 within 10% of every fp32 configuration of sweeps/cpu_quick.yaml measured on CPU (GPT-lite), and of
 the four models of sweeps/models_estimate.yaml (HF GPT-2, HF Llama, HF ResNet-18, a user file)
 under the same 15 configurations; within 10% of the allocator's peak for every bf16 run on the
-H100 in runs/reference/. The exception is FSDP2 on CPU, whose reduce-scatters run asynchronously on
-gloo's thread: how long one stays in flight, holding its input and gloo's copy of it while backward
-goes on, varies from run to run, and the measured peak of identical runs with it, by up to two or
-three units: ResNet-18 129, 147 or 165 MiB (24 runs: 14, 8, 2), the example MLP 1.44 to 1.76 MiB
-(20 runs), HF Llama 2.30 to 2.58 MiB (10 runs). The estimate counts what the program's order fixes
-(133, 1.41 and 2.25 MiB): within 10% of 22 of the 24 ResNet-18 runs, 11 of the 20 MLP runs and 8 of
-the 10 Llama runs, and at most 20% below any. FSDP1's FULL_SHARD and HYBRID_SHARD vary too on CPU with
-every block checkpointed at the quick matrix's micro-batch 4: the two (the same sharding on one node)
-measured 3.744 and 3.933 MiB in one run against 3.443 estimated (CI of 2026-11-27 08:01).
+H100 in runs/reference/; under FSDP2 and FSDP1 on CPU too. (Their measured peaks used to vary from
+run to run by up to two or three units, ResNet-18 129, 147 or 165 MiB: the memory profile counted
+gloo's collective buffers, freed by gloo's worker thread where the profiler does not see a free, as
+alive to the step's end. Since 2026-11-29 it ends them at their last use (core/memory_profile.py)
+and identical runs measure the same peak; the quick matrix's FSDP runs and the four models'
+FSDP2 runs lie within 10%.) The zoo: docs/estimator.md.
 """
 
 from __future__ import annotations
@@ -410,10 +407,10 @@ def estimate(cfg, backend: str, world: int = 1, micro_batch: int = 1, precision:
             # gradients at a time. FSDP1: op by op, then flattened (FlatParameter), then the flat
             # gradient and gloo's copy of it for the reduce-scatter, beside the unit's new gradient
             # shard. FSDP2: the gradients and the reduce-scatter's input they are copied into, before
-            # it allocates the shard. A unit that stays gathered is freed here. (On gloo a
-            # reduce-scatter in flight also keeps gloo's copy of its input while backward goes on,
-            # for a time that varies from run to run: not counted, and the measured peaks of
-            # identical runs lie up to two or three units above this; see Accuracy.)
+            # it allocates the shard. A unit that stays gathered is freed here. (On gloo the
+            # finished reduce-scatter's work, held by gloo's worker thread, may keep its input and
+            # gloo's copy a while longer: not counted; the memory profile does not either, see
+            # Accuracy. unfixed_bytes below keeps room for them where a plan is made.)
             shards = grads_so_far(i, grad_units[i] if backend == "fsdp" else 0)
             freed = c * units[i] if lay.kind == "shard_grad_op" else 0
             moments.append((resident + shards + below + regathered + 2 * c * units[i] - freed,
@@ -464,8 +461,8 @@ def estimate(cfg, backend: str, world: int = 1, micro_batch: int = 1, precision:
     # Each moment as the bytes besides the kept activations of the blocks below it, for planning.
     bases = [(int(b - sum(per_block[:k])), k, name) for b, name, _, k in moments]
     batch = a.batch
-    # An FSDP reduce-scatter in flight on gloo's thread holds its input and gloo's copy of it, for a
-    # time that varies from run to run (see Accuracy): two of the largest unit's gradient.
+    # An FSDP reduce-scatter's work held by gloo's worker thread keeps its input and gloo's copy of it
+    # for a time that varies from run to run (see Accuracy): two of the largest unit's gradient.
     unfixed = 2 * c * max(units, default=0) if fsdp_unit and gloo else 0
     return Estimate(
         params=int(params), params_gathered=int(gathered), grads=int(grads), optimizer=int(optimizer),

@@ -100,15 +100,10 @@ def test_the_estimate_of_a_run_comes_from_its_recorded_plan():
                                             device="cuda", fsdp_options=resolved.plan).activation_bytes
 
 
-# The peak within 10%, except FSDP2's: its reduce-scatters run asynchronously on gloo's thread, and how
-# long one stays in flight (holding its input and gloo's copy) varies from run to run, as
-# tests/test_model_parity.py measured (there: 25%). At the matrix's micro-batch 4 the activations are
-# small beside those buffers: FSDP2 with every block checkpointed was estimated 13.1% under its measured peak in the
-# CI run of 2026-11-27 04:29 (within 10% in the run before it, 03:52).
-# FSDP1's sharded strategies vary too at this micro-batch with every block checkpointed: in the CI run of
-# 2026-11-27 08:01 (commit 3c0a7e4) FULL_SHARD and HYBRID_SHARD, the same sharding on one node and
-# estimated alike (3.443 MiB), measured 3.744 and 3.933 MiB in the same run: 8.0% and 12.5% under.
-PEAK_TOLERANCE = {"fsdp2.fsdp2": 0.25, "fsdp2.fsdp2_no_reshard": 0.25, "fsdp.full_shard": 0.20, "fsdp.hybrid_shard": 0.20}
+# The peak within 10% under every backend. FSDP2 and FSDP1's sharded strategies had 20-25% here, and
+# their measured peaks varied from run to run, while the memory profile counted a gloo collective's
+# buffers freed by gloo's worker thread (a free the profiler does not see) as alive to the window's
+# end (core/memory_profile.py, 2026-11-29): every one of the 30 runs is within 10% since.
 
 
 @pytest.mark.distributed
@@ -123,7 +118,7 @@ def test_estimate_against_every_backend_of_the_quick_matrix(launches, request):
         states_error = est.model_states_bytes / measured_states - 1
         peak_error = est.total_bytes / run["mem_peak_bytes"] - 1
         errors.append((run["run_name"], states_error, peak_error))
-    bad = [e for e in errors if abs(e[1]) > 0.05 or abs(e[2]) > PEAK_TOLERANCE.get(e[0].split("-w")[0], 0.10)]
+    bad = [e for e in errors if abs(e[1]) > 0.05 or abs(e[2]) > 0.10]
     assert not bad, "\n".join(f"{n}: model states {s:+.1%}, peak {p:+.1%}" for n, s, p in bad)
 
 
