@@ -92,17 +92,19 @@ def test_a_block_a_collective_held_ends_at_its_last_use_when_nobody_saw_it_freed
     """The profiler records frees only on threads that carry its state. gloo's worker thread, dropping
     a finished collective, can free that collective's tensors last, unrecorded (core.memory_profile:
     identical FSDP2 runs' peaks lay 1.4x apart). Here a Python thread, which carries no profiler
-    state, frees them: the block handed to the all-reduce ends at its last use; a block no collective
-    touched, freed alike, stays counted (nothing says when it went)."""
+    state, frees them: the block handed to the all-reduce ends at its last use, before anything
+    allocated after; a block no collective touched, freed alike, stays counted to the window's end,
+    or to where its address is handed out again (nothing else says when it went)."""
     import threading
 
     import torch
     import torch.distributed as dist
+    from torch._C._profiler import _EventType
+    from torch.profiler._utils import traverse_dfs
 
     from core.memory_profile import ProfiledWindow
 
     n = 4096  # floats: 16 KiB
-    big = 10 * 2**20  # 40 MiB: its own mapping, which no later allocation starts at (a reused address ends a block)
     held = []
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)  # in this process
     try:
@@ -110,18 +112,27 @@ def test_a_block_a_collective_held_ends_at_its_last_use_when_nobody_saw_it_freed
             sent = torch.ones(n)
             dist.all_reduce(sent)
             sent.sum()  # its last use
-            other = torch.ones(big)
+            other = torch.ones(n // 2)
             other.sum()
+            ptrs = {"sent": sent.data_ptr(), "other": other.data_ptr()}
             held += [sent, other]
             del sent, other
             freer = threading.Thread(target=held.clear)
             freer.start()
             freer.join()
-            late = torch.zeros(64 * n)  # 1 MiB, allocated after both were freed
+            late = torch.zeros(2 * n)  # allocated after both were freed
             late.sum()
             del late
-        peak = window.result()["peak_bytes"]
+        events = list(traverse_dfs(window.profiler.profiler.kineto_results.experimental_event_tree()))
+        blocks = window._blocks(events, _EventType)
     finally:
         dist.destroy_process_group()
-    # other and late, and a few scalars; sent counted too would add 16 KiB
-    assert 4 * (big + 64 * n) <= peak < 4 * (big + 64 * n + n)
+
+    def block(ptr, size):
+        return next(b for b in blocks if b.ptr == ptr and b.size == size and b.start != float("-inf"))
+
+    sent, other = block(ptrs["sent"], 4 * n), block(ptrs["other"], 2 * n)
+    late = next(b for b in blocks if b.size == 8 * n and b.start > other.start)
+    assert sent.collective and sent.end < late.start
+    reused_at = min((b.start for b in blocks if b.ptr == other.ptr and b.start > other.start), default=float("inf"))
+    assert not other.collective and other.end == reused_at
