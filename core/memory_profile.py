@@ -49,7 +49,7 @@ class _Block:
     end: float  # +inf: still alive at its end
     phase: str | None = None
     role: str | None = None
-    collective: bool = False  # allocated inside a c10d collective (its own copy of a tensor)
+    collective: bool = False  # allocated inside a c10d collective, or (an unseen free's) passed to one
     unseen_free: bool = False  # its address was allocated again with no free recorded in between
 
     def alive(self, t: float) -> bool:
