@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO))
 def replay(model_dir: Path, costs: dict) -> dict:
     """One model's plan.json re-priced with `costs` refitted (backend_costs.fit_runs, the code now):
     {recorded, replayed}: (median error, Spearman) over the fitting candidates the grid measured."""
-    from analysis.plan.backend_costs import cost_seconds, fit_runs, items, key
+    from analysis.plan.backend_costs import cost_seconds, fit_runs, items, key, trainable_params
     from benchmarks.zoo import ZOO
     from benchmarks.zoo_accuracy import model_accuracy, question_of, spearman
     from training.describe import resolve_flags
@@ -36,7 +36,7 @@ def replay(model_dir: Path, costs: dict) -> dict:
     acc = model_accuracy(model_dir, estimate=lambda record: 1)  # the peaks are not asked
     measured = acc["grid_median"]
     saved = json.loads((model_dir / "plan.json").read_text())
-    n_items: dict[str, int] = {}
+    n_items: dict[str, tuple[int, int]] = {}
     replayed = []
     for c in saved["candidates"]:
         flags = " ".join(c.get("config_flags", []))
@@ -48,10 +48,10 @@ def replay(model_dir: Path, costs: dict) -> dict:
         if entry is not None and "runs" in entry:
             if c["backend"] not in n_items:
                 setup = resolve_flags([*ZOO[model_dir.name].flags, *c["config_flags"]], world)
-                n_items[c["backend"]] = items(setup, c["backend"])[1]
+                n_items[c["backend"]] = (items(setup, c["backend"])[1], trainable_params(setup))
             accum = int(c["micro x accum"].split("x")[1])
-            new = step - c["own_ms"] / 1e3 + cost_seconds(fit_runs(entry["runs"], entry["items"]), accum,
-                                                          n_items[c["backend"]])
+            new = step - c["own_ms"] / 1e3 + cost_seconds(fit_runs(entry["runs"], entry["items"], entry.get("params")),
+                                                          accum, *n_items[c["backend"]])
         replayed.append((c["pred_samples_per_s"] * step / new, measured[flags]))
     return {"recorded": (acc["median_before"], acc["spearman"]),
             "replayed": (statistics.median(abs(p / m - 1) for p, m in replayed),

@@ -840,6 +840,19 @@ def test_backend_costs_are_fitted_from_the_probe_runs_and_kept_per_machine(tmp_p
     assert bc.fit(residuals, tensors) == pytest.approx(truth)
     assert bc.fit({k: 0.0 for k in residuals}, tensors) == {"per_step_s": 0.0, "per_micro_step_s": 0.0,
                                                              "per_item_s": 0.0}
+    # With the wide point: a cost per parameter told apart from the cost per tensor (the wide point has
+    # two tensors more and four times the parameters); where nothing goes by the size, none is fitted.
+    sized = {**truth, "per_param_s": 2e-8}
+    tensors, params = {2: 10, 12: 50, "wide": 52}, {2: 9_000, 12: 52_000, "wide": 208_000}
+    size = {**{p: p[0] for p in bc.POINTS}, bc.WIDE: "wide"}
+    residuals = {p: bc.cost_seconds(sized, p[2], tensors[size[p]], params[size[p]]) for p in size}
+    assert bc.fit(residuals, tensors, params) == pytest.approx(sized)
+    assert bc.fit(residuals, tensors)["per_item_s"] > 1.2 * truth["per_item_s"]  # three points: the size in the tensors
+    residuals = {p: bc.cost_seconds(truth, p[2], tensors[size[p]], params[size[p]]) for p in size}
+    assert bc.fit(residuals, tensors, params) == pytest.approx({**truth, "per_param_s": 0.0})
+    sizeonly = {"per_step_s": 0.004, "per_micro_step_s": 0.002, "per_item_s": 0.0, "per_param_s": 2e-8}
+    residuals = {p: bc.cost_seconds(sizeonly, p[2], tensors[size[p]], params[size[p]]) for p in size}
+    assert bc.fit(residuals, tensors, params) == pytest.approx(sizeonly, abs=1e-12)
     monkeypatch.setenv("GPTLITE_BACKEND_COSTS", str(tmp_path / "backend_costs.json"))
     measured = []
 
@@ -891,7 +904,27 @@ def test_kept_costs_are_priced_at_the_machines_speed_now(tmp_path, monkeypatch):
     found, _ = probe.costs_for(["ddp"], 2, None, measure_missing=False, progress=lambda line: None)
     assert found["ddp"]["per_micro_step_s"] == pytest.approx(0.004) and "x2.00" in bc.summary_line(found, [])
     assert bc.at_speed(truth, 4e-3) == truth  # kept without a reference: as kept
+    scaled = bc.at_speed({**truth, "per_param_s": 1e-8, "reference_s": 2e-3}, 4e-3)
+    assert scaled["per_param_s"] == pytest.approx(2e-8) and scaled["per_item_s"] == pytest.approx(2e-4)
     assert 0 < bc.reference_seconds() < 1  # the real one: a step of a tiny model, in seconds
+
+
+def test_the_machines_speed_is_not_read_from_a_moment_something_else_ran():
+    """The reference step that prices kept costs at the machine's speed now (backend_costs.
+    reference_seconds) is the fastest of its batches' medians, taken apart in time: something else
+    running through one batch (a ViT plan on 2026-11-29, its records lost with their session, read
+    2.54 ms where the machine ran at about 1.1 and priced every configuration 2.3x too high)
+    does not move it; the machine slowing down through all of them does."""
+    from analysis.plan import backend_costs as bc
+
+    steady = [[1.0e-3, 1.1e-3, 1.2e-3]] * bc.REFERENCE_BATCHES
+    assert bc.steady_seconds(steady) == pytest.approx(1.1e-3)
+    # through three batches of five: more than half the calls, their median 2.4 ms
+    blip = [*[[2.4e-3, 2.6e-3, 2.5e-3]] * 3, *steady[3:]]
+    assert bc.steady_seconds(blip) == pytest.approx(1.1e-3)
+    slower = [[2 * t for t in b] for b in steady]
+    assert bc.steady_seconds(slower) == pytest.approx(2.2e-3)
+    assert bc.REFERENCE_BATCHES >= 3 and bc.REFERENCE_GAP_S > 0
 
 
 def test_a_probe_points_slow_repeat_does_not_set_the_configurations_cost():
@@ -908,6 +941,15 @@ def test_a_probe_points_slow_repeat_does_not_set_the_configurations_cost():
         runs[f"{layers}x{m}x{a}"] = {"predicted_s": 0.01, "measured_s": [fastest * slow, fastest, fastest * 4]}
     assert bc.point_seconds([0.170, 0.328, 0.676]) == 0.170
     assert bc.fit_runs(runs, {"2": 10, "12": 50}) == pytest.approx(truth)
+    # the wide point kept beside them (measure's names and keys since it was added)
+    sized = {**truth, "per_param_s": 2e-8}
+    n, params = {"2": 10, "12": 50, "wide": 52}, {"2": 9_000, "12": 52_000, "wide": 208_000}
+    for point in (*bc.POINTS, bc.WIDE):
+        size = "wide" if point == bc.WIDE else str(point[0])
+        fastest = 0.01 + bc.cost_seconds(sized, point[2], n[size], params[size])
+        runs[bc.point_label(point)] = {"predicted_s": 0.01, "measured_s": [fastest * 2, fastest]}
+    assert bc.point_label(bc.WIDE) == "12x8x1w128" and bc.point_label(bc.POINTS[0]) == "2x8x1"
+    assert bc.fit_runs(runs, n, params) == pytest.approx(sized)
 
 
 def test_the_link_is_probed_once_per_machine_and_kept_with_the_backend_costs(tmp_path, monkeypatch):
@@ -978,7 +1020,8 @@ def test_a_configurations_measured_cost_is_added_to_its_step_and_left_out_of_the
     from training.describe import resolve_flags
 
     link = plan.Link(1.0, 100.0, "test")
-    costs = {"per_step_s": 0.01, "per_micro_step_s": 0.003, "per_item_s": 2e-5, "item": "FSDP unit"}
+    costs = {"per_step_s": 0.01, "per_micro_step_s": 0.003, "per_item_s": 2e-5, "per_param_s": 1e-8,
+             "item": "FSDP unit"}
     bare = plan.Device("test", link, link, sample_s=1e-3, micro_step_s=1e-3, optimizer_s=1e-3)
     priced = plan.Device("test", link, link, sample_s=1e-3, micro_step_s=1e-3, optimizer_s=1e-3,
                          backend_costs={"fsdp_configs/fsdp2.yaml": costs})
@@ -988,10 +1031,12 @@ def test_a_configurations_measured_cost_is_added_to_its_step_and_left_out_of_the
     # per block two LayerNorms (4), q k v without bias (3), proj (2), the MLP's two Linears (4); two
     # embeddings, the last LayerNorm (2) and the head without bias
     assert kind == "trainable tensor" and tensors == 4 * 13 + 5
+    params = bc.trainable_params(resolve_flags([*TINY, "--backend", "ddp"], 2))
+    assert params == resolve_flags([*TINY, "--backend", "ddp"], 2).n_params > 0
     for config, accum in (("fsdp_configs/fsdp2.yaml", 2), ("fsdp_configs/fsdp2.yaml", 1), ("ddp", 2)):
         cand = plan.Candidate(config, 8 // accum, accum, "none")
         a, b = (plan.evaluate(cand, TINY, 2, 2, 1.0, d) for d in (bare, priced))
-        own = bc.cost_seconds(costs, accum, units[1]) if config != "ddp" else 0.0
+        own = bc.cost_seconds(costs, accum, units[1], params) if config != "ddp" else 0.0
         assert b["own_ms"] == pytest.approx(own * 1e3) and b["step_ms"] == pytest.approx(a["step_ms"] + own * 1e3)
     rows = [plan.evaluate(plan.Candidate(c, m, 8 // m, "none"), TINY, 2, 2, 1.0, priced)
             for c in ("fsdp_configs/fsdp2.yaml", "ddp") for m in (4, 8)]

@@ -9,16 +9,18 @@ measured DDP 6.3x faster than ZeRO-3 (issue 40).
 
 So each configuration is run on this machine (world W, STEPS steps, REPEATS times) on the probe model
 (analysis/plan/probe_model.py: residual Linear + LayerNorm blocks, four parameter tensors each) at
-three points, and the step model's prediction for the same run (its compute calibrated on that
+four points, and the step model's prediction for the same run (its compute calibrated on that
 probe) is taken from the measured step. What is left is the configuration's own cost, fitted as
 
-    cost(step) = per_step + accumulation x (per_micro_step + per_item x items)
+    cost(step) = per_step + accumulation x (per_micro_step + per_item x items + per_param x parameters)
 
 where the items are what the configuration's work goes by (items()): FSDP's units (the blocks it
 wraps, and the root: measured on the probe, FSDP1 FULL_SHARD cost 5 ms more per unit at world 2 on
-the 2-core CPU, whatever a unit's tensors), else the trainable parameter tensors. Fitted from (2
-blocks, micro-batch 8 x 1), (12 blocks, 8 x 1) and (12 blocks, 4 x 2): per item from the two sizes,
-per micro-step from the two accumulations, per step what is left; each at least 0.
+the 2-core CPU, whatever a unit's tensors), else the trainable parameter tensors; the parameters,
+the trainable ones (trainable_params(): what its copies, buckets and gathers move). Fitted from (2
+blocks, micro-batch 8 x 1), (12 blocks, 8 x 1), (12 blocks, 4 x 2) and (12 blocks twice as wide,
+8 x 1: WIDE): per item and per parameter from the three sizes, per micro-step from the two
+accumulations, per step what is left; each at least 0.
 The figures are kept in $GPTLITE_CACHE/backend_costs.json (default ~/.cache/gptlite; or the file
 $GPTLITE_BACKEND_COSTS names), keyed by the
 configuration, the world and what they were measured on (CPU, cores, torch, DeepSpeed, the
@@ -36,8 +38,16 @@ import tempfile
 from pathlib import Path
 
 PROBE = Path(__file__).resolve().with_name("probe_model.py")
-# (blocks, micro-batch, accumulation) of the three probe runs.
+# (blocks, micro-batch, accumulation) of the three probe points, at the probe's width.
 POINTS = ((2, 8, 1), (12, 8, 1), (12, 4, 2))
+# The fourth: the larger size's blocks WIDE_WIDTH wide (4x the parameters, two tensors more), so that a
+# cost that goes with the parameters' size, not their number, is fitted apart (per_param_s). Fitted
+# from the three points alone, the zoo's larger models ran their sharded configurations slower than
+# priced (seen 2026-11-29 on a grid whose records were lost with its session: FSDP1 FULL_SHARD's own
+# cost 26.9 ms a step on the mixture of experts, 239k parameters in 21 tensors, against 12.1 priced,
+# and 9.6 against 12.1 on frozen_tied, 10k in 3; measured again: runs/reference/cpu-2core-zoo-wide-point).
+WIDE_WIDTH = 128
+WIDE = (12, 8, 1, WIDE_WIDTH)
 STEPS = 24  # 2 warm-up, the last profiled for memory: 21 timed
 # Each point run three times, taking turns, its step the fastest of them (point_seconds): on the 2-core
 # CPU one probe run of DDP (12 blocks, 8 x 1, 7 timed steps) read 1472 samples/s and the same run 25
@@ -52,19 +62,27 @@ REPEATS = 3
 # warm-up, their median (reference_seconds). A 2-core VM's speed drifts: the zoo's calibrations read
 # it 1.7-1.8x faster 35 minutes apart (runs/reference/cpu-2core-zoo-link-kept-fastest), and costs
 # measured at one speed priced at another put every plan's own costs off by as much.
+# The calls are timed in REFERENCE_BATCHES batches a REFERENCE_GAP_S apart, and the fastest batch's
+# median kept (steady_seconds): one batch lasts about 50 ms on the 2-core CPU, and anything else
+# running that long slows it. So read once, it read 2.54 ms in a ViT plan (2026-11-29, records lost
+# with their session) where GPT-lite's, ten minutes before in the same quiet window, read 1.09 (the
+# grids between ran at one speed), and that plan priced every configuration's own costs 2.3x too high:
+# its median error 33% where 1.09 gives 21%.
 REFERENCE = (12, 8)
 REFERENCE_CALLS = 40
+REFERENCE_BATCHES = 5
+REFERENCE_GAP_S = 0.2
 # What a probe run's prediction calibrates its compute on, which its own cost is the rest of: since
 # 2026-11-28 the micro-step's forward and backward and train.py's own loop at --backend single
 # (analysis/plan/device.py with_loop). Costs kept against another calibration are measured again.
-CALIBRATION = "micro-step and train.py's loop"
+CALIBRATION = "micro-step and train.py's loop; a wide point"
 
 
 def reference_seconds() -> float:
     """This machine's speed now, as one step of a fixed tiny model (REFERENCE, in this process): a step
-    of it is mostly per-operator overhead, as a configuration's own cost is."""
+    of it is mostly per-operator overhead, as a configuration's own cost is. About a second: its calls
+    in REFERENCE_BATCHES batches, REFERENCE_GAP_S apart (steady_seconds)."""
     import importlib.util
-    import statistics
     import time
 
     import torch
@@ -79,13 +97,29 @@ def reference_seconds() -> float:
         model = probe_model.get_model(layers)
     x = torch.randn(micro, probe_model.WIDTH, generator=gen)
     y = torch.randint(probe_model.CLASSES, (micro,), generator=gen)
-    times = []
-    for i in range(REFERENCE_CALLS + 5):
+
+    def call() -> float:
         start = time.perf_counter()
         torch.nn.functional.cross_entropy(model(x), y).backward()
-        if i >= 5:  # the first calls warm up
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        return time.perf_counter() - start
+
+    for _ in range(5):  # the first calls warm up
+        call()
+    batches = []
+    for b in range(REFERENCE_BATCHES):
+        if b:
+            time.sleep(REFERENCE_GAP_S)
+        batches.append([call() for _ in range(REFERENCE_CALLS)])
+    return steady_seconds(batches)
+
+
+def steady_seconds(batches: list[list[float]]) -> float:
+    """The machine's speed from batches of one call's timings taken apart in time: the fastest
+    batch's median. Something else running slows the batches it overlaps; the machine slowing down
+    slows them all."""
+    import statistics
+
+    return min(statistics.median(b) for b in batches)
 
 
 def at_speed(entry: dict, now: float | None) -> dict:
@@ -96,7 +130,8 @@ def at_speed(entry: dict, now: float | None) -> dict:
     if not then or not now:
         return entry
     f = now / then
-    return {**entry, **{k: entry[k] * f for k in ("per_step_s", "per_micro_step_s", "per_item_s")}, "scale": f,
+    return {**entry, **{k: entry[k] * f for k in ("per_step_s", "per_micro_step_s", "per_item_s", "per_param_s")
+                        if k in entry}, "scale": f,
             "reference_now_s": now}
 
 
@@ -159,30 +194,67 @@ def items(setup, backend: str) -> tuple[str, int]:
     return "trainable tensor", sum(1 for p in model.parameters() if p.requires_grad)
 
 
-def cost_seconds(costs: dict, accum: int, n: int) -> float:
-    """A configuration's own seconds per optimizer step (the fit above), with `n` of its items."""
-    return costs["per_step_s"] + accum * (costs["per_micro_step_s"] + costs["per_item_s"] * n)
+def trainable_params(setup) -> int:
+    """The trainable parameters (elements) of the model `setup` resolves: what a configuration's
+    copies, buckets and gathers go by besides its items (per_param_s)."""
+    return sum(p.numel() for p in setup.workload.meta().parameters() if p.requires_grad)
 
 
-def fit(residuals: dict[tuple[int, int, int], float], n: dict[int, int]) -> dict:
-    """The three probe points' residual seconds fitted: per item from the two sizes (accumulation 1;
-    `n`: {blocks: items}), per micro-step from the two accumulations (the larger size: one more
-    micro-step of it, less its items' share), per step the rest; each held at >= 0."""
+def cost_seconds(costs: dict, accum: int, n: int, params: int = 0) -> float:
+    """A configuration's own seconds per optimizer step (the fit above), with `n` of its items and
+    `params` trainable parameters (costs kept before per_param_s: none for them)."""
+    return costs["per_step_s"] + accum * (costs["per_micro_step_s"] + costs["per_item_s"] * n
+                                          + costs.get("per_param_s", 0.0) * params)
+
+
+def fit(residuals: dict[tuple, float], n: dict, params: dict | None = None) -> dict:
+    """The probe points' residual seconds fitted (`n`, `params`: {blocks, or "wide" for WIDE: its items,
+    its trainable parameters}): per item and per parameter from the three sizes at accumulation 1 (per
+    item from the two blocks' counts alone where WIDE was not run, or `params` is not given), per
+    micro-step from the two accumulations (the larger size: one more micro-step of it, less its items'
+    and parameters' share), per step the rest; each held at >= 0."""
     (small, m, _), (large, _, _), (_, m2, a2) = POINTS
     r1, r2, r3 = residuals[POINTS[0]], residuals[POINTS[1]], residuals[POINTS[2]]
     per_item = max(0.0, (r2 - r1) / (n[large] - n[small]))
-    per_micro = max(0.0, (r3 - r2) / (a2 - 1) - per_item * n[large])
-    per_step = max(0.0, r2 - per_micro - per_item * n[large])
-    return {"per_step_s": per_step, "per_micro_step_s": per_micro, "per_item_s": per_item}
+    wide = params is not None and WIDE in residuals
+    per_param = 0.0
+    if wide:
+        r4 = residuals[WIDE]
+        # r2 - r1 and r4 - r2: what the items and the parameters added from one size to the next
+        dn1, dp1 = n[large] - n[small], params[large] - params[small]
+        dn2, dp2 = n["wide"] - n[large], params["wide"] - params[large]
+        det = dn1 * dp2 - dn2 * dp1
+        item, param = ((r2 - r1) * dp2 - (r4 - r2) * dp1) / det, (dn1 * (r4 - r2) - dn2 * (r2 - r1)) / det
+        if param < 0:  # nothing goes by the size: the items alone, as without WIDE
+            item, param = per_item, 0.0
+        elif item < 0:  # nothing goes by the number: the size alone, from the smallest to the widest
+            item, param = 0.0, max(0.0, (r4 - r1) / (params["wide"] - params[small]))
+        per_item, per_param = item, param
+    at_large = per_item * n[large] + (per_param * params[large] if wide else 0.0)
+    per_micro = max(0.0, (r3 - r2) / (a2 - 1) - at_large)
+    per_step = max(0.0, r2 - per_micro - at_large)
+    out = {"per_step_s": per_step, "per_micro_step_s": per_micro, "per_item_s": per_item}
+    return {**out, "per_param_s": per_param} if wide else out
 
 
-def fit_runs(runs: dict[str, dict], n: dict) -> dict:
-    """The costs fitted from a configuration's probe runs as measure() keeps them (`runs`: {"BxMxA":
-    {measured_s: each repeat's step, predicted_s}}; `n`: {blocks: items}): each point's step
-    (point_seconds) less the step model's prediction, fitted (fit)."""
-    residuals = {point: point_seconds(runs["x".join(map(str, point))]["measured_s"])
-                 - runs["x".join(map(str, point))]["predicted_s"] for point in POINTS}
-    return fit(residuals, {int(k): v for k, v in n.items()})
+def point_label(point: tuple) -> str:
+    """A probe point's name in the kept runs: BLOCKSxMICROxACCUM, and wWIDTH after it for WIDE."""
+    return "x".join(map(str, point[:3])) + (f"w{point[3]}" if len(point) > 3 else "")
+
+
+def fit_runs(runs: dict[str, dict], n: dict, params: dict | None = None) -> dict:
+    """The costs fitted from a configuration's probe runs as measure() keeps them (`runs`: {point_label:
+    {measured_s: each repeat's step, predicted_s}}; `n`, `params`: {"BLOCKS" or "wide": items, trainable
+    parameters}): each point's step (point_seconds) less the step model's prediction, fitted (fit).
+    Costs kept before WIDE (three points, no `params`) are fitted as they were."""
+    points = [*POINTS, *([WIDE] if params is not None and point_label(WIDE) in runs else [])]
+    residuals = {point: point_seconds(runs[point_label(point)]["measured_s"]) - runs[point_label(point)]["predicted_s"]
+                 for point in points}
+
+    def keyed(d: dict) -> dict:
+        return {k if k == "wide" else int(k): v for k, v in d.items()}
+
+    return fit(residuals, keyed(n), None if params is None else keyed(params))
 
 
 def load() -> dict:
@@ -212,7 +284,9 @@ def keep(cache: dict) -> None:
 def summary_line(found: dict, missing: list[str]) -> str:
     """The plan's assumption line for the configurations' own costs."""
     parts = [f"{c}: {e['per_step_s'] * 1e3:.1f} ms + {e['per_micro_step_s'] * 1e3:.1f} ms per micro-step + "
-             f"{e['per_item_s'] * 1e6:.0f} us per {e['item']} per micro-step" for c, e in found.items()]
+             f"{e['per_item_s'] * 1e6:.0f} us per {e['item']}"
+             + (f" + {e['per_param_s'] * 1e9:.1f} ns per trainable parameter" if "per_param_s" in e else "")
+             + " per micro-step" for c, e in found.items()]
     line = "each configuration's own cost, measured on this machine (backend_costs): " + ("; ".join(parts) or "none")
     scales = [e["scale"] for e in found.values() if "scale" in e]
     if scales:

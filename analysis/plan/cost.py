@@ -13,7 +13,7 @@ from analysis.plan.device import Device
 
 
 _FLOPS: dict[tuple, dict] = {}
-_ITEMS: dict[tuple, int] = {}
+_ITEMS: dict[tuple, tuple[int, int]] = {}
 
 
 def evaluate(cand: Candidate, train_argv: list[str], world: int, per_node: int, budget_gb: float,
@@ -75,12 +75,12 @@ def evaluate(cand: Candidate, train_argv: list[str], world: int, per_node: int, 
     own = 0.0  # the configuration's own cost, measured on this machine (backend_costs), where it was
     costs = device.backend_costs.get(cand.base or cand.config)
     if costs:
-        from analysis.plan.backend_costs import cost_seconds, items
+        from analysis.plan.backend_costs import cost_seconds, items, trainable_params
 
         ikey = (tuple(getattr(cfg, f) for f in MODEL_FIELDS), cfg.block_class, cfg.backend)
         if ikey not in _ITEMS:
-            _ITEMS[ikey] = items(setup, cfg.backend)[1]
-        own = cost_seconds(costs, cand.grad_accum, _ITEMS[ikey])
+            _ITEMS[ikey] = (items(setup, cfg.backend)[1], trainable_params(setup))
+        own = cost_seconds(costs, cand.grad_accum, *_ITEMS[ikey])
     step = compute + (1 - device.overlap) * comm + wait + offload + own
     row.update(own_ms=own * 1e3, backend=cfg.backend, bytes="counted" if counted is not None else "theory", calls=sum(t[2] for t in traffic.values()),
                comm_bus_bytes=sum(t[1] for t in traffic.values()),

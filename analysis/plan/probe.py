@@ -6,13 +6,13 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from analysis.plan.backend_costs import (POINTS, PROBE, REPEATS, STEPS, at_speed, fit_runs, items, keep, key, load,
-                                         machine, reference_seconds)
+from analysis.plan.backend_costs import (POINTS, PROBE, REPEATS, STEPS, WIDE, at_speed, fit_runs, items, keep, key,
+                                         load, machine, point_label, reference_seconds, trainable_params)
 from gptlite.errors import ConfigError
 
 
 def measure(config: str, world: int, device, progress=print) -> dict:
-    """One configuration's costs, measured: the three probe points run REPEATS times taking turns
+    """One configuration's costs, measured: the probe points (POINTS and WIDE) run REPEATS times taking turns
     through the sweep runner (in a scratch directory: nothing is kept but the figures and the runs'
     steps), fitted by backend_costs.fit_runs against the step model's prediction with the model's
     compute calibrated on that probe size (`device(train_argv, micro_batches)` returns a calibrated
@@ -25,37 +25,44 @@ def measure(config: str, world: int, device, progress=print) -> dict:
     from training.runner import Runner
     from training.sweep import PlannedRun
 
-    n, runs, times, calibrated = {}, {}, {}, {}
+    n, params, runs, times, calibrated = {}, {}, {}, {}, {}
     speed = [reference_seconds()]
     with tempfile.TemporaryDirectory(prefix="backend-costs-") as tmp:
         runner = Runner(Path(tmp), 900)
         planned = {}
-        for layers, micro, accum in POINTS:  # the step model's prediction of each point, first
-            model = ["--model", str(PROBE), "--model_args", f"layers={layers}"]
+        for point in (*POINTS, WIDE):  # the step model's prediction of each point, first
+            layers, micro, accum = point[:3]
+            size = layers if point != WIDE else "wide"
+            model = ["--model", str(PROBE), "--model_args", f"layers={layers}"
+                     + (f",width={point[3]}" if point == WIDE else "")]
             cand = Candidate(config, micro, accum, "none")
-            if layers not in calibrated:  # calibrated for each configuration: the speed drifts between them
-                calibrated[layers] = device(model, [4, 8])
-            row = evaluate(cand, model, world, world, 1e6, calibrated[layers])
+            if size not in calibrated:  # calibrated for each configuration: the speed drifts between them
+                calibrated[size] = device(model, [4, 8])
+            row = evaluate(cand, model, world, world, 1e6, calibrated[size])
             if "refused" in row:
                 raise ConfigError(f"{config}: the probe run is refused ({row['refused']})")
-            item, n[layers] = items(resolve_flags([*model, *cand.flags()], world), row["backend"])
-            planned[(layers, micro, accum)] = (model, cand, row)
+            setup = resolve_flags([*model, *cand.flags()], world)
+            item, n[size] = items(setup, row["backend"])
+            params[size] = trainable_params(setup)
+            planned[point] = (model, cand, row)
         for rep in range(REPEATS):  # the points taking turns: this machine's speed drifts between runs
-            for (layers, micro, accum), (model, cand, row) in planned.items():
+            for point, (model, cand, row) in planned.items():
                 pairs = flag_pairs([*model, *cand.flags()[2:], "--steps", str(STEPS), "--warmup_steps", "2",
                                     "--mem_profile_steps", "1", "--eval_batches", "1"])
-                outcome = runner.run(PlannedRun(f"probe-{cand.run_name()}-l{layers}-r{rep}", row["backend"],
+                label = point_label(point)
+                outcome = runner.run(PlannedRun(f"probe-{cand.run_name()}-l{label}-r{rep}", row["backend"],
                                                 cand.file, world, pairs))
-                progress(f"  {config}: {layers} blocks, {micro} x {accum}: {outcome.line()}")
+                progress(f"  {config}: {label} (blocks x micro-batch x accumulation): {outcome.line()}")
                 if outcome.status != "ok" or not outcome.summary.samples_per_s:
                     raise RuntimeError(f"{config}: its probe run did not succeed ({outcome.status}: "
                                        f"{outcome.summary.error or ''})")
-                times.setdefault((layers, micro, accum), []).append(micro * accum * world / outcome.summary.samples_per_s)
+                times.setdefault(point, []).append(cand.micro_batch * cand.grad_accum * world
+                                                   / outcome.summary.samples_per_s)
         for point, (model, cand, row) in planned.items():
-            runs["x".join(map(str, point))] = {"measured_s": times[point], "predicted_s": row["step_ms"] / 1e3}
+            runs[point_label(point)] = {"measured_s": times[point], "predicted_s": row["step_ms"] / 1e3}
     speed.append(reference_seconds())
-    return {**fit_runs(runs, n), "item": item, "runs": runs, "items": {str(k): v for k, v in n.items()},
-            "reference_s": min(speed)}
+    return {**fit_runs(runs, n, params), "item": item, "runs": runs, "items": {str(k): v for k, v in n.items()},
+            "params": {str(k): v for k, v in params.items()}, "reference_s": min(speed)}
 
 
 def costs_for(configs: list[str], world: int, device, measure_missing: bool, progress=print) -> tuple[dict, list[str]]:

@@ -1,10 +1,12 @@
 """The model the planner measures each configuration's own costs on (analysis/plan/backend_costs.py), as
 a model file: a stack of `layers` residual blocks (a d x d Linear with its bias, a LayerNorm: four
-parameter tensors each) over random vectors, classified into 8 classes. Small enough that a step is
+parameter tensors each), `width` wide (64 by default, the data's vectors' width), over random vectors,
+classified into 8 classes. Small enough that a step is
 mostly the configuration's own work (its hooks, flattening, collective calls, optimizer), and not a
 model the planner is validated on (benchmarks/zoo).
 
     python train.py --model analysis/plan/probe_model.py --model_args layers=12
+    python train.py --model analysis/plan/probe_model.py --model_args layers=12,width=128
 """
 
 import torch
@@ -26,10 +28,14 @@ class Block(nn.Module):
 class Probe(nn.Module):
     def __init__(self, layers: int, width: int):
         super().__init__()
+        # Wider than the data's vectors: one Linear up to `width` first (two tensors more).
+        self.up = nn.Linear(WIDTH, width) if width != WIDTH else None
         self.blocks = nn.ModuleList([Block(width) for _ in range(layers)])
         self.head = nn.Linear(width, CLASSES)
 
     def forward(self, x):
+        if self.up is not None:
+            x = self.up(x)
         for block in self.blocks:
             x = block(x)
         return self.head(x)
@@ -50,8 +56,8 @@ class Vectors(torch.utils.data.Dataset):
 WIDTH = 64
 
 
-def get_model(layers: int = 2):
-    return Probe(layers, WIDTH)
+def get_model(layers: int = 2, width: int = WIDTH):
+    return Probe(layers, width)
 
 
 def get_dataset():
