@@ -7,7 +7,9 @@ Each records folder of benchmarks/zoo_accuracy.py keeps the probe runs its plans
 from (RUNS_DIR/backend_costs.json: each point's repeats, measured and predicted). This refits them
 with analysis/plan/backend_costs.py as it is now (point_seconds, fit) and re-prices every fitting
 candidate of every model's plan.json: its step as the plan priced it, less the own cost it was charged,
-plus the refitted one. Nothing runs; the predictions' other parts (compute, communication) stay as
+plus the refitted one, priced at the machine's speed the plan read (backend_costs.at_speed).
+`--three_points` refits from the three probe points of before the wide one; `--unscaled` prices
+them as measured. Nothing runs; the predictions' other parts (compute, communication) stay as
 the plan made them. Prints, per model, the median |predicted / measured - 1| over the fitting
 candidates (measured: the grid's median) and Spearman's rank correlation, as recorded and replayed.
 """
@@ -24,10 +26,25 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 
-def replay(model_dir: Path, costs: dict) -> dict:
-    """One model's plan.json re-priced with `costs` refitted (backend_costs.fit_runs, the code now):
-    {recorded, replayed}: (median error, Spearman) over the fitting candidates the grid measured."""
-    from analysis.plan.backend_costs import cost_seconds, fit_runs, items, key, trainable_params
+def speed_now(saved: dict) -> float | None:
+    """The machine's reference step the plan read (its assumptions line, backend_costs.summary_line), in
+    seconds: the refitted costs are priced at it as the plan priced its own (backend_costs.at_speed);
+    None where the plan scaled nothing."""
+    import re
+
+    for line in saved.get("assumptions", []):
+        found = re.search(r"the reference step ([0-9.]+) ms now", line)
+        if found:
+            return float(found.group(1)) / 1e3
+    return None
+
+
+def replay(model_dir: Path, costs: dict, three_points: bool = False, unscaled: bool = False) -> dict:
+    """One model's plan.json re-priced with `costs` refitted (backend_costs.fit_runs, the code now; with
+    `three_points`, from the three points of before the wide one: no cost per parameter), at the speed
+    the plan read (with `unscaled`, as measured): {recorded, replayed}: (median error, Spearman) over the fitting candidates the grid
+    measured."""
+    from analysis.plan.backend_costs import at_speed, cost_seconds, fit_runs, items, key, trainable_params
     from benchmarks.zoo import ZOO
     from benchmarks.zoo_accuracy import model_accuracy, question_of, spearman
     from training.describe import resolve_flags
@@ -36,6 +53,7 @@ def replay(model_dir: Path, costs: dict) -> dict:
     acc = model_accuracy(model_dir, estimate=lambda record: 1)  # the peaks are not asked
     measured = acc["grid_median"]
     saved = json.loads((model_dir / "plan.json").read_text())
+    now = None if unscaled else speed_now(saved)
     n_items: dict[str, tuple[int, int]] = {}
     replayed = []
     for c in saved["candidates"]:
@@ -50,8 +68,9 @@ def replay(model_dir: Path, costs: dict) -> dict:
                 setup = resolve_flags([*ZOO[model_dir.name].flags, *c["config_flags"]], world)
                 n_items[c["backend"]] = (items(setup, c["backend"])[1], trainable_params(setup))
             accum = int(c["micro x accum"].split("x")[1])
-            new = step - c["own_ms"] / 1e3 + cost_seconds(fit_runs(entry["runs"], entry["items"], entry.get("params")),
-                                                          accum, *n_items[c["backend"]])
+            fitted = fit_runs(entry["runs"], entry["items"], None if three_points else entry.get("params"))
+            fitted = at_speed({**fitted, "reference_s": entry.get("reference_s")}, now)
+            new = step - c["own_ms"] / 1e3 + cost_seconds(fitted, accum, *n_items[c["backend"]])
         replayed.append((c["pred_samples_per_s"] * step / new, measured[flags]))
     return {"recorded": (acc["median_before"], acc["spearman"]),
             "replayed": (statistics.median(abs(p / m - 1) for p, m in replayed),
@@ -62,6 +81,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n".join(__doc__.splitlines()[2:]))
     p.add_argument("runs_dirs", nargs="+", type=Path, help="records folders of benchmarks/zoo_accuracy.py")
+    p.add_argument("--three_points", action="store_true",
+                   help="refit from the three probe points alone (no cost per trainable parameter): what the "
+                        "wide point changed, on the same runs")
+    p.add_argument("--unscaled", action="store_true",
+                   help="price the refitted costs as measured, not at the speed the plan read (at_speed)")
     args = p.parse_args()
     for runs_dir in args.runs_dirs:
         kept = runs_dir / "backend_costs.json"
@@ -71,7 +95,7 @@ def main() -> None:
         costs = json.loads(kept.read_text())
         for d in sorted(runs_dir.iterdir()):
             if (d / "plan.json").is_file() and (d / "grid.json").is_file():
-                r = replay(d, costs)
+                r = replay(d, costs, args.three_points, args.unscaled)
                 print(f"{runs_dir.name} {d.name}: recorded {r['recorded'][0]:.0%} ({r['recorded'][1]:.2f}), "
                       f"replayed {r['replayed'][0]:.0%} ({r['replayed'][1]:.2f})", flush=True)
 

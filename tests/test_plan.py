@@ -903,6 +903,11 @@ def test_kept_costs_are_priced_at_the_machines_speed_now(tmp_path, monkeypatch):
     speeds = iter([4e-3])  # kept, read at 4 ms now: twice as slow as when measured
     found, _ = probe.costs_for(["ddp"], 2, None, measure_missing=False, progress=lambda line: None)
     assert found["ddp"]["per_micro_step_s"] == pytest.approx(0.004) and "x2.00" in bc.summary_line(found, [])
+    # benchmarks/own_costs_replay.py prices refitted costs at the speed the plan read, from its line
+    from benchmarks.own_costs_replay import speed_now
+
+    assert speed_now({"assumptions": ["overlap 0.5", bc.summary_line(found, [])]}) == pytest.approx(4e-3)
+    assert speed_now({"assumptions": [bc.summary_line({"ddp": truth}, [])]}) is None
     assert bc.at_speed(truth, 4e-3) == truth  # kept without a reference: as kept
     scaled = bc.at_speed({**truth, "per_param_s": 1e-8, "reference_s": 2e-3}, 4e-3)
     assert scaled["per_param_s"] == pytest.approx(2e-8) and scaled["per_item_s"] == pytest.approx(2e-4)

@@ -81,7 +81,7 @@ def costs_for(configs: list[str], world: int, device, measure_missing: bool, pro
         if not measure_missing:
             missing.append(config)
             continue
-        progress(f"measuring {config}'s own costs on this machine ({len(POINTS) * REPEATS} probe runs, world {world}) ...")
+        progress(f"measuring {config}'s own costs on this machine ({len((*POINTS, WIDE)) * REPEATS} probe runs, world {world}) ...")
         try:
             entry = {**measure(config, world, device, progress), "machine": here}
         except (ConfigError, RuntimeError) as e:  # that configuration priced without; the plan goes on
