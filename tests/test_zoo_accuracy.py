@@ -145,7 +145,6 @@ def test_on_the_committed_records_the_races_entry_rule_leaves_out_a_winner_only_
             missed.append((d.parent.name, d.name, round(rule["regret"], 2)))
         left_out.append(rule["left_out_best"] or 0.0)
     assert round(max(left_out[:18]), 2) <= 0.73 and round(max(left_out[:30]), 2) <= 0.85  # what the docs say
-    assert round(max(left_out[33:]), 2) < 0.95
     assert winners_left_out == [("cpu-2core-zoo-plan-loop", "mixtral"), ("cpu-2core-zoo-plan-loop", "vit")]
     assert missed == [("cpu-2core-zoo-link-kept-fastest", "mixtral", 0.18), ("cpu-2core-zoo-plan-loop", "mixtral", 0.05),
                       ("cpu-2core-zoo-plan-loop", "vit", 0.23)]

@@ -48,6 +48,7 @@ POINTS = ((2, 8, 1), (12, 8, 1), (12, 4, 2))
 # and 9.6 against 12.1 on frozen_tied, 10k in 3; measured again: runs/reference/cpu-2core-zoo-wide-point).
 WIDE_WIDTH = 128
 WIDE = (12, 8, 1, WIDE_WIDTH)
+PROBE_POINTS = (*POINTS, WIDE)  # what measure() runs
 STEPS = 24  # 2 warm-up, the last profiled for memory: 21 timed
 # Each point run three times, taking turns, its step the fastest of them (point_seconds): on the 2-core
 # CPU one probe run of DDP (12 blocks, 8 x 1, 7 timed steps) read 1472 samples/s and the same run 25
@@ -186,18 +187,17 @@ def items(setup, backend: str) -> tuple[str, int]:
     FSDP's and FSDP2's units (each block wrapped, and the root: a gather and a reduce-scatter each,
     whatever its tensors), else the trainable parameter tensors (per-parameter hooks, DeepSpeed's
     partitioning and its optimizer's loop over them)."""
-    model = setup.workload.meta()
     if backend in ("fsdp", "fsdp2"):
         from core.blocks import find_blocks
 
-        return "FSDP unit", len(find_blocks(model, setup.cfg.block_class)) + 1
-    return "trainable tensor", sum(1 for p in model.parameters() if p.requires_grad)
+        return "FSDP unit", len(find_blocks(setup.workload.meta(), setup.cfg.block_class)) + 1
+    return "trainable tensor", len(setup.workload.param_sizes)
 
 
 def trainable_params(setup) -> int:
     """The trainable parameters (elements) of the model `setup` resolves: what a configuration's
     copies, buckets and gathers go by besides its items (per_param_s)."""
-    return sum(p.numel() for p in setup.workload.meta().parameters() if p.requires_grad)
+    return sum(setup.workload.param_sizes)
 
 
 def cost_seconds(costs: dict, accum: int, n: int, params: int = 0) -> float:

@@ -6,13 +6,13 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from analysis.plan.backend_costs import (POINTS, PROBE, REPEATS, STEPS, WIDE, at_speed, fit_runs, items, keep, key,
-                                         load, machine, point_label, reference_seconds, trainable_params)
+from analysis.plan.backend_costs import (PROBE, PROBE_POINTS, REPEATS, STEPS, WIDE, at_speed, fit_runs, items, keep,
+                                         key, load, machine, point_label, reference_seconds, trainable_params)
 from gptlite.errors import ConfigError
 
 
 def measure(config: str, world: int, device, progress=print) -> dict:
-    """One configuration's costs, measured: the probe points (POINTS and WIDE) run REPEATS times taking turns
+    """One configuration's costs, measured: the probe points (PROBE_POINTS) run REPEATS times taking turns
     through the sweep runner (in a scratch directory: nothing is kept but the figures and the runs'
     steps), fitted by backend_costs.fit_runs against the step model's prediction with the model's
     compute calibrated on that probe size (`device(train_argv, micro_batches)` returns a calibrated
@@ -30,7 +30,7 @@ def measure(config: str, world: int, device, progress=print) -> dict:
     with tempfile.TemporaryDirectory(prefix="backend-costs-") as tmp:
         runner = Runner(Path(tmp), 900)
         planned = {}
-        for point in (*POINTS, WIDE):  # the step model's prediction of each point, first
+        for point in PROBE_POINTS:  # the step model's prediction of each point, first
             layers, micro, accum = point[:3]
             size = layers if point != WIDE else "wide"
             model = ["--model", str(PROBE), "--model_args", f"layers={layers}"
@@ -81,7 +81,7 @@ def costs_for(configs: list[str], world: int, device, measure_missing: bool, pro
         if not measure_missing:
             missing.append(config)
             continue
-        progress(f"measuring {config}'s own costs on this machine ({len((*POINTS, WIDE)) * REPEATS} probe runs, world {world}) ...")
+        progress(f"measuring {config}'s own costs on this machine ({len(PROBE_POINTS) * REPEATS} probe runs, world {world}) ...")
         try:
             entry = {**measure(config, world, device, progress), "machine": here}
         except (ConfigError, RuntimeError) as e:  # that configuration priced without; the plan goes on
