@@ -134,6 +134,19 @@ def fork_server() -> str:
     return path
 
 
+def pytest_sessionstart(session):
+    """matplotlib's font list built before any test runs: built on first use, it runs fc-list where
+    fontconfig is installed, and a unit test's first figure (the plan's --out) would start a process
+    (tests/tiers.py refuses it) on any machine without matplotlib's cache yet."""
+    with contextlib.suppress(ImportError):
+        import matplotlib
+
+        matplotlib.use("Agg")
+        from matplotlib import font_manager
+
+        font_manager.fontManager  # noqa: B018 (loads or builds the cache)
+
+
 def pytest_unconfigure(config):
     if _SERVER:
         _SERVER[0].stop()

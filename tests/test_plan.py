@@ -883,6 +883,44 @@ def test_backend_costs_are_fitted_from_the_probe_runs_and_kept_per_machine(tmp_p
     assert "not measured" in bc.summary_line({}, ["ds_configs/z3.json"])
 
 
+def test_backend_costs_fit_is_the_best_non_negative_one_where_the_exact_one_is_negative(tmp_path, monkeypatch):
+    """Where the exact solution through the probe points has a negative cost, the fit is the non-negative
+    costs that fit the points best, not one cost set to 0 and the next taking the rest: ZeRO-2's probe
+    on the 2-core CPU (runs/reference/cpu-2core-zoo-wide-point) left 7.0 ms at 12 blocks 8 x 1 and 21.8
+    at 4 x 2, and one after another its 8 x 1 candidates were priced 14.8 ms. A plan refits kept costs
+    from their kept runs by the code as it is."""
+    import random
+
+    from analysis.plan import backend_costs as bc
+    from analysis.plan import probe
+
+    n, params = {2: 10, 12: 50, "wide": 52}, {2: 9_096, 12: 51_976, "wide": 210_568}
+    left = {(2, 8, 1): 5.4e-3, (12, 8, 1): 7.0e-3, (12, 4, 2): 21.8e-3, bc.WIDE: 8.2e-3}
+    size = {**{p: p[0] for p in bc.POINTS}, bc.WIDE: "wide"}
+
+    def misfit(costs: dict) -> float:
+        return sum((bc.cost_seconds(costs, p[2], n[size[p]], params[size[p]]) - r) ** 2 for p, r in left.items())
+
+    fitted = bc.fit(left, n, params)
+    assert all(v >= 0 for v in fitted.values())
+    assert abs(bc.cost_seconds(fitted, 1, n[12], params[12]) - 7.0e-3) < 3.5e-3  # one after another: 14.8 ms
+    rng = random.Random(0)
+    for _ in range(200):  # no other non-negative costs fit the points better
+        other = {k: max(0.0, v * rng.uniform(0.5, 1.5) + rng.choice([0.0, 1e-3 if k != "per_param_s" else 1e-9]))
+                 for k, v in fitted.items()}
+        assert misfit(other) >= misfit(fitted) - 1e-15
+    # kept with figures fitted otherwise (a cache from before): priced as its runs fit now
+    monkeypatch.setenv("GPTLITE_BACKEND_COSTS", str(tmp_path / "backend_costs.json"))
+    runs = {bc.point_label(p): {"measured_s": [r + 0.01, r + 0.02], "predicted_s": 0.01} for p, r in left.items()}
+    kept = {"per_step_s": 0.0, "per_micro_step_s": 12.9e-3, "per_item_s": 3e-5, "per_param_s": 7.5e-9,
+            "item": "trainable tensor", "runs": runs, "items": {str(k): v for k, v in n.items()},
+            "params": {str(k): v for k, v in params.items()}, "machine": bc.machine()}
+    (tmp_path / "backend_costs.json").write_text(json.dumps({bc.key("ds_configs/z2.json", 2): kept}))
+    found, missing = probe.costs_for(["ds_configs/z2.json"], 2, None, measure_missing=False, progress=lambda line: None)
+    assert not missing and found["ds_configs/z2.json"]["per_micro_step_s"] == pytest.approx(fitted["per_micro_step_s"])
+    assert json.loads((tmp_path / "backend_costs.json").read_text())[bc.key("ds_configs/z2.json", 2)] == kept
+
+
 def test_kept_costs_are_priced_at_the_machines_speed_now(tmp_path, monkeypatch):
     """Costs measured while the machine ran at one speed (its reference step, kept beside them) are
     scaled to the speed a plan reads when it prices them; costs kept without a reference stay as

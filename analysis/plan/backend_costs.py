@@ -19,8 +19,8 @@ wraps, and the root: measured on the probe, FSDP1 FULL_SHARD cost 5 ms more per 
 the 2-core CPU, whatever a unit's tensors), else the trainable parameter tensors; the parameters,
 the trainable ones (trainable_params(): what its copies, buckets and gathers move). Fitted from (2
 blocks, micro-batch 8 x 1), (12 blocks, 8 x 1), (12 blocks, 4 x 2) and (12 blocks twice as wide,
-8 x 1: WIDE): per item and per parameter from the three sizes, per micro-step from the two
-accumulations, per step what is left; each at least 0.
+8 x 1: WIDE): the non-negative costs that fit the four points' residuals best (least squares, fit()),
+refitted from the kept runs whenever a plan reads them.
 The figures are kept in $GPTLITE_CACHE/backend_costs.json (default ~/.cache/gptlite; or the file
 $GPTLITE_BACKEND_COSTS names), keyed by the
 configuration, the world and what they were measured on (CPU, cores, torch, DeepSpeed, the
@@ -209,32 +209,30 @@ def cost_seconds(costs: dict, accum: int, n: int, params: int = 0) -> float:
 
 def fit(residuals: dict[tuple, float], n: dict, params: dict | None = None) -> dict:
     """The probe points' residual seconds fitted (`n`, `params`: {blocks, or "wide" for WIDE: its items,
-    its trainable parameters}): per item and per parameter from the three sizes at accumulation 1 (per
-    item from the two blocks' counts alone where WIDE was not run, or `params` is not given), per
-    micro-step from the two accumulations (the larger size: one more micro-step of it, less its items'
-    and parameters' share), per step the rest; each held at >= 0."""
-    (small, m, _), (large, _, _), (_, m2, a2) = POINTS
-    r1, r2, r3 = residuals[POINTS[0]], residuals[POINTS[1]], residuals[POINTS[2]]
-    per_item = max(0.0, (r2 - r1) / (n[large] - n[small]))
+    its trainable parameters}) as cost_seconds: per step, per micro-step, per item and (where WIDE was
+    run and `params` given) per parameter, each >= 0: the non-negative costs whose seconds fit the points
+    best (least squares, scipy.optimize.nnls). As many points as costs: the exact solution where it has
+    no negative cost. Where it has, the costs were fitted one after another before (2026-12-02), each
+    from its own pair of points, a negative one set to 0 and the next taking the rest: ZeRO-2's probe on
+    the 2-core CPU (runs/reference/cpu-2core-zoo-wide-point) left 7.0 ms at 12 blocks 8 x 1 and 21.8 at
+    4 x 2, so its micro-step got 12.9 ms, its step -7.8 set to 0, and every 8 x 1 ZeRO-2 candidate was
+    priced 14.8 ms where its probe had left 7.0 (least squares: 9.7 ms at 12 blocks 8 x 1, 19.5 at 4 x 2)."""
+    import numpy as np
+    from scipy.optimize import nnls
+
     wide = params is not None and WIDE in residuals
-    per_param = 0.0
-    if wide:
-        r4 = residuals[WIDE]
-        # r2 - r1 and r4 - r2: what the items and the parameters added from one size to the next
-        dn1, dp1 = n[large] - n[small], params[large] - params[small]
-        dn2, dp2 = n["wide"] - n[large], params["wide"] - params[large]
-        det = dn1 * dp2 - dn2 * dp1
-        item, param = ((r2 - r1) * dp2 - (r4 - r2) * dp1) / det, (dn1 * (r4 - r2) - dn2 * (r2 - r1)) / det
-        if param < 0:  # nothing goes by the size: the items alone, as without WIDE
-            item, param = per_item, 0.0
-        elif item < 0:  # nothing goes by the number: the size alone, from the smallest to the widest
-            item, param = 0.0, max(0.0, (r4 - r1) / (params["wide"] - params[small]))
-        per_item, per_param = item, param
-    at_large = per_item * n[large] + (per_param * params[large] if wide else 0.0)
-    per_micro = max(0.0, (r3 - r2) / (a2 - 1) - at_large)
-    per_step = max(0.0, r2 - per_micro - at_large)
-    out = {"per_step_s": per_step, "per_micro_step_s": per_micro, "per_item_s": per_item}
-    return {**out, "per_param_s": per_param} if wide else out
+    points = [*POINTS, *([WIDE] if wide else [])]
+
+    def size(point: tuple):
+        return "wide" if point == WIDE else point[0]
+
+    rows = [[1.0, p[2], p[2] * n[size(p)], *([p[2] * params[size(p)]] if wide else [])] for p in points]
+    a = np.array(rows)
+    scale = np.abs(a).max(axis=0)  # the columns to one magnitude (a parameter's cost is ~1e-8 s)
+    x, _ = nnls(a / scale, np.array([residuals[p] for p in points]))
+    x = [float(v) for v in x / scale]
+    out = {"per_step_s": x[0], "per_micro_step_s": x[1], "per_item_s": x[2]}
+    return {**out, "per_param_s": x[3]} if wide else out
 
 
 def point_label(point: tuple) -> str:
@@ -246,7 +244,7 @@ def fit_runs(runs: dict[str, dict], n: dict, params: dict | None = None) -> dict
     """The costs fitted from a configuration's probe runs as measure() keeps them (`runs`: {point_label:
     {measured_s: each repeat's step, predicted_s}}; `n`, `params`: {"BLOCKS" or "wide": items, trainable
     parameters}): each point's step (point_seconds) less the step model's prediction, fitted (fit).
-    Costs kept before WIDE (three points, no `params`) are fitted as they were."""
+    Costs kept before WIDE (three points, no `params`) are fitted from those three."""
     points = [*POINTS, *([WIDE] if params is not None and point_label(WIDE) in runs else [])]
     residuals = {point: point_seconds(runs[point_label(point)]["measured_s"]) - runs[point_label(point)]["predicted_s"]
                  for point in points}

@@ -67,8 +67,9 @@ def measure(config: str, world: int, device, progress=print) -> dict:
 
 def costs_for(configs: list[str], world: int, device, measure_missing: bool, progress=print) -> tuple[dict, list[str]]:
     """({config: its costs} for those of `configs` cached for this machine (measured first where
-    `measure_missing`), [the configurations without]), each at the machine's speed now
-    (backend_costs.at_speed). The cache is rewritten whole, by a rename."""
+    `measure_missing`), [the configurations without]), each fitted from its kept probe runs by the code as
+    it is (backend_costs.fit_runs) and priced at the machine's speed now (backend_costs.at_speed). The
+    cache is rewritten whole, by a rename."""
     cache = load()
     here = machine()
     found, missing = {}, []
@@ -76,7 +77,9 @@ def costs_for(configs: list[str], world: int, device, measure_missing: bool, pro
         k = key(config, world)
         entry = cache.get(k)
         if entry and entry.get("machine") == here:
-            found[config] = entry
+            # fitted by the code as it is, from the runs kept (costs kept before the fit changed stay right)
+            found[config] = {**entry, **fit_runs(entry["runs"], entry["items"], entry.get("params"))} \
+                if "runs" in entry else entry
             continue
         if not measure_missing:
             missing.append(config)
