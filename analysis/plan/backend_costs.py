@@ -222,17 +222,18 @@ def fit(residuals: dict[tuple, float], n: dict, params: dict | None = None) -> d
 
     wide = params is not None and WIDE in residuals
     points = [*POINTS, *([WIDE] if wide else [])]
-
-    def size(point: tuple):
-        return "wide" if point == WIDE else point[0]
-
-    rows = [[1.0, p[2], p[2] * n[size(p)], *([p[2] * params[size(p)]] if wide else [])] for p in points]
+    rows = [[1.0, p[2], p[2] * n[point_size(p)], *([p[2] * params[point_size(p)]] if wide else [])] for p in points]
     a = np.array(rows)
     scale = np.abs(a).max(axis=0)  # the columns to one magnitude (a parameter's cost is ~1e-8 s)
     x, _ = nnls(a / scale, np.array([residuals[p] for p in points]))
     x = [float(v) for v in x / scale]
     out = {"per_step_s": x[0], "per_micro_step_s": x[1], "per_item_s": x[2]}
     return {**out, "per_param_s": x[3]} if wide else out
+
+
+def point_size(point: tuple) -> int | str:
+    """A probe point's model size, as the items and parameters are keyed: its blocks, "wide" for WIDE."""
+    return "wide" if point == WIDE else point[0]
 
 
 def point_label(point: tuple) -> str:

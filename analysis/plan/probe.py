@@ -7,7 +7,8 @@ import tempfile
 from pathlib import Path
 
 from analysis.plan.backend_costs import (PROBE, PROBE_POINTS, REPEATS, STEPS, WIDE, at_speed, fit_runs, items, keep,
-                                         key, load, machine, point_label, reference_seconds, trainable_params)
+                                         key, load, machine, point_label, point_size, reference_seconds,
+                                         trainable_params)
 from gptlite.errors import ConfigError
 
 
@@ -32,7 +33,7 @@ def measure(config: str, world: int, device, progress=print) -> dict:
         planned = {}
         for point in PROBE_POINTS:  # the step model's prediction of each point, first
             layers, micro, accum = point[:3]
-            size = layers if point != WIDE else "wide"
+            size = point_size(point)
             model = ["--model", str(PROBE), "--model_args", f"layers={layers}"
                      + (f",width={point[3]}" if point == WIDE else "")]
             cand = Candidate(config, micro, accum, "none")
