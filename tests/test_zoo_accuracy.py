@@ -131,12 +131,12 @@ def test_on_the_committed_records_the_races_entry_rule_leaves_out_a_winner_only_
     1.37-1.55x apart) broke it twice: on vit and mixtral the rule left out the grid's best (ZeRO-2 and
     FSDP1 FULL_SHARD, predicted below 0.6 of DDP), regret 23% and 5.0%. The 34th to 41st (all eight
     planned inside their grid's window on a quiet evening: runs/reference/cpu-2core-zoo-wide-point)
-    leave out nothing within 5% of the best and miss none, and so do the 42nd to 47th (six of them
+    leave out nothing within 5% of the best and miss none, and so do the 42nd to 49th (all eight
     again, the own costs fitted by least squares: runs/reference/cpu-2core-zoo-least-squares)."""
     from analysis.plan.verify import RACE_WITHIN
 
     models = [d for r in RECORDS for d in sorted(r.iterdir()) if (d / "plan.json").is_file()]
-    assert len(models) == 47
+    assert len(models) == 49
     left_out, missed, winners_left_out = [], [], []
     for d in models:
         rule = zoo_accuracy.race_on_grid(d, zoo_accuracy.model_accuracy(d, estimate=lambda record: 1), RACE_WITHIN)
