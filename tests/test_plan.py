@@ -304,17 +304,66 @@ def test_the_calibrations_step_is_train_pys_own_loop(monkeypatch):
         return real(names, *args, **kwargs)
 
     monkeypatch.setattr(trackers, "Trackers", recorded)
-    step = device.loop_step_seconds([*TINY, "--tracker", "csv"], 4, steps=5)
-    assert step > 0 and started and not any(started), started  # a scratch run: not the user's trackers
+    steps = device.loop_step_times([*TINY, "--tracker", "csv"], 4, steps=5)
+    assert len(steps) == 5 - 2 - 1 and min(steps) > 0  # 2 warm-up, the last profiled
+    assert started and not any(started), started  # a scratch run: not the user's trackers
     assert "OMP_NUM_THREADS" not in os.environ and signal.getsignal(signal.SIGTERM) is handler
     c = {"micro_step_s": 0.002, "sample_s": 0.001, "optimizer_s": 0.001}
-    monkeypatch.setattr(device, "loop_step_seconds", lambda argv, micro: 0.02)
+    monkeypatch.setattr(device, "loop_step_times", lambda argv, micro: [0.03, 0.02, 0.01])
     looped = device.with_loop(c, TINY, 8)
-    assert looped["optimizer_s"] == pytest.approx(0.02 - 0.002 - 8 * 0.001)
-    assert looped["loop"] == {"micro_batch": 8, "step_s": 0.02, "optimizer_alone_s": 0.001}
-    assert "train.py's own step at --backend single, micro-batch 8: 20.0 ms" in device.loop_note(looped)
-    monkeypatch.setattr(device, "loop_step_seconds", lambda argv, micro: 0.005)  # less than the micro-step's
+    assert looped["optimizer_s"] == pytest.approx(0.02 - 0.002 - 8 * 0.001)  # the loop's median step
+    assert looped["loop"] == {"micro_batch": 8, "step_s": 0.02, "optimizer_alone_s": 0.001,
+                              "steps_s": [0.03, 0.02, 0.01]}
+    assert "train.py's own step at --backend single, micro-batch 8: 20.0 ms;" in device.loop_note(looped)
+    monkeypatch.setattr(device, "loop_step_times", lambda argv, micro: [0.005])  # less than the micro-step's
     assert device.with_loop(c, TINY, 8)["optimizer_s"] == 0.001
+
+
+def test_a_synchronized_step_is_the_median_of_the_slowest_ranks():
+    """Ranks that wait for one another every step take the slowest one's time: the median of the
+    slowest of one step drawn from each rank's own steps, which every pair (or triple) of steps
+    spells out one by one; never below the slowest rank's own median."""
+    import itertools
+    import random
+
+    from analysis.plan.device import synchronized_median
+
+    assert synchronized_median([[1.0, 2.0]]) == 1.0  # one rank: the lower median of its own steps
+    assert synchronized_median([[1.0, 2.0, 3.0], [2.0, 2.0, 2.0]]) == 2.0
+    # two ranks each at 10 ms half the time and 20 the other: a synchronized step is 20 three times in four
+    assert synchronized_median([[0.01, 0.02], [0.01, 0.02]]) == 0.02
+    rng = random.Random(0)
+    for ranks in (2, 3):
+        steps = [[rng.uniform(0.01, 0.03) for _ in range(rng.randint(3, 9))] for _ in range(ranks)]
+        slowest = sorted(max(draw) for draw in itertools.product(*steps))
+        got = synchronized_median(steps)
+        assert sum(s <= got for s in slowest) >= len(slowest) / 2 > sum(s < got for s in slowest)
+        assert got >= max(sorted(s)[(len(s) - 1) // 2] for s in steps)
+    with pytest.raises(ValueError):
+        synchronized_median([[], []])
+
+
+def test_processes_timed_at_once_are_one_calibration_whose_loop_is_the_synchronized_step():
+    """The micro-step's figures the processes' mean; train.py's loop the step of ranks in step, the
+    optimizer's share what it takes beyond the mean micro-step, each process's own median kept and
+    named in the plan's note."""
+    from analysis.plan import device
+
+    def one(micro_step, steps):
+        c = {"micro_step_s": micro_step, "sample_s": 0.001, "optimizer_s": 0.002, "recompute": {"full": 0.5},
+             "timed": {1: micro_step + 0.001, 8: micro_step + 0.008}}
+        return device.with_loop(c, [], 8, steps)
+
+    got = [one(0.002, [0.010, 0.012, 0.014]), one(0.004, [0.016, 0.018, 0.020])]
+    c = device.together(got, (1, 8))
+    assert c["micro_step_s"] == pytest.approx(0.003) and c["sample_s"] == pytest.approx(0.001)
+    assert c["loop"]["step_s"] == 0.018 and c["loop"]["ranks_step_s"] == [0.012, 0.018]  # the slower one's here
+    assert c["optimizer_s"] == pytest.approx(0.018 - 0.003 - 8 * 0.001)
+    assert c["timed"] == {1: pytest.approx(0.004), 8: pytest.approx(0.011)} and c["recompute"] == {"full": 0.5}
+    assert "18.0 ms in 2 processes at once" in device.loop_note(c) and "12.0, 18.0" in device.loop_note(c)
+    # a loop shorter than the micro-steps: the optimizer alone
+    fast = device.together([one(0.002, [0.001]), one(0.002, [0.001])], (1, 8))
+    assert fast["optimizer_s"] == pytest.approx(0.002)
 
 
 def test_the_calibration_times_its_two_micro_batches_taking_turns(monkeypatch):

@@ -75,8 +75,9 @@ REFERENCE_BATCHES = 5
 REFERENCE_GAP_S = 0.2
 # What a probe run's prediction calibrates its compute on, which its own cost is the rest of: since
 # 2026-11-28 the micro-step's forward and backward and train.py's own loop at --backend single
-# (analysis/plan/device.py with_loop). Costs kept against another calibration are measured again.
-CALIBRATION = "micro-step and train.py's loop; a wide point"
+# (analysis/plan/device.py with_loop), since 2026-12-02 that loop as ranks in step meet it (device.together).
+# Costs kept against another calibration are measured again.
+CALIBRATION = "micro-step and train.py's loop, ranks in step; a wide point"
 
 
 def reference_seconds() -> float:

@@ -3,6 +3,7 @@ calibrated and the link between its ranks probed."""
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import gc
 import math
@@ -104,13 +105,17 @@ def calibrate(workload, block_class: str | None, micro_batches: tuple[int, int],
             "recompute": {k: v / seconds[large] for k, v in extra.items()}, "timed": seconds}
 
 
-LOOP_STEPS = 16  # of the loop's own step (loop_step_seconds): 2 warm-up, the last profiled, 13 timed
+# Of the loop's own step (loop_step_times): 2 warm-up, the last profiled, 29 timed. Until 2026-12-02
+# 16 (13 timed, 0.1-0.25 s of the zoo's steps): two processes timing it at once on the 2-core CPU,
+# their timed steps overlapping, read the zoo's BERT 12.2 and 18.0 ms, llama 8.6 and 12.6, where
+# two 200-step runs pinned one to each core read 15.5-16.7 and 15.0-17.5 (three pairs).
+LOOP_STEPS = 32
 
 
-def loop_step_seconds(train_argv: list[str], micro: int, steps: int = LOOP_STEPS) -> float:
-    """One step of train.py's own loop: the run `train_argv` names at --backend single, micro-batch
-    `micro`, one micro-step, trained `steps` steps in this process (with this process's CPU threads)
-    into a scratch directory; the median of its timed steps. Besides the forward, backward and the
+def loop_step_times(train_argv: list[str], micro: int, steps: int = LOOP_STEPS) -> list[float]:
+    """The timed steps of train.py's own loop: the run `train_argv` names at --backend single,
+    micro-batch `micro`, one micro-step, trained `steps` steps in this process (with this process's
+    CPU threads) into a scratch directory; each timed step's seconds. Besides the forward, backward and the
     optimizer that `calibrate` times, a step draws its batch from the dataset, clips the gradients,
     zeroes them, moves the learning rate and times itself: on the 2-core CPU (2026-11-28, the zoo's
     ViT at micro-batch 8, one thread) train.py's step took 15.0 ms where the calibration's forward,
@@ -152,17 +157,44 @@ def loop_step_seconds(train_argv: list[str], micro: int, steps: int = LOOP_STEPS
             os.environ["OMP_NUM_THREADS"] = threads
     if not timed:
         raise RuntimeError(f"train.py's loop at micro-batch {micro} timed no step")
-    return statistics.median(timed)
+    return timed
 
 
-def with_loop(c: dict, train_argv: list[str], micro: int) -> dict:
+def loop_step_seconds(train_argv: list[str], micro: int, steps: int = LOOP_STEPS) -> float:
+    """One step of train.py's own loop (loop_step_times): the median of its timed steps."""
+    return statistics.median(loop_step_times(train_argv, micro, steps))
+
+
+def with_loop(c: dict, train_argv: list[str], micro: int, steps: list[float] | None = None) -> dict:
     """A calibration `c` with the step's own work beyond its micro-steps (optimizer_s) taken from
-    train.py's loop at micro-batch `micro` (loop_step_seconds): what that step took beyond the
-    calibrated micro-step, where it is more than the optimizer's step alone."""
-    loop = loop_step_seconds(train_argv, micro)
+    train.py's loop at micro-batch `micro` (its timed `steps`, loop_step_times; the median of them):
+    what that step took beyond the calibrated micro-step, where it is more than the optimizer's step
+    alone. The loop's timed steps are kept (`steps_s`) for calibrate_together."""
+    steps = loop_step_times(train_argv, micro) if steps is None else steps
+    loop = statistics.median(steps)
     beyond = loop - (c["micro_step_s"] + micro * c["sample_s"])
-    return {**c, "optimizer_s": max(c["optimizer_s"], beyond), "loop": {"micro_batch": micro, "step_s": loop,
-                                                                         "optimizer_alone_s": c["optimizer_s"]}}
+    return {**c, "optimizer_s": max(c["optimizer_s"], beyond),
+            "loop": {"micro_batch": micro, "step_s": loop, "optimizer_alone_s": c["optimizer_s"],
+                     "steps_s": list(steps)}}
+
+
+def synchronized_median(steps: list[list[float]]) -> float:
+    """The median step of ranks that wait for one another every step, from each rank's steps timed
+    apart (`steps`: one list per rank): the median of the slowest of one step drawn from each list
+    independently. A synchronized step is as long as its slowest rank's (train.py records the
+    slowest rank's seconds; DDP's all-reduce and every sharded gather wait for it), so the ranks'
+    own medians, or their mean, read it short: exactly, P(slowest <= t) is the product over the
+    ranks of the share of each one's steps <= t, and this is the least t where it reaches one half."""
+    lists = [sorted(s) for s in steps if s]
+    if not lists:
+        raise ValueError("synchronized_median: no steps")
+    for t in sorted(set().union(*lists)):
+        share = 1.0
+        for s in lists:
+            share *= bisect.bisect_right(s, t) / len(s)
+        if share >= 0.5:
+            return t
+    return max(s[-1] for s in lists)  # not reached: at the largest t every share is 1
 
 
 def loop_note(c: dict) -> str:
@@ -170,8 +202,11 @@ def loop_note(c: dict) -> str:
     loop = c.get("loop")
     if not loop:
         return ""
+    ranks = loop.get("ranks_step_s")
+    at_once = (f" in {len(ranks)} processes at once, as ranks that wait for one another (each one's median "
+               + ", ".join(f"{r * 1e3:.1f}" for r in ranks) + ")") if ranks else ""
     return (f" (train.py's own step at --backend single, micro-batch {loop['micro_batch']}: "
-            f"{loop['step_s'] * 1e3:.1f} ms; the optimizer alone {loop['optimizer_alone_s'] * 1e3:.1f} ms, the rest of "
+            f"{loop['step_s'] * 1e3:.1f} ms{at_once}; the optimizer alone {loop['optimizer_alone_s'] * 1e3:.1f} ms, the rest of "
             "that step beyond its micro-step counted with it)")
 
 
@@ -295,8 +330,10 @@ def _calibrate_rank(train_argv: list[str], ranks: int, points: tuple[int, int], 
         barrier.wait(300)  # the model built in each: the timing starts together
         c = calibrate(setup.workload, setup.cfg.block_class, points, str(setup.env.device), setup.cfg.save_ops(),
                       precision=setup.cfg.precision)
+        barrier.wait(300)  # and train.py's loop too, its timed steps beside the others'
         queue.put(with_loop(c, train_argv, max(points)))
     except Exception as e:  # the parent names it
+        barrier.abort()  # the others waiting for this one stop waiting
         queue.put(f"{type(e).__name__}: {e}")
 
 
@@ -320,16 +357,33 @@ def calibrate_together(train_argv: list[str], ranks: int, points: tuple[int, int
     got = [queue.get() for _ in procs]
     for proc in procs:
         proc.join(60)
-    failed = [g for g in got if isinstance(g, str)]
+    # the one that failed first, not the others it stopped waiting (BrokenBarrierError)
+    failed = sorted((g for g in got if isinstance(g, str)), key=lambda g: g.startswith("BrokenBarrierError"))
     if failed:
         raise RuntimeError(f"the calibration in {ranks} processes failed: {failed[0]}")
+    return together(got, points)
 
+
+def together(got: list[dict], points: tuple[int, int]) -> dict:
+    """The calibrations of processes timed at once (calibrate_together), as one: the micro-step's
+    figures their mean; train.py's loop the step of ranks that wait for one another
+    (synchronized_median of the processes' timed steps), and the optimizer's share what that step
+    takes beyond the mean micro-step (with_loop's rule). Until 2026-12-02 the loop too was the
+    processes' mean: on the 2-core CPU (six zoo models, two calibrations each, each followed by a
+    DDP run at 8 x 1, nothing else running) DDP's step ran 1.1-9.2 ms beyond that mean (a median
+    4.7) and 0.1-8.9 ms beyond the synchronized step (a median 4.0); on GPT-lite, whose two processes
+    read 17.3 and 25.6 ms, then 23.1 and 17.1, 8.8 and 8.4 beyond the mean, 5.1 and 4.0 beyond this."""
     mean = statistics.fmean
-    return {"micro_step_s": mean(g["micro_step_s"] for g in got), "sample_s": mean(g["sample_s"] for g in got),
-            "optimizer_s": mean(g["optimizer_s"] for g in got),
+    large = max(points)
+    micro_step, sample = mean(g["micro_step_s"] for g in got), mean(g["sample_s"] for g in got)
+    alone = mean(g["loop"]["optimizer_alone_s"] for g in got)
+    step = synchronized_median([g["loop"]["steps_s"] for g in got])
+    return {"micro_step_s": micro_step, "sample_s": sample,
+            "optimizer_s": max(alone, step - (micro_step + large * sample)),
             "recompute": {k: mean(g["recompute"][k] for g in got) for k in got[0]["recompute"]},
             "timed": {m: mean(g["timed"][m] for g in got) for m in got[0]["timed"]},
-            "loop": {**got[0]["loop"], **{k: mean(g["loop"][k] for g in got) for k in ("step_s", "optimizer_alone_s")}}}
+            "loop": {"micro_batch": got[0]["loop"]["micro_batch"], "step_s": step, "optimizer_alone_s": alone,
+                     "ranks_step_s": [g["loop"]["step_s"] for g in got]}}
 
 
 def here_device(train_argv: list[str], world: int, per_node: int, overlap: float,
