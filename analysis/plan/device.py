@@ -370,9 +370,9 @@ def together(got: list[dict], points: tuple[int, int]) -> dict:
     (synchronized_median of the processes' timed steps), and the optimizer's share what that step
     takes beyond the mean micro-step (with_loop's rule). Until 2026-12-02 the loop too was the
     processes' mean: on the 2-core CPU (six zoo models, two calibrations each, each followed by a
-    DDP run at 8 x 1, nothing else running) DDP's step ran 1.1-9.2 ms beyond that mean (a median
-    4.7) and 0.1-8.9 ms beyond the synchronized step (a median 4.0); on GPT-lite, whose two processes
-    read 17.3 and 25.6 ms, then 23.1 and 17.1, 8.8 and 8.4 beyond the mean, 5.1 and 4.0 beyond this."""
+    DDP run at 8 x 1, nothing else running) DDP's step ran 1.2-9.2 ms beyond that mean (a median
+    5.4) and 0.8-9.0 ms beyond the synchronized step (a median 4.5); on GPT-lite, whose two processes
+    read 17.3 and 25.6 ms, then 23.1 and 17.1, 8.9 and 8.4 beyond the mean, 4.7 and 4.7 beyond this."""
     mean = statistics.fmean
     large = max(points)
     micro_step, sample = mean(g["micro_step_s"] for g in got), mean(g["sample_s"] for g in got)
