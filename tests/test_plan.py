@@ -355,14 +355,14 @@ def test_processes_timed_at_once_are_one_calibration_whose_loop_is_the_synchroni
         return device.with_loop(c, [], 8, steps)
 
     got = [one(0.002, [0.010, 0.012, 0.014]), one(0.004, [0.016, 0.018, 0.020])]
-    c = device.together(got, (1, 8))
+    c = device.together(got)
     assert c["micro_step_s"] == pytest.approx(0.003) and c["sample_s"] == pytest.approx(0.001)
     assert c["loop"]["step_s"] == 0.018 and c["loop"]["ranks_step_s"] == [0.012, 0.018]  # the slower one's here
     assert c["optimizer_s"] == pytest.approx(0.018 - 0.003 - 8 * 0.001)
     assert c["timed"] == {1: pytest.approx(0.004), 8: pytest.approx(0.011)} and c["recompute"] == {"full": 0.5}
     assert "18.0 ms in 2 processes at once" in device.loop_note(c) and "12.0, 18.0" in device.loop_note(c)
     # a loop shorter than the micro-steps: the optimizer alone
-    fast = device.together([one(0.002, [0.001]), one(0.002, [0.001])], (1, 8))
+    fast = device.together([one(0.002, [0.001]), one(0.002, [0.001])])
     assert fast["optimizer_s"] == pytest.approx(0.002)
 
 

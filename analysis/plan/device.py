@@ -160,22 +160,20 @@ def loop_step_times(train_argv: list[str], micro: int, steps: int = LOOP_STEPS) 
     return timed
 
 
-def loop_step_seconds(train_argv: list[str], micro: int, steps: int = LOOP_STEPS) -> float:
-    """One step of train.py's own loop (loop_step_times): the median of its timed steps."""
-    return statistics.median(loop_step_times(train_argv, micro, steps))
-
-
 def with_loop(c: dict, train_argv: list[str], micro: int, steps: list[float] | None = None) -> dict:
     """A calibration `c` with the step's own work beyond its micro-steps (optimizer_s) taken from
     train.py's loop at micro-batch `micro` (its timed `steps`, loop_step_times; the median of them):
     what that step took beyond the calibrated micro-step, where it is more than the optimizer's step
     alone. The loop's timed steps are kept (`steps_s`) for calibrate_together."""
     steps = loop_step_times(train_argv, micro) if steps is None else steps
-    loop = statistics.median(steps)
-    beyond = loop - (c["micro_step_s"] + micro * c["sample_s"])
+    return _with_loop_step(c, micro, statistics.median(steps), steps_s=list(steps))
+
+
+def _with_loop_step(c: dict, micro: int, step: float, **loop) -> dict:
+    """`c` with the loop's `step` at micro-batch `micro` priced (with_loop's rule), `loop` kept with it."""
+    beyond = step - (c["micro_step_s"] + micro * c["sample_s"])
     return {**c, "optimizer_s": max(c["optimizer_s"], beyond),
-            "loop": {"micro_batch": micro, "step_s": loop, "optimizer_alone_s": c["optimizer_s"],
-                     "steps_s": list(steps)}}
+            "loop": {"micro_batch": micro, "step_s": step, "optimizer_alone_s": c["optimizer_s"], **loop}}
 
 
 def synchronized_median(steps: list[list[float]]) -> float:
@@ -361,10 +359,10 @@ def calibrate_together(train_argv: list[str], ranks: int, points: tuple[int, int
     failed = sorted((g for g in got if isinstance(g, str)), key=lambda g: g.startswith("BrokenBarrierError"))
     if failed:
         raise RuntimeError(f"the calibration in {ranks} processes failed: {failed[0]}")
-    return together(got, points)
+    return together(got)
 
 
-def together(got: list[dict], points: tuple[int, int]) -> dict:
+def together(got: list[dict]) -> dict:
     """The calibrations of processes timed at once (calibrate_together), as one: the micro-step's
     figures their mean; train.py's loop the step of ranks that wait for one another
     (synchronized_median of the processes' timed steps), and the optimizer's share what that step
@@ -374,16 +372,12 @@ def together(got: list[dict], points: tuple[int, int]) -> dict:
     5.4) and 0.8-9.0 ms beyond the synchronized step (a median 4.5); on GPT-lite, whose two processes
     read 17.3 and 25.6 ms, then 23.1 and 17.1, 8.9 and 8.4 beyond the mean, 4.7 and 4.7 beyond this."""
     mean = statistics.fmean
-    large = max(points)
-    micro_step, sample = mean(g["micro_step_s"] for g in got), mean(g["sample_s"] for g in got)
-    alone = mean(g["loop"]["optimizer_alone_s"] for g in got)
-    step = synchronized_median([g["loop"]["steps_s"] for g in got])
-    return {"micro_step_s": micro_step, "sample_s": sample,
-            "optimizer_s": max(alone, step - (micro_step + large * sample)),
-            "recompute": {k: mean(g["recompute"][k] for g in got) for k in got[0]["recompute"]},
-            "timed": {m: mean(g["timed"][m] for g in got) for m in got[0]["timed"]},
-            "loop": {"micro_batch": got[0]["loop"]["micro_batch"], "step_s": step, "optimizer_alone_s": alone,
-                     "ranks_step_s": [g["loop"]["step_s"] for g in got]}}
+    c = {"micro_step_s": mean(g["micro_step_s"] for g in got), "sample_s": mean(g["sample_s"] for g in got),
+         "optimizer_s": mean(g["loop"]["optimizer_alone_s"] for g in got),
+         "recompute": {k: mean(g["recompute"][k] for g in got) for k in got[0]["recompute"]},
+         "timed": {m: mean(g["timed"][m] for g in got) for m in got[0]["timed"]}}
+    return _with_loop_step(c, got[0]["loop"]["micro_batch"], synchronized_median([g["loop"]["steps_s"] for g in got]),
+                           ranks_step_s=[g["loop"]["step_s"] for g in got])
 
 
 def here_device(train_argv: list[str], world: int, per_node: int, overlap: float,
