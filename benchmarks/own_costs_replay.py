@@ -9,7 +9,8 @@ with analysis/plan/backend_costs.py as it is now (point_seconds, fit) and re-pri
 candidate of every model's plan.json: its step as the plan priced it, less the own cost it was charged,
 plus the refitted one, priced at the machine's speed the plan read (backend_costs.at_speed).
 `--three_points` refits from the three probe points of before the wide one; `--unscaled` prices
-them as measured. Nothing runs; the predictions' other parts (compute, communication) stay as
+them as measured; `--repeats median` takes each probe point's step as the median of its three runs,
+not the fastest (backend_costs.point_seconds). Nothing runs; the predictions' other parts (compute, communication) stay as
 the plan made them. Prints, per model, the median |predicted / measured - 1| over the fitting
 candidates (measured: the grid's median) and Spearman's rank correlation, as recorded and replayed.
 """
@@ -39,10 +40,18 @@ def speed_now(saved: dict) -> float | None:
     return None
 
 
-def replay(model_dir: Path, costs: dict, three_points: bool = False, unscaled: bool = False) -> dict:
+def as_median(runs: dict[str, dict]) -> dict[str, dict]:
+    """Kept probe runs with each point's repeats replaced by their median: fitted so (fit_runs takes the
+    fastest of a point's repeats), the costs another rule of a point's step would have given."""
+    return {point: {**r, "measured_s": [statistics.median(r["measured_s"])]} for point, r in runs.items()}
+
+
+def replay(model_dir: Path, costs: dict, three_points: bool = False, unscaled: bool = False,
+           repeats: str = "fastest") -> dict:
     """One model's plan.json re-priced with `costs` refitted (backend_costs.fit_runs, the code now; with
     `three_points`, from the three points of before the wide one: no cost per parameter), at the speed
-    the plan read (with `unscaled`, as measured): {recorded, replayed}: (median error, Spearman) over the fitting candidates the grid
+    the plan read (with `unscaled`, as measured), each point's step the fastest of its runs (`repeats`
+"median": their median): {recorded, replayed}: (median error, Spearman) over the fitting candidates the grid
     measured."""
     from analysis.plan.backend_costs import at_speed, cost_seconds, fit_runs, items, key, trainable_params
     from benchmarks.zoo import ZOO
@@ -68,7 +77,8 @@ def replay(model_dir: Path, costs: dict, three_points: bool = False, unscaled: b
                 setup = resolve_flags([*ZOO[model_dir.name].flags, *c["config_flags"]], world)
                 n_items[c["backend"]] = (items(setup, c["backend"])[1], trainable_params(setup))
             accum = int(c["micro x accum"].split("x")[1])
-            fitted = fit_runs(entry["runs"], entry["items"], None if three_points else entry.get("params"))
+            runs = as_median(entry["runs"]) if repeats == "median" else entry["runs"]
+            fitted = fit_runs(runs, entry["items"], None if three_points else entry.get("params"))
             fitted = at_speed({**fitted, "reference_s": entry.get("reference_s")}, now)
             new = step - c["own_ms"] / 1e3 + cost_seconds(fitted, accum, *n_items[c["backend"]])
         replayed.append((c["pred_samples_per_s"] * step / new, measured[flags]))
@@ -86,6 +96,9 @@ def main() -> None:
                         "wide point changed, on the same runs")
     p.add_argument("--unscaled", action="store_true",
                    help="price the refitted costs as measured, not at the speed the plan read (at_speed)")
+    p.add_argument("--repeats", choices=("fastest", "median"), default="fastest",
+                   help="a probe point's step from its three runs: the fastest (backend_costs.point_seconds, "
+                        "the default) or their median")
     args = p.parse_args()
     for runs_dir in args.runs_dirs:
         kept = runs_dir / "backend_costs.json"
@@ -95,7 +108,7 @@ def main() -> None:
         costs = json.loads(kept.read_text())
         for d in sorted(runs_dir.iterdir()):
             if (d / "plan.json").is_file() and (d / "grid.json").is_file():
-                r = replay(d, costs, args.three_points, args.unscaled)
+                r = replay(d, costs, args.three_points, args.unscaled, args.repeats)
                 print(f"{runs_dir.name} {d.name}: recorded {r['recorded'][0]:.0%} ({r['recorded'][1]:.2f}), "
                       f"replayed {r['replayed'][0]:.0%} ({r['replayed'][1]:.2f})", flush=True)
 

@@ -1042,6 +1042,14 @@ def test_a_probe_points_slow_repeat_does_not_set_the_configurations_cost():
         runs[bc.point_label(point)] = {"predicted_s": 0.01, "measured_s": [fastest * 2, fastest]}
     assert bc.point_label(bc.WIDE) == "12x8x1w128" and bc.point_label(bc.POINTS[0]) == "2x8x1"
     assert bc.fit_runs(runs, n, params) == pytest.approx(sized)
+    # benchmarks/own_costs_replay.py --repeats median: each point's step the median of its runs
+    from benchmarks.own_costs_replay import as_median
+
+    three = {label: {**r, "measured_s": [*r["measured_s"], r["measured_s"][1] * 3]} for label, r in runs.items()}
+    assert bc.fit_runs(three, n, params) == pytest.approx(sized)  # the fastest: the slow runs change nothing
+    medians = as_median(three)
+    assert [r["measured_s"] for r in medians.values()] == [[r["measured_s"][0]] for r in three.values()]
+    assert bc.fit_runs(medians, n, params) != pytest.approx(sized)  # twice the fastest: each cost more
 
 
 def test_the_link_is_probed_once_per_machine_and_kept_with_the_backend_costs(tmp_path, monkeypatch):
