@@ -251,11 +251,25 @@ def spearman(x: list[float], y: list[float]) -> float:
     return float(pd.Series(x).rank().corr(pd.Series(y).rank()))
 
 
+def zoo_file_here(config: dict) -> dict:
+    """A record's config.json with its zoo model file (benchmarks/zoo/NAME.py) read from this checkout
+    where the path it was recorded by is gone: a run records its --model as the absolute path of the
+    checkout it ran in (/work/main, a worktree, another machine's clone)."""
+    run = config.get("run") or {}
+    model = Path(str(run.get("model", "")))
+    here = REPO / "benchmarks" / "zoo" / model.name
+    if model.suffix == ".py" and model.parent.parts[-2:] == ("benchmarks", "zoo") and not model.is_file() \
+            and here.is_file():
+        return {**config, "run": {**run, "model": str(here)}}
+    return config
+
+
 def record_estimate(record: Path) -> int:
-    """The estimator's peak (bytes) for a run record, from its config.json as the estimator reads any."""
+    """The estimator's peak (bytes) for a run record, from its config.json as the estimator reads any
+    (its zoo model file this checkout's where the recorded path is gone: zoo_file_here)."""
     from estimator.estimate import estimate_from_record
 
-    return estimate_from_record(json.loads((record / "config.json").read_text())).total_bytes
+    return estimate_from_record(zoo_file_here(json.loads((record / "config.json").read_text()))).total_bytes
 
 
 def peak_errors(directory: Path, estimate=None) -> list[tuple[str, float]]:

@@ -255,3 +255,18 @@ def test_the_committed_accuracy_page_is_what_its_records_say():
     figure: a record or the page changed alone fails here."""
     assert PAGE.read_text() == zoo_accuracy.page(RECORDS)
     assert all(f"## {d.relative_to(REPO)}" in PAGE.read_text() for d in RECORDS)
+
+
+def test_a_records_zoo_file_is_read_from_this_checkout_where_its_recorded_path_is_gone(tmp_path):
+    """A run records --model as the absolute path of the checkout it ran in; the committed records'
+    estimates read the zoo's file from this one where that path is gone, and nothing else."""
+    gone = {"run": {"model": "/nowhere/benchmarks/zoo/cnn_bn.py", "backend": "ddp"}}
+    assert zoo_accuracy.zoo_file_here(gone)["run"] == {"model": str(REPO / "benchmarks" / "zoo" / "cnn_bn.py"),
+                                                       "backend": "ddp"}
+    assert gone["run"]["model"] == "/nowhere/benchmarks/zoo/cnn_bn.py"  # the record read is not changed
+    own = tmp_path / "benchmarks" / "zoo" / "cnn_bn.py"  # a file that is there: the user's, kept
+    own.parent.mkdir(parents=True)
+    own.write_text("")
+    for config in ({"run": {"model": str(own)}}, {"run": {"model": "/nowhere/models/cnn_bn.py"}},
+                   {"run": {"model": "/nowhere/benchmarks/zoo/not_in_the_zoo.py"}}, {"run": {"model": "hf:llama"}}):
+        assert zoo_accuracy.zoo_file_here(config) == config
