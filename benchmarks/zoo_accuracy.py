@@ -255,12 +255,13 @@ def zoo_file_here(config: dict) -> dict:
     """A record's config.json with its zoo model file (benchmarks/zoo/NAME.py) read from this checkout
     where the path it was recorded by is gone: a run records its --model as the absolute path of the
     checkout it ran in (/work/main, a worktree, another machine's clone)."""
+    from benchmarks.zoo import ZOO
+
     run = config.get("run") or {}
     model = Path(str(run.get("model", "")))
-    here = REPO / "benchmarks" / "zoo" / model.name
-    if model.suffix == ".py" and model.parent.parts[-2:] == ("benchmarks", "zoo") and not model.is_file() \
-            and here.is_file():
-        return {**config, "run": {**run, "model": str(here)}}
+    files = {Path(f).name: f for m in ZOO.values() for f in m.flags if f.endswith(".py")}  # the zoo's, here
+    if model.parent.parts[-2:] == ("benchmarks", "zoo") and model.name in files and not model.is_file():
+        return {**config, "run": {**run, "model": files[model.name]}}
     return config
 
 
