@@ -9,8 +9,8 @@ with analysis/plan/backend_costs.py as it is now (point_seconds, fit) and re-pri
 candidate of every model's plan.json: its step as the plan priced it, less the own cost it was charged,
 plus the refitted one, priced at the machine's speed the plan read (backend_costs.at_speed).
 `--three_points` refits from the three probe points of before the wide one; `--unscaled` prices
-them as measured; `--repeats median` takes each probe point's step as the median of its three runs,
-not the fastest (backend_costs.point_seconds). Nothing runs; the predictions' other parts (compute, communication) stay as
+them as measured; `--repeats fastest` takes each probe point's step as the fastest of its three runs
+(the rule until 2026-12-02), not their median (backend_costs.point_seconds, POINT_RULE). Nothing runs; the predictions' other parts (compute, communication) stay as
 the plan made them. Prints, per model, the median |predicted / measured - 1| over the fitting
 candidates (measured: the grid's median) and Spearman's rank correlation, as recorded and replayed.
 """
@@ -40,20 +40,14 @@ def speed_now(saved: dict) -> float | None:
     return None
 
 
-def as_median(runs: dict[str, dict]) -> dict[str, dict]:
-    """Kept probe runs with each point's repeats replaced by their median: fitted so (fit_runs takes the
-    fastest of a point's repeats), the costs another rule of a point's step would have given."""
-    return {point: {**r, "measured_s": [statistics.median(r["measured_s"])]} for point, r in runs.items()}
-
-
 def replay(model_dir: Path, costs: dict, three_points: bool = False, unscaled: bool = False,
-           repeats: str = "fastest") -> dict:
+           repeats: str | None = None) -> dict:
     """One model's plan.json re-priced with `costs` refitted (backend_costs.fit_runs, the code now; with
     `three_points`, from the three points of before the wide one: no cost per parameter), at the speed
-    the plan read (with `unscaled`, as measured), each point's step the fastest of its runs (`repeats`
-"median": their median): {recorded, replayed}: (median error, Spearman) over the fitting candidates the grid
+    the plan read (with `unscaled`, as measured), each point's step by the rule `repeats` (None:
+    backend_costs.POINT_RULE; "median" or "fastest" of its runs, point_seconds): {recorded, replayed}: (median error, Spearman) over the fitting candidates the grid
     measured."""
-    from analysis.plan.backend_costs import at_speed, cost_seconds, fit_runs, items, key, trainable_params
+    from analysis.plan.backend_costs import POINT_RULE, at_speed, cost_seconds, fit_runs, items, key, trainable_params
     from benchmarks.zoo import ZOO
     from benchmarks.zoo_accuracy import model_accuracy, question_of, spearman
     from training.describe import resolve_flags
@@ -77,8 +71,8 @@ def replay(model_dir: Path, costs: dict, three_points: bool = False, unscaled: b
                 setup = resolve_flags([*ZOO[model_dir.name].flags, *c["config_flags"]], world)
                 n_items[c["backend"]] = (items(setup, c["backend"])[1], trainable_params(setup))
             accum = int(c["micro x accum"].split("x")[1])
-            runs = as_median(entry["runs"]) if repeats == "median" else entry["runs"]
-            fitted = fit_runs(runs, entry["items"], None if three_points else entry.get("params"))
+            fitted = fit_runs(entry["runs"], entry["items"], None if three_points else entry.get("params"),
+                              repeats or POINT_RULE)
             fitted = at_speed({**fitted, "reference_s": entry.get("reference_s")}, now)
             new = step - c["own_ms"] / 1e3 + cost_seconds(fitted, accum, *n_items[c["backend"]])
         replayed.append((c["pred_samples_per_s"] * step / new, measured[flags]))
@@ -96,9 +90,9 @@ def main() -> None:
                         "wide point changed, on the same runs")
     p.add_argument("--unscaled", action="store_true",
                    help="price the refitted costs as measured, not at the speed the plan read (at_speed)")
-    p.add_argument("--repeats", choices=("fastest", "median"), default="fastest",
-                   help="a probe point's step from its three runs: the fastest (backend_costs.point_seconds, "
-                        "the default) or their median")
+    p.add_argument("--repeats", choices=("median", "fastest"), default=None,
+                   help="a probe point's step from its three runs: their median (backend_costs.POINT_RULE, "
+                        "the default) or the fastest (the rule until 2026-12-02)")
     args = p.parse_args()
     for runs_dir in args.runs_dirs:
         kept = runs_dir / "backend_costs.json"
