@@ -250,7 +250,8 @@ def price_comm(setup, world: int, per_node: int, inside: tuple[float, float], be
     (theory_traffic) or, with `counted` (count_flags), as counted; the waiting shares from its
     backend's schedule (comm_and_wait). The projection and the planner both price a run by it."""
     backend = setup.resolved.build(setup.env)
-    theory, schedule = backend.comm_theory(setup.n_params), backend.comm_schedule(setup.workload.param_sizes)
+    theory = backend.comm_theory(setup.n_params, setup.workload.n_trainable)
+    schedule = backend.comm_schedule(setup.workload.param_sizes)
     if counted is not None:
         traffic = counted_traffic(counted, theory, world)
     else:

@@ -198,9 +198,13 @@ class Backend(ABC):
         """How this backend is set up, for the run record (wrapper, dtypes, sharding, ...)."""
         return {"name": self.name}
 
-    def comm_theory(self, n_params: int) -> dict:
+    def comm_theory(self, n_params: int, trainable: int | None = None) -> dict:
         """The collectives a step should need by the textbook accounting (ZeRO paper, FSDP paper),
-        from the parameter count: core.comm.theory. Nothing to communicate by default."""
+        from the parameter count: core.comm.theory. `trainable`: the parameters that get a gradient
+        (all of them where None): gradients are reduced, and ZeRO-1/2's updated shards gathered, for
+        those alone, where FSDP and ZeRO-3 gather every parameter, frozen ones too (a model with
+        frozen layers: measured so under gloo, runs/reference/cpu-2core-zoo-median-point/frozen_tied).
+        Nothing to communicate by default."""
         return comm.theory("none: one replica, nothing to synchronise", {}, self.env.world_size)
 
     def comm_schedule(self, param_sizes: list[int]) -> dict[str, tuple[float | None, float]]:

@@ -165,28 +165,31 @@ class DeepSpeedBackend(Backend):
     def accounting(self) -> MemoryAccounting:
         return DeepSpeedAccounting(self.engine)
 
-    def comm_theory(self, n_params: int) -> dict:
+    def comm_theory(self, n_params: int, trainable: int | None = None) -> dict:
         """The ZeRO paper's accounting: stage 0 all-reduces the gradients (2 Psi (N-1)/N); stages 1
         and 2 reduce-scatter them and all-gather the updated parameters (2 Psi (N-1)/N); stage 3
         gathers the parameters for forward and again for backward and reduce-scatters the gradients
         (3 Psi (N-1)/N). ZeRO++ quantizes the gathered weights (qwZ: int8) and the reduced gradients
-        (qgZ: int4) where it applies. Stage 3 gathers every micro-step; reductions follow the stage."""
+        (qgZ: int4) where it applies. Stage 3 gathers every micro-step; reductions follow the stage.
+        Gradients, and stages 1-2's updated shards, of the trainable parameters alone (frozen ones
+        are in no optimizer group); stage 3 partitions and gathers every parameter."""
         plan, n, accum = self.plan, self.env.world_size, self.cfg.grad_accum
         if n == 1:
-            return super().comm_theory(n_params)
+            return super().comm_theory(n_params, trainable)
+        grads = n_params if trainable is None else trainable
         zero = plan.config.get("zero_optimization") or {}
         c = _element_bytes(plan.precision)
         weights = 1 if zero.get("zero_quantized_weights") else c
-        grads = 0.5 if zero.get("zero_quantized_gradients") else c
+        reduced = 0.5 if zero.get("zero_quantized_gradients") else c
         if plan.stage == 0:
-            return comm.theory("all-reduce of the gradients: 2 Psi (N-1)/N", {"all_reduce": (n_params, c, n)}, n)
+            return comm.theory("all-reduce of the gradients: 2 Psi (N-1)/N", {"all_reduce": (grads, c, n)}, n)
         if plan.stage in (1, 2):
             reductions = accum if plan.stage == 2 else 1
             return comm.theory("reduce-scatter of the gradients, all-gather of the parameters: 2 Psi (N-1)/N",
-                               {"reduce_scatter": (reductions * n_params, c, n), "all_gather": (n_params, c, n)}, n)
+                               {"reduce_scatter": (reductions * grads, c, n), "all_gather": (grads, c, n)}, n)
         return comm.theory("all-gather for forward and backward, reduce-scatter: 3 Psi (N-1)/N",
                            {"all_gather": (2 * accum * n_params, weights, n),
-                            "reduce_scatter": (accum * n_params, grads, n)}, n)
+                            "reduce_scatter": (accum * grads, reduced, n)}, n)
 
     def comm_schedule(self, param_sizes: list[int]) -> dict[str, tuple[float | None, float]]:
         """What DeepSpeed 0.19 does with comm_theory's collectives (elements; its defaults where the

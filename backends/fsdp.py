@@ -121,22 +121,26 @@ class FSDPBackend(DCPCheckpointMixin, TorchBackend):
     def accounting(self) -> FSDPAccounting:
         return FSDPAccounting(self)
 
-    def comm_theory(self, n_params: int) -> dict:
+    def comm_theory(self, n_params: int, trainable: int | None = None) -> dict:
         """FULL_SHARD: each unit all-gathered for forward and again for backward, gradients
         reduce-scattered: 3 Psi (N-1)/N; SHARD_GRAD_OP gathers once: 2 Psi (N-1)/N; NO_SHARD
         all-reduces; HYBRID_SHARD does FULL_SHARD within a shard group and all-reduces each shard
-        across the replicas. Gathers happen every micro-step, reductions once a step."""
+        across the replicas. Gathers happen every micro-step, reductions once a step. Every parameter
+        is gathered, the trainable ones' gradients alone reduced (a unit of frozen parameters reduces
+        nothing; one that mixes them with trainable ones, under use_orig_params, reduces its whole
+        flat gradient: counted as its trainable part, the lower bound)."""
         o, n, accum = self.plan, self.env.world_size, self.cfg.grad_accum  # the plan: no setup needed
         mp = o.mixed_precision
         c, r = (fsdp_config.BYTES[mp.param_dtype], fsdp_config.BYTES[mp.reduce_dtype]) if mp else (4, 4)
         if n == 1:
-            return super(TorchBackend, self).comm_theory(n_params)
+            return super(TorchBackend, self).comm_theory(n_params, trainable)
+        grads = n_params if trainable is None else trainable
         if o.sharding_strategy == "NO_SHARD":
-            return comm.theory("all-reduce of the gradients: 2 Psi (N-1)/N", {"all_reduce": (n_params, r, n)}, n)
+            return comm.theory("all-reduce of the gradients: 2 Psi (N-1)/N", {"all_reduce": (grads, r, n)}, n)
         shard = (o.hybrid_shard_size or self.env.local_world_size) if o.sharding_strategy == "HYBRID_SHARD" else n
         gathers = 1 if o.sharding_strategy == "SHARD_GRAD_OP" else 2
-        terms = {"all_gather": (gathers * accum * n_params, c, shard), "reduce_scatter": (n_params, r, shard),
-                 "all_reduce": (n_params / shard, r, n // shard)}
+        terms = {"all_gather": (gathers * accum * n_params, c, shard), "reduce_scatter": (grads, r, shard),
+                 "all_reduce": (grads / shard, r, n // shard)}
         formula = {1: "gather once, reduce-scatter: 2 Psi (N-1)/N", 2: "gather twice, reduce-scatter: 3 Psi (N-1)/N"}
         return comm.theory(formula[gathers] + (" within shard groups, all-reduce of the shards across replicas"
                                                if shard < n else ""), terms, n)

@@ -81,18 +81,19 @@ class FSDP2Backend(DCPCheckpointMixin, TorchBackend):
     def accounting(self) -> FSDP2Accounting:
         return FSDP2Accounting(self)
 
-    def comm_theory(self, n_params: int) -> dict:
+    def comm_theory(self, n_params: int, trainable: int | None = None) -> dict:
         """Resharding after forward: all-gathered for forward and again for backward, gradients
-        reduce-scattered (3 Psi (N-1)/N); without: gathered once (2 Psi (N-1)/N)."""
+        reduce-scattered (3 Psi (N-1)/N); without: gathered once (2 Psi (N-1)/N). Every parameter
+        gathered, the trainable ones' gradients alone reduced."""
         o, n = self.plan, self.env.world_size  # the plan: no setup needed
         mp = o.mixed_precision
         c, r = (fsdp_config.BYTES[mp.param_dtype], fsdp_config.BYTES[mp.reduce_dtype]) if mp else (4, 4)
         if n == 1:
-            return super(TorchBackend, self).comm_theory(n_params)
+            return super(TorchBackend, self).comm_theory(n_params, trainable)
         gathers = 2 if o.reshard_after_forward else 1
         return comm.theory(f"gather {'twice' if gathers == 2 else 'once'}, reduce-scatter: {gathers + 1} Psi (N-1)/N",
                            {"all_gather": (gathers * self.cfg.grad_accum * n_params, c, n),
-                            "reduce_scatter": (n_params, r, n)}, n)
+                            "reduce_scatter": (n_params if trainable is None else trainable, r, n)}, n)
 
     def describe(self) -> dict:
         mp = self.options.mixed_precision

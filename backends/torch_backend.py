@@ -146,13 +146,15 @@ class TorchBackend(Backend):
     def teardown(self) -> None:
         self.model = self.optimizer = self.scheduler = self.scaler = None
 
-    def comm_theory(self, n_params: int) -> dict:
+    def comm_theory(self, n_params: int, trainable: int | None = None) -> dict:
         """A full replica per rank (DDP, and accelerate's DDP): the gradients all-reduced once a
-        step, in their own dtype (fp32 under autocast): 2 Psi (N-1)/N on the bus."""
+        step, in their own dtype (fp32 under autocast): 2 Psi (N-1)/N on the bus, Psi the trainable
+        parameters (DDP buckets only those)."""
         n = self.env.world_size
         if n == 1 or self.name == "single":
-            return super().comm_theory(n_params)
-        return comm.theory("all-reduce of the gradients: 2 Psi (N-1)/N", {"all_reduce": (n_params, 4, n)}, n)
+            return super().comm_theory(n_params, trainable)
+        grads = n_params if trainable is None else trainable
+        return comm.theory("all-reduce of the gradients: 2 Psi (N-1)/N", {"all_reduce": (grads, 4, n)}, n)
 
     def describe(self) -> dict:
         compute = {"fp32": "fp32", "bf16": "bf16 (autocast)", "fp16": "fp16 (autocast)"}[self.cfg.precision]

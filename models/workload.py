@@ -248,6 +248,11 @@ class Workload:
         """Elements of each trainable parameter tensor, in the model's order (DDP buckets them)."""
         return [p.numel() for p in self.meta().parameters() if p.requires_grad]
 
+    @cached_property
+    def n_trainable(self) -> int:
+        """The parameters that get a gradient: what the gradients' collectives carry."""
+        return sum(self.param_sizes)
+
     def example(self, batch: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
         """The first `batch` training samples of step 0 (x, y), for tracing and counting."""
         return self.data.batch("train", 0, 0, 0, batch, batch)

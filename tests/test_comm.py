@@ -3,6 +3,7 @@
 import pytest
 
 from analysis import load_runs
+from conftest import REPO
 from core.comm import bus_factor, theory
 
 # Where a backend's own code departs from the textbook accounting, by design (the ratio of
@@ -136,3 +137,40 @@ def test_a_block_a_collective_held_ends_at_its_last_use_when_nobody_saw_it_freed
     assert sent.collective and sent.end < late.start
     reused_at = min((b.start for b in blocks if b.ptr == other.ptr and b.start > other.start), default=float("inf"))
     assert not other.collective and other.end == reused_at
+
+
+FROZEN = REPO / "runs" / "reference" / "cpu-2core-zoo-median-point" / "frozen_tied"
+
+
+def test_a_frozen_layers_gradients_are_not_in_the_theory_its_gathers_are():
+    """benchmarks/zoo/frozen_tied (its first block frozen: 8192 of its 18432 parameters) measured under
+    gloo at world 2, every configuration of the committed grid: the gradients reduced (DDP's and
+    ZeRO-1/2's all-reduce, FSDP's and ZeRO-3's reduce-scatter) and ZeRO-1/2's gathered shards carry
+    the trainable parameters alone, as comm_theory counts them with `trainable`; FSDP and ZeRO-3
+    gather every parameter. Counted on all 18432, DDP's all-reduce was priced 1.8 times what it moved
+    (73728 bytes against 40960) and, cut into its buckets, two calls where it made one."""
+    import json
+
+    from benchmarks.zoo import ZOO
+    from training.describe import resolve_flags
+
+    grid = [g for g in json.loads((FROZEN / "grid.json").read_text()) if g["status"] == "ok"]
+    assert len(grid) == 48
+    seen = set()
+    for g in grid:
+        setup = resolve_flags([*ZOO["frozen_tied"].flags, *g["flags"]], 2, 2)
+        assert (setup.n_params, setup.workload.n_trainable) == (18432, 10240)
+        theory = setup.resolved.build(setup.env).comm_theory(setup.n_params, setup.workload.n_trainable)["by_kind"]
+        measured = {k: v["bytes"] for k, v in
+                    json.loads((FROZEN / "grid" / g["name"] / "summary.json").read_text())["comm"]["collectives"].items()}
+        backend = g["name"].split("-")[0]
+        reduced = "all_reduce" if backend in ("ddp", "z1", "z2") else "reduce_scatter"  # DeepSpeed 0.19's ZeRO-1/2 all-reduce
+        expected = theory.get("reduce_scatter", theory.get("all_reduce"))["bytes"]
+        assert measured[reduced] == pytest.approx(expected, abs=16), g["name"]  # + a flag or a norm's few bytes
+        if backend in ("z1", "z2"):
+            assert measured["all_gather"] == theory["all_gather"]["bytes"] == 4 * 10240, g["name"]
+        if backend in ("full_shard", "fsdp2", "z3"):
+            # every parameter gathered: FSDP1 its root unit once, ZeRO-3 once a micro-step (its reuse distance)
+            assert measured["all_gather"] >= 4 * 18432 * (1 if backend == "z3" else 1.5), g["name"]
+        seen.add(backend)
+    assert seen == {"ddp", "full_shard", "fsdp2", "z1", "z2", "z3"}
