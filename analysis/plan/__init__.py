@@ -228,6 +228,11 @@ def main(argv=None) -> int:
             if not args.json:
                 print("calibrating this machine (the model's step timed; the link between its ranks probed, or kept) ...",
                       file=sys.stderr, flush=True)
+            speed_before = None
+            if args.backend_costs != "off":  # the machine's speed, read again when the costs are priced
+                from analysis.plan.backend_costs import reference_seconds
+
+                speed_before = reference_seconds()
             device = here_device(train_argv, args.world, per_node, args.overlap,
                                  sorted({c.micro_batch for c in asked}))
             if args.backend_costs != "off":
@@ -239,7 +244,8 @@ def main(argv=None) -> int:
 
                 found, missing = costs_for([c for c in configs if c not in bases], args.world, probe_device,
                                            args.backend_costs == "measure",
-                                           progress=lambda line: print(line, file=sys.stderr, flush=True))
+                                           progress=lambda line: print(line, file=sys.stderr, flush=True),
+                                           speed_before=speed_before)
                 device.backend_costs = found
                 device.notes.append(summary_line(found, missing))
         else:

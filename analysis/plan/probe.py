@@ -66,11 +66,18 @@ def measure(config: str, world: int, device, progress=print) -> dict:
             "params": {str(k): v for k, v in params.items()}, "reference_s": min(speed)}
 
 
-def costs_for(configs: list[str], world: int, device, measure_missing: bool, progress=print) -> tuple[dict, list[str]]:
+def costs_for(configs: list[str], world: int, device, measure_missing: bool, progress=print,
+              speed_before: float | None = None) -> tuple[dict, list[str]]:
     """({config: its costs} for those of `configs` cached for this machine (measured first where
     `measure_missing`), [the configurations without]), each fitted from its kept probe runs by the code as
-    it is (backend_costs.fit_runs) and priced at the machine's speed now (backend_costs.at_speed). The
-    cache is rewritten whole, by a rename."""
+    it is (backend_costs.fit_runs) and priced at the machine's speed now (backend_costs.at_speed): the
+    reference step read here and `speed_before` (the plan's read before its calibration), the faster,
+    as a probe keeps the faster of its reads before and after its runs. One read of about a second is
+    not the machine's speed every time: on 2026-12-02 the first plan of each of two evenings read 2.69
+    and 2.78 ms where the plans after read 1.64-1.92 (runs/reference/cpu-2core-zoo-median-point, -trainable-comm),
+    and the second's calibration, timed just before in the same plan, was as fast as the evening's
+    before (its micro-step 0.68 ms against 0.72): its own costs priced 1.6x too high. The cache is
+    rewritten whole, by a rename."""
     cache = load()
     here = machine()
     found, missing = {}, []
@@ -95,6 +102,6 @@ def costs_for(configs: list[str], world: int, device, measure_missing: bool, pro
         cache[k] = found[config] = entry
         keep(cache)
     if any("reference_s" in e for e in found.values()):
-        now = reference_seconds()
+        now = min(t for t in (reference_seconds(), speed_before) if t)
         found = {c: at_speed(e, now) for c, e in found.items()}
     return found, missing
