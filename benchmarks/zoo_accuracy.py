@@ -146,6 +146,18 @@ def grid(runs_dir: Path, names: list[str], rounds: int, steps: int, qname: str =
         (out / "grid.json").write_text(json.dumps(done, indent=1) + "\n")
 
 
+def _plan_json(name: str, proc: subprocess.CompletedProcess) -> str:
+    """A plan's JSON answer, or exit: 1 is a plan's 'nothing fits' (its JSON printed) and a Python
+    traceback's too (nothing printed; live on the GRU, 2026-12-03: an empty plan.json written)."""
+    try:
+        json.loads(proc.stdout)
+    except ValueError:
+        sys.exit(f"{name}: analysis.plan failed ({proc.returncode}, no JSON answer; its error above)")
+    if proc.returncode not in (0, 1):
+        sys.exit(f"{name}: analysis.plan failed ({proc.returncode})")
+    return proc.stdout
+
+
 def plan_and_race(runs_dir: Path, names: list[str], steps: int) -> None:
     """`plan`: each model's plan (predictions before any run) and race, RUNS_DIR/MODEL/plan.json."""
     from benchmarks.zoo import ZOO
@@ -163,16 +175,12 @@ def plan_and_race(runs_dir: Path, names: list[str], steps: int) -> None:
         # predictions only, nothing run.
         proc = subprocess.run([sys.executable, "-m", "analysis.plan", *question(out), "--backend_costs", "off", "--json",
                                *ZOO[name].flags], cwd=REPO, stdout=subprocess.PIPE, text=True, env=env)
-        if proc.returncode not in (0, 1):
-            sys.exit(f"{name}: analysis.plan failed ({proc.returncode})")
-        (out / "plan_without_own_costs.json").write_text(proc.stdout)
+        (out / "plan_without_own_costs.json").write_text(_plan_json(name, proc))
         started = time.perf_counter()
         proc = subprocess.run([sys.executable, "-m", "analysis.plan", *question(out), "--race", "--verify_steps", str(steps),
                                "--backend_costs", "measure", "--runs_dir", str(out / "race"), "--json",
                                *ZOO[name].flags], cwd=REPO, stdout=subprocess.PIPE, text=True, env=env)  # progress: stderr
-        if proc.returncode not in (0, 1):
-            sys.exit(f"{name}: analysis.plan failed ({proc.returncode})")
-        (out / "plan.json").write_text(proc.stdout)
+        (out / "plan.json").write_text(_plan_json(name, proc))
         (out / "plan_time.json").write_text(json.dumps({"seconds": time.perf_counter() - started}) + "\n")
         print(f"{name}: planned and raced", flush=True)
 

@@ -182,7 +182,8 @@ def race(rows: list[dict], train_argv: list[str], world: int, runs_dir: Path, st
         low, high = sorted(last, key=lambda m: m["race_samples_per_s"])
         spread = max(max(history[m["command"]]) / min(history[m["command"]]) - 1 for m in last)
         if high["race_samples_per_s"] / low["race_samples_per_s"] - 1 <= spread:
-            predicted = {r["command"]: r.get("pred_samples_per_s", 0.0) for r in rows}
+            # (a refused candidate, one no backend can run the model under, has no command)
+            predicted = {r["command"]: r.get("pred_samples_per_s", 0.0) for r in rows if "command" in r}
             pick, tied = max(last, key=lambda m: predicted.get(m["command"], 0.0)), True
     every = [m for rnd in rounds for m in rnd]
     fitting = sum(1 for r in rows if r.get("fits"))
