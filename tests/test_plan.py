@@ -860,6 +860,10 @@ def test_the_race_enters_the_configurations_predicted_within_a_share_of_the_best
     assert [r["command"] for r in plan.entrants(rows, within=0.5)] == ["run a 8", "run b 8", "run c 8"]
     assert [r["command"] for r in plan.entrants(rows, per_family=2, within=0.6)] == [
         "run a 8", "run b 8", "run a 4", "run b 4"]  # a family in: its second too (b 4's 6.5 is below 12)
+    # one configuration within: the next best-ranked join up to `least` (default 2), an entered one's own too
+    assert [r["command"] for r in plan.entrants(rows, within=0.7)] == ["run a 8", "run b 8"]
+    assert [r["command"] for r in plan.entrants(rows, within=0.7, least=4)] == ["run a 8", "run b 8", "run c 8", "run a 4"]
+    assert [r["command"] for r in plan.entrants(rows, within=0.7, least=1)] == ["run a 8"]
     with pytest.raises(ConfigError, match="race_within must lie between 0 and 1"):
         plan.entrants(rows, within=1.5)
     raced = plan.race(rows, TINY, 2, tmp_path, 4, 60, budget_gb=1.0, within=0.6)
@@ -877,6 +881,11 @@ def test_the_race_enters_the_configurations_predicted_within_a_share_of_the_best
     runs.update(a=[9.0, 6.0], b=[8.0, 8.0], c=[20.0, 20.0], d=[20.0, 19.0])
     raced = plan.race(rows, TINY, 2, tmp_path / "every", 4, 60, budget_gb=1.0, within=0.0)
     assert raced["pick"]["command"] in ("run c 8", "run d 8") and len(raced["rounds"][0]) == 4
+    # a race of one is no race: one configuration within, two entrants, each run twice
+    ran.clear()
+    runs.update(a=[9.0, 9.0], b=[5.0, 5.0])
+    raced = plan.race(rows, TINY, 2, tmp_path / "one", 4, 60, budget_gb=1.0, within=0.7)
+    assert raced["runs"] == 4 and raced["pick"]["command"] == "run a 8"
 
 
 def test_backend_costs_are_fitted_from_the_probe_runs_and_kept_per_machine(tmp_path, monkeypatch):

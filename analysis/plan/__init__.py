@@ -72,7 +72,7 @@ from analysis.plan.candidates import (CHOSEN_FLAGS, CKPT, Candidate, GiB, MARGIN
 from analysis.plan.device import (CALIBRATION_LINE, Device, Link, calibrate, calibration_line,
     calibration_points, here_device, named_device, probe_link)  # noqa: F401 - the planner's API, as one module had it
 from analysis.plan.cost import command, evaluate, plan, rank  # noqa: F401 - the planner's API, as one module had it
-from analysis.plan.verify import RACE_WITHIN, SLURM_OWN, _measured, entrants, flag_pairs, race, to_verify, verify  # noqa: F401 - the planner's API, as one module had it
+from analysis.plan.verify import RACE_LEAST, RACE_WITHIN, SLURM_OWN, _measured, entrants, flag_pairs, race, to_verify, verify  # noqa: F401 - the planner's API, as one module had it
 from analysis.plan.refit import refit, replay  # noqa: F401 - the planner's API, as one module had it
 
 
@@ -138,7 +138,8 @@ def main(argv=None) -> int:
                         "Prints the steps and seconds it ran against the grid's (every fitting candidate as long)")
     p.add_argument("--race_within", type=float, default=RACE_WITHIN, metavar="F",
                    help="--race: enter only the configurations whose best prediction is at least F x the best "
-                        f"candidate's (default {RACE_WITHIN}; 0: every configuration). On the model zoo no "
+                        f"candidate's (default {RACE_WITHIN}; 0: every configuration; fewer than {RACE_LEAST} entered, "
+                        f"the next best-ranked candidates join up to {RACE_LEAST}). On the model zoo no "
                         "configuration predicted below 0.6 of the leader measured within 5%% of the best (at most "
                         "0.85 of it), and "
                         "racing fewer saves a launch per configuration left out (docs/results/zoo_accuracy.md)")
@@ -271,10 +272,13 @@ def main(argv=None) -> int:
         elif args.race and fitting:
             if not args.json:
                 _print_table(rows, fitting, device, args)
-                entering = len(entrants(rows, within=args.race_within))
-                left = len(entrants(rows)) - entering
-                print(f"\nracing: the best-ranked candidate of each of {entering} configurations"
-                      + (f" ({left} predicted below {args.race_within:g} x the best left out)" if left else "") + ", "
+                entering = entrants(rows, within=args.race_within)
+                configs = len({r["config"] for r in entering})
+                left = len({r["config"] for r in rows if r.get("fits")}) - configs
+                print(f"\nracing: the best-ranked candidate of each of {configs} configurations"
+                      + (f" ({left} predicted below {args.race_within:g} x the best left out)" if left else "")
+                      + (f", and the next best-ranked up to {len(entering)} entrants" if len(entering) > configs else "")
+                      + ", "
                       f"{args.verify_steps} steps, the faster half (the median of its runs) again, until two are "
                       f"left, into {args.runs_dir}", flush=True)
             raced = race(rows, train_argv, args.world, Path(args.runs_dir).resolve(), args.verify_steps,

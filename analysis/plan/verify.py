@@ -49,6 +49,9 @@ def flag_pairs(argv: list[str]) -> tuple[tuple[str, object], ...]:
 
 # The race's default entry (entrants()): the configurations predicted within this share of the best.
 RACE_WITHIN = 0.6
+# and at least this many entrants: where fewer configurations are within, the next best-ranked
+# candidates (of any configuration, an entered one's other micro-batches and checkpointing too).
+RACE_LEAST = 2
 
 # Slurm settings the plan's question decides (training/slurm.py FLAGS).
 SLURM_OWN = ("nodes", "gpus_per_node")
@@ -101,7 +104,7 @@ def _run_rows(chosen: list[dict], rows: list[dict], train_argv: list[str], world
     return out
 
 
-def entrants(rows: list[dict], per_family: int = 1, within: float = 0.0) -> list[dict]:
+def entrants(rows: list[dict], per_family: int = 1, within: float = 0.0, least: int | None = None) -> list[dict]:
     """The race's entrants: the `per_family` best-ranked fitting candidates of each configuration
     (a backend's file or flags, a --variants file its own), in the order ranked. A configuration's
     own costs are what the step model misses most on a model it was not tuned on (issue 40: ZeRO-3
@@ -111,7 +114,12 @@ def entrants(rows: list[dict], per_family: int = 1, within: float = 0.0) -> list
     candidate's; 0 enters every one. The model's errors are large, but not that large across a whole
     configuration: on the zoo's 22 model questions (runs/reference/cpu-2core-zoo*) no configuration predicted
     below 0.6 of the leader measured within 5% of the grid's best (at most 0.73 of it on the first 18,
-    0.85 on the four whose own costs a slow probe run skewed; docs/results/zoo_accuracy.md)."""
+    0.85 on the four whose own costs a slow probe run skewed; docs/results/zoo_accuracy.md).
+    `least` (default RACE_LEAST): where fewer are entered, the next best-ranked fitting candidates
+    join, in the order ranked, up to that many. A race of one is no race: on the zoo's frozen_tied
+    (2026-12-03, runs/reference/cpu-2core-zoo-zen5-probed) only DDP was within, its best-ranked
+    candidate (8 x 1) ran once and was picked, 14.5% behind DDP 4 x 2 by the grid's medians, the
+    plan's second."""
     if not 0.0 <= within <= 1.0:
         raise ConfigError(f"race_within must lie between 0 and 1 (got {within!r})")
     fitting = [r for r in rows if r.get("fits")]
@@ -124,7 +132,13 @@ def entrants(rows: list[dict], per_family: int = 1, within: float = 0.0) -> list
         if seen[r["config"]] < per_family:
             seen[r["config"]] += 1
             out.append(r)
-    return out
+    least = RACE_LEAST if least is None else least
+    for r in fitting:
+        if len(out) >= least:
+            break
+        if not any(r is o for o in out):
+            out.append(r)
+    return sorted(out, key=lambda r: next(i for i, f in enumerate(fitting) if f is r))
 
 
 def race(rows: list[dict], train_argv: list[str], world: int, runs_dir: Path, steps: int, timeout_s: float,
