@@ -326,13 +326,17 @@ REGENERATE = ".venv/bin/python tests/launches.py --write-reference"
 
 
 def machine() -> dict:
-    """What the losses' last bits depend on: the CPU (its kernels) and torch."""
+    """What the losses' last bits depend on: the CPU (its kernels: its name and, where /proc/cpuinfo has
+    them, its family, model and stepping, analysis.plan.backend_costs.cpu_name; two virtual machines
+    both named "AMD EPYC" round the reference's third loss apart, 3.9270265 and 3.9270263) and torch."""
     import platform
 
     import torch
 
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
+    from analysis.plan.backend_costs import cpu_name
+
+    info = Path("/proc/cpuinfo")
+    cpu = (cpu_name(info.read_text()) if info.exists() else None) or platform.processor()
     return {"cpu": cpu, "torch": torch.__version__}
 
 
