@@ -45,16 +45,31 @@ def git_commit() -> dict[str, str | bool | None]:
         return {"commit": None, "dirty": None}
 
 
+def cpu_name(cpuinfo: str | None = None, ids: bool = True) -> str | None:
+    """The CPU as /proc/cpuinfo (or the text `cpuinfo`) names its first processor: its model name and,
+    with `ids`, its family, model and stepping where the file has them (x86); None without a name.
+    A virtual machine's model name can hide its generation: on 2026-12-03 two virtual machines of the
+    development kind both named "AMD EPYC" (the second family 26, a Zen 5) read the planner's
+    reference step 1.6-2.8 ms and 0.7-1.1 ms, and rounded the reference run's third loss apart
+    (runs/reference/cpu-2core-zoo-two-reads). (py-cpuinfo, which DeepSpeed brings, says the same by
+    starting an interpreter: 1.2 s of CPU, tests/forkserver.py.)"""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return None
+    first = cpuinfo.split("\n\n", 1)[0]
+    fields = {k.strip(): v.strip() for k, sep, v in (line.partition(":") for line in first.splitlines()) if sep}
+    if "model name" not in fields:
+        return None
+    found = [f"{k} {fields[k]}" for k in ("cpu family", "model", "stepping") if ids and fields.get(k)]
+    return fields["model name"] + (f" ({', '.join(found)})" if found else "")
+
+
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return cpu_name(ids=False) or platform.processor() or platform.machine()
 
 
 def environment(device: torch.device) -> dict:

@@ -326,17 +326,16 @@ REGENERATE = ".venv/bin/python tests/launches.py --write-reference"
 
 
 def machine() -> dict:
-    """What the losses' last bits depend on: the CPU (its kernels: its name and, where /proc/cpuinfo has
-    them, its family, model and stepping, analysis.plan.backend_costs.cpu_name; two virtual machines
-    both named "AMD EPYC" round the reference's third loss apart, 3.9270265 and 3.9270263) and torch."""
+    """What the losses' last bits depend on: the CPU (its kernels: its name, family, model and stepping,
+    core.environment.cpu_name; two virtual machines both named "AMD EPYC" round the reference's third
+    loss apart, 3.9270265 and 3.9270263) and torch."""
     import platform
 
     import torch
 
-    from analysis.plan.backend_costs import cpu_name
+    from core.environment import cpu_name
 
-    info = Path("/proc/cpuinfo")
-    cpu = (cpu_name(info.read_text()) if info.exists() else None) or platform.processor()
+    cpu = cpu_name() or platform.processor()
     return {"cpu": cpu, "torch": torch.__version__}
 
 

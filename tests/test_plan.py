@@ -986,17 +986,18 @@ def test_backend_costs_fit_is_the_best_non_negative_one_where_the_exact_one_is_n
 def test_the_machine_the_costs_are_kept_for_names_the_cpus_generation():
     """Two CPUs /proc/cpuinfo names alike ("AMD EPYC", as virtual machines do) but of other families
     are other machines: costs kept on one are not priced on the other."""
-    from analysis.plan import backend_costs as bc
+    from core.environment import cpu_name
 
     def cpuinfo(family):
         one = f"processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: {family}\nmodel\t\t: 2\n" \
               "model name\t: AMD EPYC\nstepping\t: 1\n"
         return one + "\n" + one.replace("processor\t: 0", "processor\t: 1").replace(f": {family}", ": 99")
 
-    assert bc.cpu_name(cpuinfo(26)) == "AMD EPYC (cpu family 26, model 2, stepping 1)"  # the first processor's
-    assert bc.cpu_name(cpuinfo(25)) != bc.cpu_name(cpuinfo(26))
-    assert bc.cpu_name("processor\t: 0\nmodel name\t: Some CPU\n") == "Some CPU"  # no ids: the name alone
-    assert bc.cpu_name("processor\t: 0\nBogoMIPS\t: 50.00\n") is None  # no name (some ARM kernels)
+    assert cpu_name(cpuinfo(26)) == "AMD EPYC (cpu family 26, model 2, stepping 1)"  # the first processor's
+    assert cpu_name(cpuinfo(25)) != cpu_name(cpuinfo(26))
+    assert cpu_name("processor\t: 0\nmodel name\t: Some CPU\n") == "Some CPU"  # no ids: the name alone
+    assert cpu_name("processor\t: 0\nBogoMIPS\t: 50.00\n") is None  # no name (some ARM kernels)
+    assert cpu_name(cpuinfo(26), ids=False) == "AMD EPYC"  # a record's device_name: the name alone
 
 
 def test_kept_costs_are_priced_at_the_machines_speed_now(tmp_path, monkeypatch):

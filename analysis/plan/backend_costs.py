@@ -164,30 +164,13 @@ def cache_path() -> Path:
     return Path(os.environ.get("GPTLITE_CACHE") or Path.home() / ".cache" / "gptlite") / "backend_costs.json"
 
 
-def cpu_name(cpuinfo: str) -> str | None:
-    """The CPU as /proc/cpuinfo names its first processor: its model name, and its family, model and
-    stepping where the file has them (x86). A virtual machine's model name can hide its generation: on
-    2026-12-03 two virtual machines of the development kind both named "AMD EPYC" (the second family
-    26, a Zen 5) read the reference step 1.6-2.8 ms and 0.7-1.1 ms, and the costs kept from the first
-    were priced on the second at x0.18-0.26, its GRU's ZeRO candidates 27-84% too fast
-    (runs/reference/cpu-2core-zoo-two-reads)."""
-    first = cpuinfo.split("\n\n", 1)[0]
-    fields = dict((k.strip(), v.strip()) for k, _, v in (line.partition(":") for line in first.splitlines()) if _)
-    if "model name" not in fields:
-        return None
-    ids = [f"{k} {fields[k]}" for k in ("cpu family", "model", "stepping") if fields.get(k)]
-    return fields["model name"] + (f" ({', '.join(ids)})" if ids else "")
-
-
 def machine() -> dict:
     """What the costs were measured on: a change of any of these measures them again."""
     import torch
 
-    cpu = platform.processor()
-    try:
-        cpu = cpu_name(Path("/proc/cpuinfo").read_text()) or cpu
-    except OSError:
-        pass
+    from core.environment import cpu_name
+
+    cpu = cpu_name() or platform.processor()
     try:
         from importlib.metadata import version
 

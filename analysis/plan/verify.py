@@ -132,13 +132,12 @@ def entrants(rows: list[dict], per_family: int = 1, within: float = 0.0, least: 
         if seen[r["config"]] < per_family:
             seen[r["config"]] += 1
             out.append(r)
-    least = RACE_LEAST if least is None else least
-    for r in fitting:
-        if len(out) >= least:
+    entered = {id(r) for r in out}
+    for r in fitting:  # fewer than `least`: the next best-ranked join
+        if len(entered) >= (RACE_LEAST if least is None else least):
             break
-        if not any(r is o for o in out):
-            out.append(r)
-    return sorted(out, key=lambda r: next(i for i, f in enumerate(fitting) if f is r))
+        entered.add(id(r))
+    return [r for r in fitting if id(r) in entered]
 
 
 def race(rows: list[dict], train_argv: list[str], world: int, runs_dir: Path, steps: int, timeout_s: float,
