@@ -250,8 +250,9 @@ def price_comm(setup, world: int, per_node: int, inside: tuple[float, float], be
     (theory_traffic) or, with `counted` (count_flags), as counted; the waiting shares from its
     backend's schedule (comm_and_wait). The projection and the planner both price a run by it."""
     backend = setup.resolved.build(setup.env)
-    theory = backend.comm_theory(setup.n_params, setup.workload.n_trainable)
-    schedule = backend.comm_schedule(setup.workload.param_sizes)
+    buffers = setup.workload.buffer_bytes
+    theory = backend.comm_theory(setup.n_params, setup.workload.n_trainable, buffers)
+    schedule = backend.comm_schedule(setup.workload.param_sizes, buffers)
     if counted is not None:
         traffic = counted_traffic(counted, theory, world)
     else:

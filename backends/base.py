@@ -198,19 +198,21 @@ class Backend(ABC):
         """How this backend is set up, for the run record (wrapper, dtypes, sharding, ...)."""
         return {"name": self.name}
 
-    def comm_theory(self, n_params: int, trainable: int | None = None) -> dict:
+    def comm_theory(self, n_params: int, trainable: int | None = None, buffers: dict | None = None) -> dict:
         """The collectives a step should need by the textbook accounting (ZeRO paper, FSDP paper),
         from the parameter count: core.comm.theory. `trainable`: the parameters that get a gradient
         (all of them where None): gradients are reduced, and ZeRO-1/2's updated shards gathered, for
         those alone, where FSDP and ZeRO-3 gather every parameter, frozen ones too (a model with
         frozen layers: measured so under gloo, runs/reference/cpu-2core-zoo-median-point/frozen_tied).
-        Nothing to communicate by default."""
+        `buffers`: the model's buffers' bytes by dtype (Workload.buffer_bytes), which DDP broadcasts
+        every step. Nothing to communicate by default."""
         return comm.theory("none: one replica, nothing to synchronise", {}, self.env.world_size)
 
-    def comm_schedule(self, param_sizes: list[int]) -> dict[str, tuple[float | None, float]]:
+    def comm_schedule(self, param_sizes: list[int], buffers: dict | None = None) -> dict[str, tuple[float | None, float]]:
         """How comm_theory's collectives run, by kind, for a model of `param_sizes` (the elements
-        of each trainable parameter tensor, in order): (the bytes each call carries, from the
-        configuration's bucket sizes, or None where the configuration does not say; the share of
+        of each trainable parameter tensor, in order; `buffers` as comm_theory's): (the bytes each
+        call carries, from the configuration's bucket sizes, or None where the configuration does
+        not say; the share of
         the kind's bytes that waits on the critical path, nothing prefetching it). The planner's
         step-time model prices the calls' latency and the waiting share from it. Empty by default:
         the projection's bucket size, and everything may overlap compute."""

@@ -71,16 +71,17 @@ class DDPBackend(TorchBackend):
             return float(dist._DEFAULT_FIRST_BUCKET_BYTES), DEFAULT_BUCKET_MIB * MiB
         return (self.cfg.ddp_bucket_cap_mb * MiB,) * 2
 
-    def comm_schedule(self, param_sizes: list[int]) -> dict[str, tuple[float | None, float]]:
+    def comm_schedule(self, param_sizes: list[int], buffers: dict | None = None) -> dict[str, tuple[float | None, float]]:
         """DDP's buckets (buckets(), bucket_limits()) over the gradients, fp32 (comm_theory): the bytes of a call are
         their mean; the last bucket, the first layers' gradients, is ready only when backward ends
         and waits (its share of the bytes). These are the buckets of every step after the first:
         torch 2.x reduces the first step's gradients as one bucket, then rebuilds its buckets in the
         order the gradients became ready, for a model whose layers run in order the parameters in
         reverse (checked equal to DDP's rebuilt buckets for GPT-lite tiny and small at 1+25, 0.1,
-        6.25 and 100 MiB, 2026-11-26)."""
+        6.25 and 100 MiB, 2026-11-26). The buffers' broadcast as TorchBackend's."""
         sizes = buckets(param_sizes, *self.bucket_limits())
-        return {"all_reduce": (sum(sizes) / len(sizes), sizes[-1] / sum(sizes))} if sizes else {}
+        reduce = {"all_reduce": (sum(sizes) / len(sizes), sizes[-1] / sum(sizes))} if sizes else {}
+        return {**super().comm_schedule(param_sizes, buffers), **reduce}
 
     def describe(self) -> dict:
         first, cap = self.bucket_limits()

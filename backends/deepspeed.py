@@ -165,7 +165,7 @@ class DeepSpeedBackend(Backend):
     def accounting(self) -> MemoryAccounting:
         return DeepSpeedAccounting(self.engine)
 
-    def comm_theory(self, n_params: int, trainable: int | None = None) -> dict:
+    def comm_theory(self, n_params: int, trainable: int | None = None, buffers: dict | None = None) -> dict:
         """The ZeRO paper's accounting: stage 0 all-reduces the gradients (2 Psi (N-1)/N); stages 1
         and 2 reduce-scatter them and all-gather the updated parameters (2 Psi (N-1)/N); stage 3
         gathers the parameters for forward and again for backward and reduce-scatters the gradients
@@ -191,7 +191,7 @@ class DeepSpeedBackend(Backend):
                            {"all_gather": (2 * accum * n_params, weights, n),
                             "reduce_scatter": (accum * grads, reduced, n)}, n)
 
-    def comm_schedule(self, param_sizes: list[int]) -> dict[str, tuple[float | None, float]]:
+    def comm_schedule(self, param_sizes: list[int], buffers: dict | None = None) -> dict[str, tuple[float | None, float]]:
         """What DeepSpeed 0.19 does with comm_theory's collectives (elements; its defaults where the
         file is silent). Stage 0 all-reduces the engine's fixed 5e8 elements at a time
         (MEMORY_OPT_ALLREDUCE_SIZE) after backward: it waits. Stages 1-2 reduce reduce_bucket_size at

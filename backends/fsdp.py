@@ -121,7 +121,7 @@ class FSDPBackend(DCPCheckpointMixin, TorchBackend):
     def accounting(self) -> FSDPAccounting:
         return FSDPAccounting(self)
 
-    def comm_theory(self, n_params: int, trainable: int | None = None) -> dict:
+    def comm_theory(self, n_params: int, trainable: int | None = None, buffers: dict | None = None) -> dict:
         """FULL_SHARD: each unit all-gathered for forward and again for backward, gradients
         reduce-scattered: 3 Psi (N-1)/N; SHARD_GRAD_OP gathers once: 2 Psi (N-1)/N; NO_SHARD
         all-reduces; HYBRID_SHARD does FULL_SHARD within a shard group and all-reduces each shard
@@ -145,7 +145,7 @@ class FSDPBackend(DCPCheckpointMixin, TorchBackend):
         return comm.theory(formula[gathers] + (" within shard groups, all-reduce of the shards across replicas"
                                                if shard < n else ""), terms, n)
 
-    def comm_schedule(self, param_sizes: list[int]) -> dict[str, tuple[float | None, float]]:
+    def comm_schedule(self, param_sizes: list[int], buffers: dict | None = None) -> dict[str, tuple[float | None, float]]:
         """Resharded after forward (FULL_SHARD, HYBRID_SHARD), a unit is gathered again in backward:
         half the gathered bytes, less the root's (never resharded). With backward_prefetch null
         nothing issues the next unit's gather ahead and those wait: counted as the half, an upper

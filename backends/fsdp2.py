@@ -81,7 +81,7 @@ class FSDP2Backend(DCPCheckpointMixin, TorchBackend):
     def accounting(self) -> FSDP2Accounting:
         return FSDP2Accounting(self)
 
-    def comm_theory(self, n_params: int, trainable: int | None = None) -> dict:
+    def comm_theory(self, n_params: int, trainable: int | None = None, buffers: dict | None = None) -> dict:
         """Resharding after forward: all-gathered for forward and again for backward, gradients
         reduce-scattered (3 Psi (N-1)/N); without: gathered once (2 Psi (N-1)/N). Every parameter
         gathered, the trainable ones' gradients alone reduced."""

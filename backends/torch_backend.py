@@ -8,6 +8,7 @@ synchronisation on non-final micro-steps (`micro_step`).
 
 from __future__ import annotations
 
+import math
 import warnings
 from pathlib import Path
 
@@ -21,6 +22,9 @@ from core import comm
 from core.config import DEEPSPEED_CKPT_IMPLS, TORCH_CKPT_IMPLS
 from core.memory import MemoryAccounting
 from gptlite.errors import ConfigError
+
+# DistributedDataParallel's broadcast_bucket_size: the most bytes of buffers one broadcast call carries.
+BROADCAST_BUCKET = 250 * 2**20
 
 AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -146,15 +150,31 @@ class TorchBackend(Backend):
     def teardown(self) -> None:
         self.model = self.optimizer = self.scheduler = self.scaler = None
 
-    def comm_theory(self, n_params: int, trainable: int | None = None) -> dict:
+    def comm_theory(self, n_params: int, trainable: int | None = None, buffers: dict | None = None) -> dict:
         """A full replica per rank (DDP, and accelerate's DDP): the gradients all-reduced once a
         step, in their own dtype (fp32 under autocast): 2 Psi (N-1)/N on the bus, Psi the trainable
-        parameters (DDP buckets only those)."""
+        parameters (DDP buckets only those); and the model's buffers, where it has any, broadcast
+        from rank 0 (DistributedDataParallel's broadcast_buffers, on by default) before the forward
+        of each step's first micro-step (the later ones run under no_sync, which skips it)."""
         n = self.env.world_size
         if n == 1 or self.name == "single":
-            return super().comm_theory(n_params, trainable)
+            return super().comm_theory(n_params, trainable, buffers)
         grads = n_params if trainable is None else trainable
-        return comm.theory("all-reduce of the gradients: 2 Psi (N-1)/N", {"all_reduce": (grads, 4, n)}, n)
+        terms = {"all_reduce": (grads, 4, n)}
+        formula = "all-reduce of the gradients: 2 Psi (N-1)/N"
+        if buffers and sum(buffers.values()):
+            terms["broadcast"] = (sum(buffers.values()), 1, n)
+            formula += "; the buffers broadcast from rank 0"
+        return comm.theory(formula, terms, n)
+
+    def comm_schedule(self, param_sizes: list[int], buffers: dict | None = None) -> dict[str, tuple[float | None, float]]:
+        """The buffers' broadcast (comm_theory), where the model has buffers: one call per dtype
+        (torch's broadcast_coalesced groups tensors by type) and per BROADCAST_BUCKET of it, all of
+        it waiting: it runs before the forward, and the forward waits for it."""
+        if "broadcast" not in self.comm_theory(0, 0, buffers)["by_kind"]:  # one replica, no buffers, FSDP2
+            return {}
+        calls = sum(math.ceil(b / BROADCAST_BUCKET) for b in buffers.values() if b)
+        return {"broadcast": (sum(buffers.values()) / calls, 1.0)}
 
     def describe(self) -> dict:
         compute = {"fp32": "fp32", "bf16": "bf16 (autocast)", "fp16": "fp16 (autocast)"}[self.cfg.precision]

@@ -249,6 +249,16 @@ class Workload:
         return [p.numel() for p in self.meta().parameters() if p.requires_grad]
 
     @cached_property
+    def buffer_bytes(self) -> dict[str, int]:
+        """Bytes of the model's buffers, persistent or not, by dtype (BatchNorm's running statistics and
+        its int64 count, a rotary table): what DDP broadcasts from rank 0 before each step's first forward."""
+        out: dict[str, int] = {}
+        for b in self.meta().buffers():
+            dtype = str(b.dtype).removeprefix("torch.")
+            out[dtype] = out.get(dtype, 0) + b.numel() * b.element_size()
+        return out
+
+    @cached_property
     def n_trainable(self) -> int:
         """The parameters that get a gradient: what the gradients' collectives carry."""
         return sum(self.param_sizes)

@@ -379,8 +379,9 @@ class Run:
         result = StepLoop(self.s, backend, self.record, start, self.trackers).run()
         # The budget is checked before rank 0 counts FLOPs (seconds on a large model): the other
         # ranks fail at once over it and the launcher stops rank 0 in the middle of the count.
+        theory = backend.comm_theory(self.s.n_params, self.s.workload.n_trainable, self.s.workload.buffer_bytes)
         summary = finished_summary(self.summary, result, gather_ranks(result), self.s.workload, env.world_size,
-                                   cfg.mem_budget_gb, started, backend.comm_theory(self.s.n_params, self.s.workload.n_trainable),
+                                   cfg.mem_budget_gb, started, theory,
                                    self._sample_flops if env.is_main else None)  # rank 0 writes the summary
         if cfg.compile:
             summary = dataclasses.replace(summary, compile=compile_stats())
