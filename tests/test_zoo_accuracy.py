@@ -19,7 +19,7 @@ RECORDS = [REPO / "runs" / "reference" / name
                         "cpu-2core-zoo-plan-in-window", "cpu-2core-zoo-plan-loop", "cpu-2core-zoo-wide-point",
                         "cpu-2core-zoo-least-squares", "cpu-2core-zoo-ranks-in-step", "cpu-2core-zoo-ranks-in-step-kept",
                         "cpu-2core-zoo-median-point", "cpu-2core-zoo-trainable-comm",
-                        "cpu-2core-zoo-two-reads", "cpu-2core-zoo-zen5-probed",
+                        "cpu-2core-zoo-two-reads", "cpu-2core-zoo-zen5-probed", "cpu-2core-zoo-ddp-buffers",
                         "cpu-2core-zoo-peaks", "cpu-2core-zoo-peaks-deepspeed-world1")]
 # Measured for the peaks alone, every free seen (core/memory_profile.py since 2026-11-29).
 PEAKS = RECORDS[-2:]
@@ -146,11 +146,13 @@ def test_on_the_committed_records_the_races_entry_rule_leaves_out_a_winner_only_
     runs/reference/cpu-2core-zoo-trainable-comm), and so do the 79th to 86th (the machine's speed read
     twice: runs/reference/cpu-2core-zoo-two-reads) and the 87th to 94th (costs probed afresh on a CPU
     of another family: runs/reference/cpu-2core-zoo-zen5-probed; its frozen_tied, where DDP alone was
-    within and ran once live, 14.5% behind, is the grid's best with two entrants, RACE_LEAST)."""
+    within and ran once live, 14.5% behind, is the grid's best with two entrants, RACE_LEAST), and so
+    do the 95th to 102nd (DDP's buffer broadcast priced, the race of at least two live:
+    runs/reference/cpu-2core-zoo-ddp-buffers)."""
     from analysis.plan.verify import RACE_WITHIN
 
     models = [d for r in RECORDS for d in sorted(r.iterdir()) if (d / "plan.json").is_file()]
-    assert len(models) == 94
+    assert len(models) == 102
     left_out, missed, winners_left_out = [], [], []
     for d in models:
         rule = zoo_accuracy.race_on_grid(d, zoo_accuracy.model_accuracy(d, estimate=lambda record: 1), RACE_WITHIN)
