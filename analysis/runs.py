@@ -68,7 +68,7 @@ def ckpt_label(row: dict) -> str:
 
 def model_key(row: dict) -> str:
     """Which model a run trained: its label (models.spec.model_label of --model) plus its settings
-    (--model_args; GPT-lite's size flags), so that two sizes of one model are two models:
+    (--model_args; GPT-lite's size flags; --dropout), so that two sizes of one model are two models:
     "hf_gpt2 n_embd=64,n_layer=2", "gptlite n_layer=2", "my_model". Records from before --model are
     GPT-lite's."""
     name = row.get("model") or "gptlite"
@@ -80,6 +80,10 @@ def model_key(row: dict) -> str:
             settings = parse_model_args(row.get("config.run.model_args"))
         except ValueError:  # written by another version, which read it otherwise: keep it as it is
             settings = {"model_args": row.get("config.run.model_args")}
+    # --dropout changes what is trained (and its speed: on the H200 the paper preset's dropout 0.1 was 17%
+    # of its compiled step, runs/reference/nvidia-h200/gpu_best_mfu): another model, never compared as one
+    if row.get("config.run.dropout") is not None:
+        settings["dropout"] = row["config.run.dropout"]
     args = format_model_args(dict(sorted(settings.items())))
     return f"{model_label(name)} {args}" if args else model_label(name)
 

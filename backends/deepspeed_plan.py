@@ -9,6 +9,7 @@ run record (config.json's `plan`) and the memory estimator all read this one obj
 from __future__ import annotations
 
 import copy
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -123,6 +124,8 @@ def plan(cfg, world_size: int, device_type: str) -> Plan:
     if isinstance(compile_block, dict) and compile_block.get("deepcompile") and device_type != "cuda":
         raise ConfigError(f"{where}: compile.deepcompile needs a CUDA device (DeepSpeed {_version()} compiles "
                           "its DeepCompile op against CUDA); on this machine use ds_configs/z3_tuned.json")
+    if isinstance(compile_block, dict) and compile_block.get("deepcompile"):
+        check_arch_list(where, os.environ.get("TORCH_CUDA_ARCH_LIST"))
     if device_type == "cpu":
         for key in ("zero_quantized_weights", "zero_quantized_gradients"):
             if zero.get(key):
@@ -228,3 +231,17 @@ def _version() -> str:
     import importlib.metadata
 
     return importlib.metadata.version("deepspeed")
+
+
+def check_arch_list(where: str, arch_list: str | None) -> None:
+    """DeepCompile builds DeepSpeed's dc op at the first step, for the targets TORCH_CUDA_ARCH_LIST names,
+    and DeepSpeed reads each as numbers ("9.0", "9.0+PTX"): an arch-specific target such as Hopper's
+    "9.0a" raised ValueError (int('0a')) at step 0 on an H200 whose image sets it (2026-12-04,
+    runs/reference/nvidia-h200/gpu_best_mfu). Refused before anything runs instead."""
+    if not arch_list:
+        return
+    for target in arch_list.replace(" ", ";").split(";"):
+        if target and not all(part.split("+")[0].isdigit() for part in target.split(".")):
+            raise ConfigError(f"{where}: compile.deepcompile builds DeepSpeed's dc op, and DeepSpeed {_version()} cannot "
+                              f"read TORCH_CUDA_ARCH_LIST={arch_list!r} (target {target!r}); set it to plain "
+                              "capabilities, e.g. TORCH_CUDA_ARCH_LIST=9.0")

@@ -77,4 +77,46 @@ run ddp-mb$MB_MFU              120 1 20 6 "${TORCHRUN[@]}" train.py --backend dd
 run fsdp2_no_reshard-mb$MB_MFU 120 1 20 6 "${TORCHRUN[@]}" train.py --fsdp_config fsdp_configs/fsdp2_no_reshard.yaml --micro_batch $MB_MFU
 run single-mb$MB_MFU-autotune  300 1 20 6 python train.py --micro_batch $MB_MFU --compile --compile_mode max-autotune-no-cudagraphs
 run fsdp2_no_reshard-mb$MB_MFU-autotune 300 1 20 6 "${TORCHRUN[@]}" train.py --fsdp_config fsdp_configs/fsdp2_no_reshard.yaml --micro_batch $MB_MFU --compile --compile_mode max-autotune-no-cudagraphs
+# 6. MFU at the largest micro-batch, what the profiles of 5 pointed to (attention 38% of the step,
+#    inductor's elementwise kernels 18-29%, ~9 ms of the step not covered by kernels): torch's sdpa
+#    kernels timed alone at the preset's shape (benchmarks/sdpa_kernels.py), the fastest with the
+#    preset's dropout named with --sdpa_kernel (SDPA_BEST; not run apart where it is torch's own
+#    choice, cudnn); inductor's coordinate-descent tuning of its generated kernels alone
+#    (TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1: what max-autotune-no-cudagraphs gained, without its
+#    matmul template search, which lost and cost most of its 121 s of compile); and CUDA graphs
+#    (reduce-overhead). Then DeepCompile with flash attention: its evaluation failed compiling cuDNN's
+#    no-grad attention (gpu_best_mb64/z3_deepcompile-mb8.log).
+if [[ "$ONLY" = "  " || "$ONLY" = *" sdpa_kernels "* ]]; then
+    timeout 120 python benchmarks/sdpa_kernels.py --preset "$PRESET" --batch "$MB_MFU" --json "$RUNS/sdpa_kernels.json" \
+        >"$RUNS/sdpa_kernels.log" 2>&1
+    grep -v "Warning\|^  return" "$RUNS/sdpa_kernels.log"
+fi
+SDPA_BEST=${SDPA_BEST:-$(python - "$RUNS/sdpa_kernels.json" "$PRESET" <<'EOF'
+import json, sys
+from gptlite.model import preset
+try:
+    rows = json.load(open(sys.argv[1]))["rows"]
+except OSError:
+    print("auto"); sys.exit()
+dropout = preset(sys.argv[2]).dropout
+timed = [r for r in rows if "error" not in r and r["dropout"] == dropout]
+print(min(timed, key=lambda r: r["forward_backward_ms"])["kernel"] if timed else "auto")
+EOF
+)}
+echo "fastest sdpa kernel with the preset's dropout: $SDPA_BEST"
+CD=(env TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1)
+if [[ $SDPA_BEST != cudnn && $SDPA_BEST != auto ]]; then
+    run single-mb$MB_MFU-cd-$SDPA_BEST 240 1 20 6 "${CD[@]}" python train.py --micro_batch $MB_MFU --compile --sdpa_kernel $SDPA_BEST
+fi
+run single-mb$MB_MFU-cd             240 1 20 6 "${CD[@]}" python train.py --micro_batch $MB_MFU --compile
+run single-mb$MB_MFU-cd-graphs-$SDPA_BEST 240 1 20 6 "${CD[@]}" python train.py --micro_batch $MB_MFU --compile \
+    --compile_mode reduce-overhead --sdpa_kernel $SDPA_BEST
+# Where the rest of the step goes: the preset's dropout (in attention and after it) taken out. Not the
+# paper preset (its dropout is 0.1): a measurement of what the dropout costs, never the MFU record.
+run single-mb$MB_MFU-cd-dropout0    240 1 20 6 "${CD[@]}" python train.py --micro_batch $MB_MFU --compile --dropout 0
+# DeepSpeed builds its dc op at the first step from TORCH_CUDA_ARCH_LIST, whose "9.0a" (Hopper's
+# arch-specific target) its version parser refuses (int('0a'), 2026-12-04): the device's own capability.
+CAP=$(python -c "import torch; print('%d.%d' % torch.cuda.get_device_capability())" 2>/dev/null || echo "")
+run z3_deepcompile-mb$MB-flash $DC_LIMIT 0 $DC_STEPS $DC_WARM env ${CAP:+TORCH_CUDA_ARCH_LIST=$CAP} python train.py \
+    --deepspeed_config ds_configs/z3_deepcompile.json --micro_batch $MB --sdpa_kernel flash
 exit 0

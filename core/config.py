@@ -17,6 +17,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 
 from gptlite.errors import ConfigError
 from gptlite.model import ATTENTION_IMPLS, PRESETS, GPTConfig, preset
+from core.sdpa import SDPA_KERNELS
 from models.spec import ModelRequest, check_name, model_label, parse_model_args
 
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -160,6 +161,12 @@ class RunConfig:
         "naive: explicit T x T attention scores (the article's memory profile); "
         "sdpa: torch's fused scaled_dot_product_attention. Same outputs.",
         "naive", choices=ATTENTION_IMPLS, group="model",
+    )
+    sdpa_kernel: str = _flag(
+        "Which of torch's scaled_dot_product_attention kernels may run (core/sdpa.py): auto (torch's choice, "
+        "its default), flash, efficient (CUDA), cudnn (CUDA) or math; for GPT-lite's --attention sdpa and any "
+        "model that calls sdpa. benchmarks/sdpa_kernels.py times them at the model's shape.",
+        "auto", choices=SDPA_KERNELS, group="model",
     )
     # Data and batch.
     data: str | None = _flag(
@@ -376,6 +383,8 @@ class RunConfig:
                               "--ckpt_offload for DeepSpeed's cpu_checkpointing")
         if self.offload_activations and self.ckpt_offload:
             raise ConfigError("offload_activations and ckpt_offload are two ways of doing the same: choose one")
+        if self.sdpa_kernel != "auto" and self.model == "gptlite" and self.attention != "sdpa":
+            raise ConfigError(f"sdpa_kernel {self.sdpa_kernel} needs --attention sdpa (naive attention calls no sdpa kernel)")
         if not self.compile and (self.compile_backend, self.compile_mode) != ("inductor", "default"):
             raise ConfigError("compile_backend and compile_mode need --compile")
         if self.compile_memory_budget is not None:

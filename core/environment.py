@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
+import os
 import platform
 import socket
 import subprocess
@@ -82,4 +83,7 @@ def environment(device: torch.device) -> dict:
         "device_name": device_name(device),
         "allocator": allocator.describe(),
         "argv": sys.argv,
+        # inductor's settings given by environment (TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1, say): they
+        # change the generated kernels and so the speed, and the command line does not show them
+        "inductor_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("TORCHINDUCTOR_")},
     }

@@ -128,6 +128,12 @@ GPU_REFERENCE = REPO / "runs" / "reference"
 # at micro-batch 64 compiled was estimated 6.9% over its peak under autocast (single) and 10.4% under
 # it with FSDP2's bf16 parameters (about one more fp32 tensor of the residual's size kept per block).
 COMPILED_PEAK_TOLERANCE = 0.15
+# DeepSpeed's DeepCompile (ds_configs/z3_deepcompile.json) schedules ZeRO-3's gathers and releases in its
+# compiled graph, which the estimate does not model, and its record's allocator peak is not what the
+# other records' is: on the H200 (runs/reference/nvidia-h200/gpu_best_mfu, micro-batch 8) 2.0 GiB,
+# below its own measured activation peak (4.4 GiB) and against 6.2 GiB for eager ZeRO-3 on the same
+# machine. Not judged here.
+NOT_ESTIMATED = ("config.backend.deepcompile",)
 
 
 def test_estimate_against_the_gpu_reference_runs():
@@ -141,6 +147,8 @@ def test_estimate_against_the_gpu_reference_runs():
     assert len(runs) >= 40, f"expected the committed GPU reference records under {GPU_REFERENCE}"
     bad = []
     for _, run in runs.iterrows():
+        if any(run.get(column) is True for column in NOT_ESTIMATED):
+            continue
         est = estimate_run(run)
         if run["status"] == "ok":
             error = est.total_bytes / run["mem_peak_bytes"] - 1

@@ -33,6 +33,7 @@ from core.dist import DistEnv, broadcast_object, destroy_process_group, set_cpu_
 from core.environment import device_name, environment
 from core.faults import Fault
 from core.flops import planned_sample_flops, sample_flops
+from core.sdpa import apply_sdpa_kernel, check_device
 from core.records import SWEEP_KEY_ENV, SWEEP_KEY_FILE, RunRecord, atomic_write_text
 from core.summary import RunSummary
 import models
@@ -110,6 +111,7 @@ def resolve(cfg: RunConfig, env: DistEnv | None = None, resolved: Resolved | Non
         cfg = resolved.cfg
     if cfg.dry_run:  # a description (train.py --dry_run, and every tool's): no record, checkpoint or lock read
         return setup
+    check_device(cfg.sdpa_kernel, env.device.type, cfg.model_config().dropout if cfg.model == "gptlite" else cfg.dropout)
     if (cfg.run_name is not None and not cfg.overwrite and not cfg.resume
             and (Path(cfg.runs_dir) / cfg.run_name).exists()):
         raise ConfigError(f"run_name: {Path(cfg.runs_dir) / cfg.run_name} already exists "
@@ -353,6 +355,7 @@ class Run:
         cfg, env = self.cfg, self.env
         # Each rank's own dropout stream, the same in every run of this configuration.
         torch.manual_seed(cfg.seed * 1000 + env.rank)
+        apply_sdpa_kernel(cfg.sdpa_kernel)
         model = self.s.workload.build(cfg.seed)
         if self.s.init is not None:
             model.load_state_dict(self.s.init["model"])
