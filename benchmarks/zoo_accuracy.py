@@ -355,15 +355,16 @@ def model_accuracy(directory: Path, estimate=None) -> dict:
             "race_within": race.get("within", 0.0)}  # the race's entry rule (0: before there was one)
 
 
-def race_on_grid(directory: Path, acc: dict, within: float) -> dict:
+def race_on_grid(directory: Path, acc: dict, within: float, bounded: bool = True) -> dict:
     """The planner's race (analysis.plan.verify.race, its code as it is now) on one model's committed
     records, nothing run: its entrants chosen by `within` from the plan's predictions (made before any
     run), each round's runs read from the grid, a candidate's k-th race run being its grid round k (in
     turn), charged that run's launch-to-end seconds. With the model's figures (`acc`, model_accuracy's):
     the race's runs, its steps and seconds against one pass of the grid's, its pick and the pick's
-    regret by the grid's medians, and the best of the configurations it left out."""
+    regret by the grid's medians, and the best of the configurations it left out. `bounded`: with the
+    race's bound on its runs (RACE_SHARE), else none."""
     from analysis.plan.candidates import GiB
-    from analysis.plan.verify import entrants, race
+    from analysis.plan.verify import RACE_SHARE, entrants, race
 
     saved = json.loads((directory / "plan.json").read_text())
     grid_runs = json.loads((directory / "grid.json").read_text())
@@ -387,7 +388,7 @@ def race_on_grid(directory: Path, acc: dict, within: float) -> dict:
         return out
 
     raced = race(rows, [], question_of(directory).world, directory, grid_runs[0]["steps"], 0.0, 1.0, within=within,
-                 measure=measure)
+                 measure=measure, share=RACE_SHARE if bounded else None)
     medians, best = acc["grid_median"], acc["grid_median"][acc["best"]]
     pick = flags_of[raced["pick"]["command"]] if raced["pick"] else None
     entered = {r["config"] for r in entrants(rows, within=within)}
@@ -459,7 +460,7 @@ def page(runs_dirs: list[Path]) -> str:
     """The accuracy page's text: a section per records folder of RUNS_DIRS (each a folder of models,
     each with grid.json and plan.json; or grid.json alone: the peaks alone), headed by the first
     paragraph of the folder's README after its title."""
-    from analysis.plan.verify import RACE_WITHIN
+    from analysis.plan.verify import RACE_SHARE, RACE_WITHIN
     from benchmarks.zoo import ZOO
 
     lines = ["# The planner on the model zoo (issue 40)", "",
@@ -513,8 +514,9 @@ def page(runs_dirs: list[Path]) -> str:
         ran = sorted({a["race_within"] for _, a in models})
         lines += ["", "The race's entry rule on the grid's records (`race_on_grid`: the race's code as it is now, "
                   "nothing run; each race run is the candidate's next grid round, charged that run's seconds): every "
-                  f"configuration entered (`--race_within 0`) against those predicted within {RACE_WITHIN} of the best "
-                  f"(`--race_within {RACE_WITHIN}`, the default since 2026-11-28). The race above ran with "
+                  f"configuration entered (`--race_within 0`, no bound on the runs) against those predicted within "
+                  f"{RACE_WITHIN} of the best (`--race_within {RACE_WITHIN}`, the default since 2026-11-28), with the "
+                  f"race's bound of {RACE_SHARE:g} of the grid's runs (RACE_SHARE, since 2026-12-04). The race above ran with "
                   f"`--race_within {' and '.join(f'{w:g}' for w in ran)}`. Left out: the best "
                   "grid median among the configurations the rule left out, as a share of the grid's best (below 1: "
                   "none of them would have won).", "",
@@ -522,7 +524,7 @@ def page(runs_dirs: list[Path]) -> str:
                   f"{RACE_WITHIN}: configurations entered, runs | steps share | time share | regret | left out, best |",
                   "|---|---|---:|---:|---:|---:|---:|"]
         for d, a in models:
-            every, rule = race_on_grid(d, a, 0.0), race_on_grid(d, a, RACE_WITHIN)
+            every, rule = race_on_grid(d, a, 0.0, bounded=False), race_on_grid(d, a, RACE_WITHIN)
             lines.append(
                 f"| {d.name} | {every['runs']}, {_pct(every['steps_share'])} / {_pct(every['time_share'])}, "
                 f"{_pct(every['regret'])} | {rule['entrants']} of {rule['configurations']}, {rule['runs']} | "

@@ -813,7 +813,7 @@ def test_the_race_runs_each_configurations_best_and_halves_until_two_are_left(tm
             for i, (m, c) in enumerate((m, c) for m in (8, 4) for c in "abcdef")]
     rows.append({"candidate": plan.Candidate("z", 8, 1, "none"), "config": "z", "fits": False, "command": "run z"})
     assert [r["command"] for r in plan.entrants(rows)] == [f"run {c} 8" for c in "abcdef"]
-    raced = plan.race(rows, TINY, 2, tmp_path, 4, 60, budget_gb=1.0)
+    raced = plan.race(rows, TINY, 2, tmp_path, 4, 60, budget_gb=1.0, share=None)
     # round 0: ok within the budget d 10, b 9, c 7, a 5 (e out of memory, f over): two go on, d and b;
     # two raced: d's median (10, 10) 10, b's (9, 9.2) 9.1, 10% apart where their runs lie 2% apart: d,
     # though b was predicted faster
@@ -827,7 +827,7 @@ def test_the_race_runs_each_configurations_best_and_halves_until_two_are_left(tm
     runs.update(b=[9.0, 8.5, 9.0], d=[8.0, 8.0, 8.0])
     rows8 = rows[:6] + [{**rows[0], "candidate": plan.Candidate(c, 8, 1, "none"), "config": c, "command": f"run {c} 8"}
                         for c in "gh"]
-    raced = plan.race(rows8, TINY, 2, tmp_path / "eight", 4, 60, budget_gb=1.0)
+    raced = plan.race(rows8, TINY, 2, tmp_path / "eight", 4, 60, budget_gb=1.0, share=None)
     # 6 ok within budget (b 9, d 8, h 7.5, c 7, g 6, a 5) -> 3 again (b 8.75, d 8, h 7.25) -> 2 (b, d): b
     assert [n.split("-")[0] for n, _ in ran] == ["race0"] * 8 + ["race1"] * 3 + ["race2"] * 2
     assert {n.split("-")[1] for n, _ in ran[8:11]} == {"b", "d", "h"}
@@ -866,7 +866,7 @@ def test_the_race_enters_the_configurations_predicted_within_a_share_of_the_best
     assert [r["command"] for r in plan.entrants(rows, within=0.7, least=1)] == ["run a 8"]
     with pytest.raises(ConfigError, match="race_within must lie between 0 and 1"):
         plan.entrants(rows, within=1.5)
-    raced = plan.race(rows, TINY, 2, tmp_path, 4, 60, budget_gb=1.0, within=0.6)
+    raced = plan.race(rows, TINY, 2, tmp_path, 4, 60, budget_gb=1.0, within=0.6, share=None)
     # c and d, the fastest measured, never ran: left out by their predictions
     assert ran == [("race0-a-mb8x1-none", 4), ("race0-b-mb8x1-none", 4), ("race1-a-mb8x1-none", 4),
                    ("race1-b-mb8x1-none", 4)]
@@ -874,18 +874,49 @@ def test_the_race_enters_the_configurations_predicted_within_a_share_of_the_best
     assert raced["pick"]["command"] == "run a 8" and raced["runs"] == 4 and raced["tied"]
     ran.clear()
     runs.update(a=[6.0, 6.2], b=[8.0, 8.0])  # b 29% ahead, the runs 3% apart: b, against the prediction
-    raced = plan.race(rows, TINY, 2, tmp_path / "resolved", 4, 60, budget_gb=1.0, within=0.6)
+    raced = plan.race(rows, TINY, 2, tmp_path / "resolved", 4, 60, budget_gb=1.0, within=0.6, share=None)
     assert raced["pick"]["command"] == "run b 8" and not raced["tied"]
     # the same race, every configuration entered: c and d ran, and one of them won
     ran.clear()
     runs.update(a=[9.0, 6.0], b=[8.0, 8.0], c=[20.0, 20.0], d=[20.0, 19.0])
-    raced = plan.race(rows, TINY, 2, tmp_path / "every", 4, 60, budget_gb=1.0, within=0.0)
+    raced = plan.race(rows, TINY, 2, tmp_path / "every", 4, 60, budget_gb=1.0, within=0.0, share=None)
     assert raced["pick"]["command"] in ("run c 8", "run d 8") and len(raced["rounds"][0]) == 4
     # a race of one is no race: one configuration within, two entrants, each run twice
     ran.clear()
     runs.update(a=[9.0, 9.0], b=[5.0, 5.0])
-    raced = plan.race(rows, TINY, 2, tmp_path / "one", 4, 60, budget_gb=1.0, within=0.7)
+    raced = plan.race(rows, TINY, 2, tmp_path / "one", 4, 60, budget_gb=1.0, within=0.7, share=None)
     assert raced["runs"] == 4 and raced["pick"]["command"] == "run a 8"
+
+
+def test_the_race_runs_at_most_a_quarter_of_the_grid(tmp_path, monkeypatch):
+    """RACE_SHARE (issue 40: the pick within 5% of the grid's best using at most a quarter of its run
+    time): on 8 fitting candidates, 2 runs at most: the two best-ranked entrants run once, and the
+    faster is the pick, with no second round; on 16, 4 runs: four entrants, then the faster two would
+    make 6, so no second round either. Unbounded (share None) the same race runs its halving."""
+    runs = {"a": [6.0, 6.0], "b": [8.0, 8.0], "c": [7.0, 7.0], "d": [5.0, 5.0]}
+
+    def speed(config):
+        return lambda steps: runs[config][sum(n.split("-")[1] == config for n, _ in ran) - 1]
+
+    ran = _fake_runner(monkeypatch, {c: speed(c) for c in runs})
+    preds = {"a": 20.0, "b": 19.0, "c": 18.0, "d": 17.0}
+
+    def rows_of(micro_batches):
+        rows = [{"candidate": plan.Candidate(c, m, 8 // m, "none"), "config": c, "backend": "ddp", "fits": True,
+                 "command": f"run {c} {m}", "pred_samples_per_s": preds[c] / (8 // m), "est_peak_gb": 0.5}
+                for m in micro_batches for c in "abcd"]
+        return sorted(rows, key=lambda r: -r["pred_samples_per_s"])
+
+    raced = plan.race(rows_of((8, 4)), TINY, 2, tmp_path / "eight", 4, 60, budget_gb=1.0)
+    assert ran == [("race0-a-mb8x1-none", 4), ("race0-b-mb8x1-none", 4)]  # c and d, within, left out by the bound
+    assert raced["runs"] == 2 and raced["grid_runs"] == 8 and raced["pick"]["command"] == "run b 8"
+    ran.clear()
+    raced = plan.race(rows_of((8, 4, 2, 1)), TINY, 2, tmp_path / "sixteen", 4, 60, budget_gb=1.0)
+    assert [n for n, _ in ran] == [f"race0-{c}-mb8x1-none" for c in "abcd"]
+    assert raced["runs"] == 4 and raced["pick"]["command"] == "run b 8"
+    ran.clear()
+    raced = plan.race(rows_of((8, 4)), TINY, 2, tmp_path / "unbounded", 4, 60, budget_gb=1.0, share=None)
+    assert raced["runs"] == 6 and raced["pick"]["command"] == "run b 8"  # 4, then b and c again
 
 
 def test_backend_costs_are_fitted_from_the_probe_runs_and_kept_per_machine(tmp_path, monkeypatch):

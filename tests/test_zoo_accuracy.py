@@ -108,12 +108,12 @@ def test_the_race_on_the_grids_records_runs_the_races_code_on_the_grids_rounds(t
             ("--c", 1, 28.0, 1, 20.0), ("--c", 0, 30.0, 1, 20.0)]
     _write(tmp_path / "m", grid, [("--a", 20.0, None), ("--b", 15.0, None), ("--c", 5.0, None)], "--a", {})
     acc = zoo_accuracy.model_accuracy(tmp_path / "m", estimate=lambda record: 1)
-    every = zoo_accuracy.race_on_grid(tmp_path / "m", acc, 0.0)
+    every = zoo_accuracy.race_on_grid(tmp_path / "m", acc, 0.0, bounded=False)
     # round 0: a 10, b 8, c 30 (round 0's runs) -> c and a again (their round 1): c (30, 28) 29, a (10, 12) 11
     assert every["pick"] == "--c" and every["regret"] == 0 and every["runs"] == 5 and every["entrants"] == 3
     assert every["steps_share"] == pytest.approx(5 / 3) and every["seconds"] == 70.0
     assert every["time_share"] == pytest.approx(70 / 40) and every["left_out_best"] is None
-    rule = zoo_accuracy.race_on_grid(tmp_path / "m", acc, 0.6)
+    rule = zoo_accuracy.race_on_grid(tmp_path / "m", acc, 0.6, bounded=False)
     # a and b (15 >= 0.6 x 20) each twice: a (10, 12) 11 against b (8, 9) 8.5; c, 5 < 12, left out
     assert rule["pick"] == "--a" and rule["runs"] == 4 and rule["entrants"] == 2 and rule["configurations"] == 3
     assert rule["regret"] == pytest.approx(1 - 11 / 29) and rule["left_out_best"] == pytest.approx(1.0)

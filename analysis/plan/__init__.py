@@ -134,7 +134,8 @@ def main(argv=None) -> int:
                         "Every configuration's best-ranked fitting candidate (of those --race_within admits) runs "
                         "--verify_steps steps, the faster half "
                         "within the budget (the median of each one's runs) runs again, until two are left; the faster "
-                        "is the pick. "
+                        "is the pick. At most a quarter of the grid's runs (RACE_SHARE; at least two): the best-ranked "
+                        "entrants alone where more would not fit, and no round that would go over. "
                         "Prints the steps and seconds it ran against the grid's (every fitting candidate as long)")
     p.add_argument("--race_within", type=float, default=RACE_WITHIN, metavar="F",
                    help="--race: enter only the configurations whose best prediction is at least F x the best "
