@@ -121,10 +121,10 @@ def plan(cfg, world_size: int, device_type: str) -> Plan:
     if "nvme" in (offload_opt, offload_param):
         _plan_nvme(cfg, zero, where, notes)
     compile_block = config.get("compile")
-    if isinstance(compile_block, dict) and compile_block.get("deepcompile") and device_type != "cuda":
-        raise ConfigError(f"{where}: compile.deepcompile needs a CUDA device (DeepSpeed {_version()} compiles "
-                          "its DeepCompile op against CUDA); on this machine use ds_configs/z3_tuned.json")
     if isinstance(compile_block, dict) and compile_block.get("deepcompile"):
+        if device_type != "cuda":
+            raise ConfigError(f"{where}: compile.deepcompile needs a CUDA device (DeepSpeed {_version()} compiles "
+                              "its DeepCompile op against CUDA); on this machine use ds_configs/z3_tuned.json")
         check_arch_list(where, os.environ.get("TORCH_CUDA_ARCH_LIST"))
     if device_type == "cpu":
         for key in ("zero_quantized_weights", "zero_quantized_gradients"):

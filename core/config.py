@@ -397,7 +397,7 @@ class RunConfig:
             # off by 2e-4: the recomputed dropout did not draw the forward's masks. Exact with dropout 0. So
             # below 1 only where dropout is known to be 0: GPT-lite's, or an hf: model's with --dropout 0
             # (which sets every dropout of its config); another model's own dropout is not known here.
-            dropout = self.model_config().dropout if self.model == "gptlite" else self.dropout
+            dropout = self.model_dropout()
             if self.compile_memory_budget < 1 and dropout != 0:
                 if dropout is None and not self.model.startswith("hf:"):
                     raise ConfigError(f"compile_memory_budget below 1 needs a model without dropout, and {self.model}'s "
@@ -449,6 +449,11 @@ class RunConfig:
         """The fields set away from their defaults that only some backends read: {field: those backends}."""
         return {f.name: f.metadata["backends"] for f in fields(self)
                 if f.metadata.get("backends") and getattr(self, f.name) != f.default}
+
+    def model_dropout(self) -> float | None:
+        """The model's dropout where known: GPT-lite's (its preset's, or --dropout), an hf: or user model's
+        only as --dropout sets it (None: its own, not known here)."""
+        return self.model_config().dropout if self.model == "gptlite" else self.dropout
 
     def model_config(self, vocab_size: int | None = None) -> GPTConfig:
         overrides = {name: getattr(self, name) for name in ("n_layer", "n_embd", "n_head", "block_size", "dropout")}

@@ -13,22 +13,28 @@ from __future__ import annotations
 
 from gptlite.errors import ConfigError
 
-# "auto": torch's choice among all of them (its default); the others, that kernel alone.
+# "auto": torch's choice among all of them (its default); the others, that kernel alone. Each kernel:
+# its torch.nn.attention.SDPBackend member and its process-wide toggle in torch.backends.cuda.
 SDPA_KERNELS = ("auto", "flash", "efficient", "cudnn", "math")
+_TORCH = {"flash": ("FLASH_ATTENTION", "enable_flash_sdp"), "efficient": ("EFFICIENT_ATTENTION", "enable_mem_efficient_sdp"),
+          "cudnn": ("CUDNN_ATTENTION", "enable_cudnn_sdp"), "math": ("MATH", "enable_math_sdp")}
 CUDA_ONLY = ("efficient", "cudnn")
+
+
+def _enabled(kernel: str) -> tuple[str, ...]:
+    """The kernels a --sdpa_kernel value lets run."""
+    if kernel == "auto":
+        return tuple(_TORCH)
+    if kernel not in _TORCH:
+        raise ConfigError(f"sdpa_kernel must be one of {', '.join(SDPA_KERNELS)} (got {kernel!r})")
+    return (kernel,)
 
 
 def sdpa_backends(kernel: str) -> list:
     """torch's SDPBackend list for a --sdpa_kernel value (torch.nn.attention.sdpa_kernel takes it)."""
     from torch.nn.attention import SDPBackend
 
-    table = {"flash": [SDPBackend.FLASH_ATTENTION], "efficient": [SDPBackend.EFFICIENT_ATTENTION],
-             "cudnn": [SDPBackend.CUDNN_ATTENTION], "math": [SDPBackend.MATH]}
-    if kernel == "auto":
-        return [b for backends in table.values() for b in backends]
-    if kernel not in table:
-        raise ConfigError(f"sdpa_kernel must be one of {', '.join(SDPA_KERNELS)} (got {kernel!r})")
-    return table[kernel]
+    return [getattr(SDPBackend, _TORCH[name][0]) for name in _enabled(kernel)]
 
 
 def check_device(kernel: str, device_type: str, dropout: float | None = None) -> None:
@@ -46,12 +52,6 @@ def apply_sdpa_kernel(kernel: str) -> None:
     set every time, so that an earlier in-process run's choice does not carry over."""
     import torch
 
-    on = {"flash": False, "efficient": False, "cudnn": False, "math": False}
-    for name in (on if kernel == "auto" else (kernel,)):
-        if name not in on:
-            raise ConfigError(f"sdpa_kernel must be one of {', '.join(SDPA_KERNELS)} (got {kernel!r})")
-        on[name] = True
-    torch.backends.cuda.enable_flash_sdp(on["flash"])
-    torch.backends.cuda.enable_mem_efficient_sdp(on["efficient"])
-    torch.backends.cuda.enable_cudnn_sdp(on["cudnn"])
-    torch.backends.cuda.enable_math_sdp(on["math"])
+    enabled = _enabled(kernel)
+    for name, (_, toggle) in _TORCH.items():
+        getattr(torch.backends.cuda, toggle)(name in enabled)

@@ -111,7 +111,7 @@ def resolve(cfg: RunConfig, env: DistEnv | None = None, resolved: Resolved | Non
         cfg = resolved.cfg
     if cfg.dry_run:  # a description (train.py --dry_run, and every tool's): no record, checkpoint or lock read
         return setup
-    check_device(cfg.sdpa_kernel, env.device.type, cfg.model_config().dropout if cfg.model == "gptlite" else cfg.dropout)
+    check_device(cfg.sdpa_kernel, env.device.type, cfg.model_dropout())
     if (cfg.run_name is not None and not cfg.overwrite and not cfg.resume
             and (Path(cfg.runs_dir) / cfg.run_name).exists()):
         raise ConfigError(f"run_name: {Path(cfg.runs_dir) / cfg.run_name} already exists "

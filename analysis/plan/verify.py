@@ -58,7 +58,7 @@ RACE_LEAST = 2
 # RACE_LEAST runs. None: no bound. Where it binds: the zoo's GRU, 8 fitting candidates (no FSDP, no
 # checkpointing), whose race of two entrants run twice each took 26-58% of its grid's run time on ten
 # evenings; bound to two runs, replayed on the 102 committed questions' grids (race_on_grid), its
-# regret stayed 0% on all ten at 12-20% of the grid's time, and no other question's pick changed
+# regret stayed 0% on all ten at 12-22% of the grid's time, and no other question's pick changed
 # (the 24-candidate grids' races run 4-5 of their 6).
 RACE_SHARE = 0.25
 
@@ -177,13 +177,13 @@ def race(rows: list[dict], train_argv: list[str], world: int, runs_dir: Path, st
             return _run_rows(alive, rows, train_argv, world, runs_dir, steps, timeout_s, slurm, 1, f"race{rnd}")
     alive = entrants(rows, per_family, within)
     fitting = sum(1 for r in rows if r.get("fits"))
-    budget = None if share is None else max(RACE_LEAST, int(share * fitting))
-    if budget is not None:
-        alive = alive[:budget]
+    most_runs = None if share is None else max(RACE_LEAST, int(share * fitting))
+    if most_runs is not None:
+        alive = alive[:most_runs]
     rounds: list[list[dict]] = []
     history: dict[str, list[float]] = {}
     while alive:
-        if rounds and budget is not None and sum(map(len, rounds)) + len(alive) > budget:
+        if rounds and most_runs is not None and sum(map(len, rounds)) + len(alive) > most_runs:
             break
         measured = measure(alive, len(rounds))
         good = []
