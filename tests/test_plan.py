@@ -1198,6 +1198,33 @@ def test_the_link_is_probed_once_per_machine_and_kept_with_the_backend_costs(tmp
     assert os.path.exists(os.devnull) and not os.path.isfile(os.devnull)
 
 
+def test_a_frozen_fsdp_unit_is_priced_without_its_reduce_scatter():
+    """An FSDP unit whose parameters are all frozen makes its two gathers and no reduce-scatter: two
+    thirds of a unit that trains (backend_costs.items). frozen_tied's first block is frozen, its
+    second and its root (the tied embedding) train; unfreezing the block prices it a whole unit."""
+    import torch
+
+    from analysis.plan import backend_costs as bc
+    from training.describe import resolve_flags
+
+    flags = ["--model", str(REPO / "benchmarks/zoo/frozen_tied.py"), "--fsdp_config", "fsdp_configs/fsdp2.yaml"]
+    setup = resolve_flags(flags, 2)
+    assert bc.items(setup, "fsdp2") == ("FSDP unit", pytest.approx(2 + bc.FROZEN_UNIT))
+    from core.blocks import find_blocks
+
+    model = setup.workload.meta()
+    blocks = find_blocks(model)
+    assert bc.frozen_units(model, None) == (3, 1)
+    blocks[0].requires_grad_(True)
+    assert bc.frozen_units(model, None) == (3, 0)
+    model.requires_grad_(False)  # nothing trains: the root and both blocks frozen
+    assert bc.frozen_units(model, None) == (3, 3)
+    # a root that holds nothing but its blocks counts as a unit that trains
+    bare = torch.nn.Sequential(torch.nn.ModuleList(blocks))
+    bare.requires_grad_(True)
+    assert bc.frozen_units(bare, None) == (3, 0)
+
+
 def test_a_configurations_measured_cost_is_added_to_its_step_and_left_out_of_the_refit():
     """A device with a configuration's measured cost prices that configuration's candidates its cost
     (per step + accumulation x (per micro-step + per item x the model's items: FSDP's units, the blocks

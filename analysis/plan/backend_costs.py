@@ -16,7 +16,8 @@ probe) is taken from the measured step. What is left is the configuration's own 
 
 where the items are what the configuration's work goes by (items()): FSDP's units (the blocks it
 wraps, and the root: measured on the probe, FSDP1 FULL_SHARD cost 5 ms more per unit at world 2 on
-the 2-core CPU, whatever a unit's tensors), else the trainable parameter tensors; the parameters,
+the 2-core CPU, whatever a unit's tensors; a unit with nothing to train, two thirds of one), else the
+trainable parameter tensors; the parameters,
 the trainable ones (trainable_params(): what its copies, buckets and gathers move). Fitted from (2
 blocks, micro-batch 8 x 1), (12 blocks, 8 x 1), (12 blocks, 4 x 2) and (12 blocks twice as wide,
 8 x 1: WIDE): the non-negative costs that fit the four points' residuals best (least squares, fit()),
@@ -193,16 +194,39 @@ def key(config: str, world: int) -> str:
     return f"{config}|world={world}|{digest}"
 
 
-def items(setup, backend: str) -> tuple[str, int]:
+def items(setup, backend: str) -> tuple[str, float]:
     """What a configuration's own cost scales with, in the model training.run.Setup `setup` resolves:
-    FSDP's and FSDP2's units (each block wrapped, and the root: a gather and a reduce-scatter each,
-    whatever its tensors), else the trainable parameter tensors (per-parameter hooks, DeepSpeed's
-    partitioning and its optimizer's loop over them)."""
-    if backend in ("fsdp", "fsdp2"):
-        from core.blocks import find_blocks
+    FSDP's and FSDP2's units (each block wrapped, and the root), else the trainable parameter tensors
+    (per-parameter hooks, DeepSpeed's partitioning and its optimizer's loop over them).
 
-        return "FSDP unit", len(find_blocks(setup.workload.meta(), setup.cfg.block_class)) + 1
+    A unit makes three collectives a step: a gather in forward, one in backward and a reduce-scatter
+    of its gradients; one whose parameters are all frozen makes no reduce-scatter (it has no gradient
+    to reduce), so it counts as FROZEN_UNIT of a unit (frozen_units). The probe model's units all
+    train, so its per-unit price is of the three. Replayed on the ten committed evenings' frozen_tied
+    grids (benchmarks/own_costs_replay.py; nothing run, no other model's prediction changes), the
+    median error fell on all ten, by 0.6 to 2.9 points (runs/reference/cpu-2core-zoo-race-share: 25.7% to 23.1%)."""
+    if backend in ("fsdp", "fsdp2"):
+        units, frozen = frozen_units(setup.workload.meta(), setup.cfg.block_class)
+        return "FSDP unit", units - frozen * (1 - FROZEN_UNIT)
     return "trainable tensor", len(setup.workload.param_sizes)
+
+
+# A unit without a trainable parameter: its two gathers of a unit's three collectives (items()).
+FROZEN_UNIT = 2 / 3
+
+
+def frozen_units(model, block_class: str | None) -> tuple[int, int]:
+    """(FSDP's units of `model`: its blocks and the root, of them those whose parameters are all
+    frozen). The root holds what no block holds; a root that holds nothing counts as a unit that trains
+    (FSDP wraps it all the same)."""
+    from core.blocks import find_blocks
+
+    blocks = find_blocks(model, block_class)
+    inside = {id(p) for block in blocks for p in block.parameters()}
+    root = [p for p in model.parameters() if id(p) not in inside]
+    frozen = sum(not any(p.requires_grad for p in block.parameters()) for block in blocks)
+    frozen += bool(root) and not any(p.requires_grad for p in root)
+    return len(blocks) + 1, frozen
 
 
 def trainable_params(setup) -> int:
