@@ -20,7 +20,7 @@ RECORDS = [REPO / "runs" / "reference" / name
                         "cpu-2core-zoo-least-squares", "cpu-2core-zoo-ranks-in-step", "cpu-2core-zoo-ranks-in-step-kept",
                         "cpu-2core-zoo-median-point", "cpu-2core-zoo-trainable-comm",
                         "cpu-2core-zoo-two-reads", "cpu-2core-zoo-zen5-probed", "cpu-2core-zoo-ddp-buffers",
-                        "cpu-2core-zoo-race-share",
+                        "cpu-2core-zoo-race-share", "cpu-2core-zoo-frozen-units",
                         "cpu-2core-zoo-peaks", "cpu-2core-zoo-peaks-deepspeed-world1")]
 # Measured for the peaks alone, every free seen (core/memory_profile.py since 2026-11-29).
 PEAKS = RECORDS[-2:]
@@ -150,11 +150,12 @@ def test_on_the_committed_records_the_races_entry_rule_leaves_out_a_winner_only_
     within and ran once live, 14.5% behind, is the grid's best with two entrants, RACE_LEAST), and so
     do the 95th to 102nd (DDP's buffer broadcast priced, the race of at least two live:
     runs/reference/cpu-2core-zoo-ddp-buffers), and so do the 103rd to 110th (the race bound to a quarter
-    of the grid's runs: runs/reference/cpu-2core-zoo-race-share)."""
+    of the grid's runs: runs/reference/cpu-2core-zoo-race-share) and the 111th to 118th (a frozen FSDP
+    unit priced without its reduce-scatter: runs/reference/cpu-2core-zoo-frozen-units)."""
     from analysis.plan.verify import RACE_WITHIN
 
     models = [d for r in RECORDS for d in sorted(r.iterdir()) if (d / "plan.json").is_file()]
-    assert len(models) == 110
+    assert len(models) == 118
     left_out, missed, winners_left_out = [], [], []
     for d in models:
         rule = zoo_accuracy.race_on_grid(d, zoo_accuracy.model_accuracy(d, estimate=lambda record: 1), RACE_WITHIN)
