@@ -29,7 +29,7 @@ import torch.nn as nn
 
 from core.config import (DEFAULT_GRAD_ACCUM, DEFAULT_GRAD_CLIP, DEFAULT_LR, DEFAULT_LR_WARMUP_STEPS,
                          DEFAULT_MICRO_BATCH, RunConfig)
-from backends.compile import apply_compile
+from backends.compile import apply_compile, uses_cudagraphs
 from core.blocks import find_blocks
 from core.dist import DistEnv, init_process_group
 from core import comm
@@ -90,6 +90,9 @@ class Backend(ABC):
         self.env = env
         self.plan = plan
         self.model: nn.Module | None = None
+        # Whether the compiled blocks replay CUDA graphs: the loop marks each forward a new step then
+        # (backends/compile.py, mark_step).
+        self.cudagraphs = False
 
     @classmethod
     def resolve(cls, cfg: RunConfig, env: DistEnv) -> Resolved:
@@ -153,6 +156,7 @@ class Backend(ABC):
         self.compiled = apply_compile(self.blocks, self.cfg.compile_backend, self.cfg.compile_mode,
                                       self.cfg.compile_memory_budget) \
             if self.cfg.compile else None
+        self.cudagraphs = bool(self.cfg.compile) and uses_cudagraphs(self.cfg.compile_backend, self.cfg.compile_mode)
         return self.blocks
 
     def micro_step(self, sync: bool) -> contextlib.AbstractContextManager:

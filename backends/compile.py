@@ -29,6 +29,25 @@ import torch
 import torch.nn as nn
 
 
+# inductor's modes that replay CUDA graphs (cudagraph trees, on a CUDA device): a replay's outputs live
+# in the graphs' memory pool, and the next replay overwrites them, so each forward of a new micro-step
+# (and each evaluation forward) is marked as a new step (mark_step, torch's own
+# torch.compiler.cudagraph_mark_step_begin). Without the mark, the H200's first warm-up step under
+# --compile_mode reduce-overhead failed: "accessing tensor output of CUDAGraphs that has been overwritten
+# by a subsequent run" (2026-12-04, runs/reference/nvidia-h200/README.md); with it, not yet run on a GPU.
+CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
+
+
+def uses_cudagraphs(backend: str, mode: str) -> bool:
+    """Whether torch.compile with `backend` and `mode` replays CUDA graphs (on a CUDA device)."""
+    return backend == "inductor" and mode in CUDAGRAPH_MODES
+
+
+def mark_step() -> None:
+    """A new step for cudagraph trees: the outputs of the replays before it may be overwritten now."""
+    torch.compiler.cudagraph_mark_step_begin()
+
+
 def apply_compile(blocks: Sequence[nn.Module], backend: str, mode: str, memory_budget: float | None = None) -> dict:
     """Compile each block's forward in place; what was done, for the run record. `memory_budget`
     (--compile_memory_budget): torch's activation_memory_budget for inductor's partitioner, set for

@@ -150,6 +150,43 @@ def test_the_step_loss_is_the_mean_over_micro_steps():
     assert loss.item() == pytest.approx(3.0)
 
 
+def test_each_forward_is_a_new_cuda_graph_step_where_the_blocks_replay_cuda_graphs(monkeypatch):
+    """Under a compile mode that replays CUDA graphs (reduce-overhead, max-autotune), every micro-step's
+    forward is marked a new step for cudagraph trees (torch.compiler.cudagraph_mark_step_begin), before
+    the forward; under any other mode, and without --compile, never."""
+    from backends.compile import uses_cudagraphs
+
+    marks = []
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append("mark"))
+
+    class Noting(FakeBackend):
+        def forward(self, x, y):
+            marks.append("forward")
+            return torch.zeros((), requires_grad=True)
+
+        def backward(self, loss):
+            pass
+
+    batches = [(torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 4, dtype=torch.long))] * 3
+    for mode, compiled, marked in (("reduce-overhead", True, True), ("max-autotune", True, True),
+                                   ("max-autotune-no-cudagraphs", True, False), ("default", True, False),
+                                   ("reduce-overhead", False, False)):
+        backend = Noting(RunConfig(grad_accum=3), None)
+        backend.cudagraphs = compiled and uses_cudagraphs("inductor", mode)
+        marks.clear()
+        accumulate_gradients(backend, batches, 3, torch.device("cpu"))
+        assert marks == (["mark", "forward"] * 3 if marked else ["forward"] * 3), mode
+    assert not uses_cudagraphs("aot_eager", "reduce-overhead")
+    # The backend says so once its blocks are compiled (prepare_blocks; torch.compile is lazy: nothing
+    # compiles here).
+    from gptlite.model import GPTConfig, GPTLite
+
+    for mode, marked in (("reduce-overhead", True), ("max-autotune-no-cudagraphs", False)):
+        backend = Noting(RunConfig(compile=True, compile_mode=mode), None)
+        backend.prepare_blocks(GPTLite(GPTConfig(vocab_size=8, block_size=4, n_layer=2, n_head=1, n_embd=8)))
+        assert backend.cudagraphs is marked
+
+
 def test_a_failing_step_is_recorded_with_its_cause(tmp_path):
     assert Run(make_setup(tmp_path, fail=("step", 1))).execute() == EXIT_FAILED
     summary = read(tmp_path, "summary.json")

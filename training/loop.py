@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Callable
 import torch
 
 from backends.base import Backend
+from backends.compile import mark_step
 from core.dist import gather_floats, synchronize
 from core.memory import AllocatorMeter, ModelStateMeter, current_rss_bytes, phase, storage_roles
 from core.memory_profile import ProfiledWindow
@@ -45,6 +46,8 @@ def accumulate_gradients(backend: Backend, micro_batches, grad_accum: int, devic
     for m, (x, y) in enumerate(micro_batches):
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         with backend.micro_step(sync=m == grad_accum - 1):
+            if backend.cudagraphs:
+                mark_step()
             with phase("forward"):
                 loss = backend.forward(x, y)
             if after_pass is not None:
@@ -193,6 +196,8 @@ class StepLoop:
         with self.backend.eval_mode():
             for k in range(cfg.eval_batches):
                 for x, y in layout.micro_batches(self.s.data, "val", cfg.seed, k):
+                    if self.backend.cudagraphs:
+                        mark_step()
                     total += self.backend.forward(x.to(device), y.to(device)).detach().float()
         local = total.item() / (cfg.eval_batches * cfg.grad_accum)
         return statistics.fmean(r[0] for r in gather_floats([local], device))
