@@ -19,7 +19,9 @@ one question measured (the grid, two rounds), the planner's predictions before a
 The question (`grid --question`, named in RUNS_DIR/MODEL/question.json; QUESTIONS): world2 (the
 default): world 2, global batch 16, a budget every candidate fits (1 GiB), the configurations
 CONFIGS, micro-batches 4 and 8, checkpointing none and full/1 (none alone where a model has no
-blocks); deepspeed-world1: world 1, ZeRO-0 to 3, micro-batches 1 to 16, no checkpointing.
+blocks); deepspeed-world1: world 1, ZeRO-0 to 3, micro-batches 1 to 16, no checkpointing; single-world1:
+world 1, one process, micro-batches 2 to 16, checkpointing none and full/1 (a lent GPU's:
+benchmarks/gpu_zoo.sh).
 
     python benchmarks/zoo_accuracy.py grid --question deepspeed-world1 --runs_dir D --models vit mixtral
     python benchmarks/zoo_accuracy.py plan --runs_dir D --models vit mixtral
@@ -78,6 +80,10 @@ QUESTIONS = {
     "world2": Question(2, CONFIGS, (4, 8), CKPT),
     # world 1, DeepSpeed's stages alone, every micro-batch: what DeepSpeed's autotuner searches (`autotune`)
     "deepspeed-world1": Question(1, DEEPSPEED, (1, 2, 4, 8, 16), ("none",)),
+    # world 1, one process, micro-batches and checkpointing: the question one lent GPU can answer in a
+    # device session's minutes (benchmarks/gpu_zoo.sh): no process group, no configuration's own costs to
+    # probe (single's step is what the compute is calibrated on), 8 candidates a model with blocks
+    "single-world1": Question(1, ("single",), (2, 4, 8, 16), CKPT),
 }
 
 
@@ -573,7 +579,8 @@ def main() -> None:
             r.add_argument("--rounds", type=int, default=2)
             r.add_argument("--question", choices=sorted(QUESTIONS), default="world2",
                            help="world2: every backend at world 2; deepspeed-world1: the stages at world 1, "
-                                "micro-batches 1-16 (what the autotuner searches)")
+                                "micro-batches 1-16 (what the autotuner searches); single-world1: one process, "
+                                "micro-batches 2-16, checkpointing none and every block (a lent GPU's)")
         if name == "autotune":
             r.add_argument("--rounds", type=int, default=3, help="rounds of the picks' measurement, taking turns")
     g = sub.add_parser("page", help="write the accuracy page from the records (nothing runs)")

@@ -974,6 +974,9 @@ def test_backend_costs_are_fitted_from_the_probe_runs_and_kept_per_machine(tmp_p
     probe.costs_for(["ddp"], 2, None, measure_missing=True, progress=lambda line: None)
     assert measured == [("ddp", 2)]  # another machine: measured again
     assert "not measured" in bc.summary_line({}, ["ds_configs/z3.json"])
+    measured.clear()  # single's step is the calibration itself: nothing of its own to measure
+    assert probe.costs_for(["single"], 2, None, measure_missing=True, progress=lambda line: None) == ({}, [])
+    assert measured == []
 
 
 def test_backend_costs_fit_is_the_best_non_negative_one_where_the_exact_one_is_negative(tmp_path, monkeypatch):

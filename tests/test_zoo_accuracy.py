@@ -45,6 +45,22 @@ def _write(directory: Path, grid: list[tuple], candidates: list[tuple], pick: st
         "pick": f"run {pick}", "race": race}))
 
 
+def test_the_lent_gpus_question_is_one_process_over_micro_batches_and_checkpointing():
+    """single-world1 (benchmarks/gpu_zoo.sh): world 1, --backend single alone, global batch 16 as micro-
+    batches 2 to 16 with the accumulation that makes it up, checkpointing none and every block: 8
+    candidates for a model with blocks, the 4 without checkpointing for one without (the GRU)."""
+    from benchmarks.zoo import ZOO
+
+    q = zoo_accuracy.QUESTIONS["single-world1"]
+    for name, expected in (("frozen_tied", 8), ("gru_lm", 4)):
+        rows = zoo_accuracy._grid(list(ZOO[name].flags), q)
+        assert len(rows) == expected, name
+        assert {r["backend"] for r in rows} == {"single"}
+        assert {(r["candidate"].micro_batch * r["candidate"].grad_accum) for r in rows} == {16}
+        assert sorted({r["candidate"].micro_batch for r in rows}) == [2, 4, 8, 16]
+        assert all(r["command"].startswith("python train.py") for r in rows)
+
+
 def test_a_models_figures_are_the_grids_medians_against_the_plan(tmp_path):
     """Measured: the median of a candidate's grid runs (a failed run left out); errors |predicted /
     measured - 1|, before and after the refit; regret of the race's pick and of the predicted one

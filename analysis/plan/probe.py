@@ -77,11 +77,15 @@ def costs_for(configs: list[str], world: int, device, measure_missing: bool, pro
     and 2.78 ms where the plans after read 1.64-1.92 (runs/reference/cpu-2core-zoo-median-point, -trainable-comm),
     and the second's calibration, timed just before in the same plan, was as fast as the evening's
     before (its micro-step 0.68 ms against 0.72): its own costs priced 1.6x too high. The cache is
-    rewritten whole, by a rename."""
+    rewritten whole, by a rename. `single` has no costs of its own to measure: its step, train.py's loop
+    at --backend single, is what every prediction's compute is calibrated on (analysis/plan/device.py),
+    so it is neither measured nor missing."""
     cache = load()
     here = machine()
     found, missing = {}, []
     for config in configs:
+        if config == "single":
+            continue
         k = key(config, world)
         entry = cache.get(k)
         if entry and entry.get("machine") == here:
