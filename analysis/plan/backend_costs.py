@@ -199,9 +199,9 @@ def items(setup, backend: str) -> tuple[str, float]:
     FSDP's and FSDP2's units (each block wrapped, and the root), else the trainable parameter tensors
     (per-parameter hooks, DeepSpeed's partitioning and its optimizer's loop over them).
 
-    A unit makes three collectives a step: a gather in forward, one in backward and a reduce-scatter
-    of its gradients; one whose parameters are all frozen makes no reduce-scatter (it has no gradient
-    to reduce), so it counts as FROZEN_UNIT of a unit (frozen_units). The probe model's units all
+    A unit makes three collectives: a gather in forward, one in backward and (on the micro-step that
+    syncs) a reduce-scatter of its gradients; one whose parameters are all frozen makes no reduce-scatter
+    (it has no gradient to reduce), so it counts as FROZEN_UNIT of a unit (frozen_units). The probe model's units all
     train, so its per-unit price is of the three. Replayed on the ten committed evenings' frozen_tied
     grids (benchmarks/own_costs_replay.py; nothing run, no other model's prediction changes), the
     median error fell on all ten, by 0.6 to 2.9 points (runs/reference/cpu-2core-zoo-race-share: 25.7% to 23.1%)."""
