@@ -19,6 +19,8 @@ from test_describe import dry_run
 
 TINY = ["--preset", "tiny"]
 
+from time import sleep as time_sleep  # noqa: E402 (a picklable target for a spawned process)
+
 
 def h100():
     return plan.named_device("H100-SXM", "infiniband-ndr", 0.4, 0.5, "fp32")
@@ -364,6 +366,31 @@ def test_processes_timed_at_once_are_one_calibration_whose_loop_is_the_synchroni
     # a loop shorter than the micro-steps: the optimizer alone
     fast = device.together([one(0.002, [0.001]), one(0.002, [0.001])])
     assert fast["optimizer_s"] == pytest.approx(0.002)
+
+
+@pytest.mark.launch
+def test_a_calibration_process_that_ends_without_a_word_fails_the_plan_not_hangs_it():
+    """gather_messages (calibrate_together's wait for its processes' figures): one message a process,
+    as they come; a process that ends without one (here: os._exit(3), as a killed or mis-started one)
+    raises naming its exit code, and the one still running is stopped, where the wait was for ever."""
+    import multiprocessing as mp
+
+    from analysis.plan.device import gather_messages
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=queue.put, args=({"rank": r},)) for r in range(2)]
+    for p in procs:
+        p.start()
+    assert sorted(m["rank"] for m in gather_messages(queue, procs, "two")) == [0, 1]
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=os._exit, args=(3,)), ctx.Process(target=time_sleep, args=(60,))]
+    for p in procs:
+        p.start()
+    with pytest.raises(RuntimeError, match="a process ended without a word .*3"):
+        gather_messages(queue, procs, "the calibration in 2 processes", poll_s=0.2)
+    procs[1].join(10)
+    assert procs[1].exitcode is not None  # stopped, not left running
 
 
 def test_the_calibration_times_its_two_micro_batches_taking_turns(monkeypatch):

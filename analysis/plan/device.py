@@ -347,12 +347,12 @@ def calibrate_together(train_argv: list[str], ranks: int, points: tuple[int, int
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
-    queue, barrier = ctx.SimpleQueue(), ctx.Barrier(ranks)
+    queue, barrier = ctx.Queue(), ctx.Barrier(ranks)
     procs = [ctx.Process(target=_calibrate_rank, args=(train_argv, ranks, points, barrier, queue))
              for _ in range(ranks)]
     for proc in procs:
         proc.start()
-    got = [queue.get() for _ in procs]
+    got = gather_messages(queue, procs, f"the calibration in {ranks} processes")
     for proc in procs:
         proc.join(60)
     # the one that failed first, not the others it stopped waiting (BrokenBarrierError)
@@ -360,6 +360,32 @@ def calibrate_together(train_argv: list[str], ranks: int, points: tuple[int, int
     if failed:
         raise RuntimeError(f"the calibration in {ranks} processes failed: {failed[0]}")
     return together(got)
+
+
+def gather_messages(queue, procs: list, what: str, poll_s: float = 1.0) -> list:
+    """One message from each of `procs` (each puts one before it ends), as they come. A process that
+    ended without one (killed, or failed before it could say why: a script that spawns without an
+    `if __name__ == "__main__"` guard fails so at its children's start) raises RuntimeError naming its
+    exit code, where waiting for its message would wait forever (2026-12-04: a probe script hung so
+    for ten minutes, its calibration's two children ended)."""
+    import queue as queues
+
+    got = []
+    while len(got) < len(procs):
+        try:
+            got.append(queue.get(timeout=poll_s))
+        except queues.Empty:
+            ended = [p.exitcode for p in procs if p.exitcode is not None]
+            if len(ended) > len(got):  # an ended process's message is in the pipe by then: one more look
+                try:
+                    got.append(queue.get(timeout=poll_s))
+                except queues.Empty:
+                    for p in procs:  # the others would wait for it (a barrier) until their own timeout
+                        if p.exitcode is None:
+                            p.terminate()
+                    raise RuntimeError(f"{what} failed: a process ended without a word (exit codes "
+                                       f"{', '.join(map(str, ended))})") from None
+    return got
 
 
 def together(got: list[dict]) -> dict:
