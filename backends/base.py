@@ -90,9 +90,6 @@ class Backend(ABC):
         self.env = env
         self.plan = plan
         self.model: nn.Module | None = None
-        # Whether the compiled blocks replay CUDA graphs: the loop marks each forward a new step then
-        # (backends/compile.py, mark_step).
-        self.cudagraphs = False
 
     @classmethod
     def resolve(cls, cfg: RunConfig, env: DistEnv) -> Resolved:
@@ -156,8 +153,13 @@ class Backend(ABC):
         self.compiled = apply_compile(self.blocks, self.cfg.compile_backend, self.cfg.compile_mode,
                                       self.cfg.compile_memory_budget) \
             if self.cfg.compile else None
-        self.cudagraphs = bool(self.cfg.compile) and uses_cudagraphs(self.cfg.compile_backend, self.cfg.compile_mode)
         return self.blocks
+
+    @property
+    def cudagraphs(self) -> bool:
+        """Whether the compiled blocks replay CUDA graphs: the loop marks each forward a new step then
+        (backends/compile.py, mark_step)."""
+        return bool(self.cfg.compile) and uses_cudagraphs(self.cfg.compile_backend, self.cfg.compile_mode)
 
     def micro_step(self, sync: bool) -> contextlib.AbstractContextManager:
         """Context for one micro-step's forward and backward; sync=False skips gradient sync."""

@@ -168,23 +168,18 @@ def test_each_forward_is_a_new_cuda_graph_step_where_the_blocks_replay_cuda_grap
             pass
 
     batches = [(torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 4, dtype=torch.long))] * 3
-    for mode, compiled, marked in (("reduce-overhead", True, True), ("max-autotune", True, True),
-                                   ("max-autotune-no-cudagraphs", True, False), ("default", True, False),
-                                   ("reduce-overhead", False, False)):
-        backend = Noting(RunConfig(grad_accum=3), None)
-        backend.cudagraphs = compiled and uses_cudagraphs("inductor", mode)
+    for flags, marked in (({"compile": True, "compile_mode": "reduce-overhead"}, True),
+                          ({"compile": True, "compile_mode": "max-autotune"}, True),
+                          ({"compile": True, "compile_mode": "max-autotune-no-cudagraphs"}, False),
+                          ({"compile": True}, False),
+                          ({"compile": True, "compile_backend": "aot_eager"}, False),
+                          ({}, False)):
+        backend = Noting(RunConfig(grad_accum=3, **flags), None)
+        assert backend.cudagraphs is marked, flags
         marks.clear()
         accumulate_gradients(backend, batches, 3, torch.device("cpu"))
-        assert marks == (["mark", "forward"] * 3 if marked else ["forward"] * 3), mode
+        assert marks == (["mark", "forward"] * 3 if marked else ["forward"] * 3), flags
     assert not uses_cudagraphs("aot_eager", "reduce-overhead")
-    # The backend says so once its blocks are compiled (prepare_blocks; torch.compile is lazy: nothing
-    # compiles here).
-    from gptlite.model import GPTConfig, GPTLite
-
-    for mode, marked in (("reduce-overhead", True), ("max-autotune-no-cudagraphs", False)):
-        backend = Noting(RunConfig(compile=True, compile_mode=mode), None)
-        backend.prepare_blocks(GPTLite(GPTConfig(vocab_size=8, block_size=4, n_layer=2, n_head=1, n_embd=8)))
-        assert backend.cudagraphs is marked
 
 
 def test_a_failing_step_is_recorded_with_its_cause(tmp_path):

@@ -19,8 +19,6 @@ from test_describe import dry_run
 
 TINY = ["--preset", "tiny"]
 
-from time import sleep as time_sleep  # noqa: E402 (a picklable target for a spawned process)
-
 
 def h100():
     return plan.named_device("H100-SXM", "infiniband-ndr", 0.4, 0.5, "fp32")
@@ -374,6 +372,7 @@ def test_a_calibration_process_that_ends_without_a_word_fails_the_plan_not_hangs
     as they come; a process that ends without one (here: os._exit(3), as a killed or mis-started one)
     raises naming its exit code, and the one still running is stopped, where the wait was for ever."""
     import multiprocessing as mp
+    import time
 
     from analysis.plan.device import gather_messages
 
@@ -384,7 +383,7 @@ def test_a_calibration_process_that_ends_without_a_word_fails_the_plan_not_hangs
         p.start()
     assert sorted(m["rank"] for m in gather_messages(queue, procs, "two")) == [0, 1]
     queue = ctx.Queue()
-    procs = [ctx.Process(target=os._exit, args=(3,)), ctx.Process(target=time_sleep, args=(60,))]
+    procs = [ctx.Process(target=os._exit, args=(3,)), ctx.Process(target=time.sleep, args=(60,))]
     for p in procs:
         p.start()
     with pytest.raises(RuntimeError, match="a process ended without a word .*3"):
