@@ -21,8 +21,11 @@ input and target tensors). Parameters: the counts the model-state formulas need.
 The same trace then runs backward (each parameter's gradient dropped as it is made: the backend
 holds gradients, counted apart): `backward_peak`, per block, the most alive at once while backward
 is in the block (from the first of its saved tensors backward reads to the next block's), of the
-tensors its forward made and those the backward made (the gradient flowing in, the block's own
-buffers); `head_backward_peak`, the same for the head. Every storage an operator returns is held
+tensors its forward made or saved (its input, which the block before made) and those the backward
+made (the gradient flowing in, the block's own buffers); `head_backward_peak`, the same for the
+head. (Until 2026-12-04 a block's input, made in the block before, was left out: one input-sized
+tensor under every traced block's backward, which the estimator's allowance for kernels' buffers
+covered on most models and overshot on others: the zoo's frozen_tied, 13% over at world 1.) Every storage an operator returns is held
 weakly, so it counts while it is alive. A model whose backward fails on fake tensors has neither
 (None), and the estimator counts its backward by rule.
 """
@@ -69,6 +72,9 @@ def _trace(mode, model, x, y, block_class: str | None) -> dict:
     # Every storage an operator makes: (weak reference, bytes, where it was made: a block's index,
     # "before" or "after" in forward, or "backward"); what is alive at each operator of the backward.
     live: dict[int, tuple] = {}
+    # The place whose forward saved each storage first: a block's input is made in the block before it
+    # (or before the blocks) and saved by it, alive in its backward as what it saved.
+    saved_in: dict[int, object] = {}
 
     def where() -> object:
         i = state["block"]
@@ -89,6 +95,7 @@ def _trace(mode, model, x, y, block_class: str | None) -> dict:
             return where(), t
         seen.add(storage)
         keep.append(storage)
+        saved_in[id(storage)] = where()
         size, i = storage.nbytes(), state["block"]
         if i is not None:
             out["full"][i] += size
@@ -106,7 +113,9 @@ def _trace(mode, model, x, y, block_class: str | None) -> dict:
         return packed[1]
 
     def alive(place) -> int:
-        return sum(size for ref, size, made_in in live.values() if made_in in (place, "backward") and ref() is not None)
+        """The bytes alive of what `place`'s forward made or saved, and of what backward made."""
+        return sum(size for key, (ref, size, made_in) in live.items()
+                   if ref() is not None and (made_in in (place, "backward") or saved_in.get(key) == place))
 
     class OpOutputs(TorchDispatchMode):
         """The bytes of each operator's new outputs, per block and operator name; in backward, the
@@ -124,6 +133,7 @@ def _trace(mode, model, x, y, block_class: str | None) -> dict:
                     if entry is None or entry[0]() is not storage:
                         live[id(storage)] = (weakref.ref(storage), storage.nbytes(),
                                              "backward" if state["backward"] else where())
+                        saved_in.pop(id(storage), None)  # a new storage where a freed one's id was
                     if i is not None and not state["backward"] and storage not in made:
                         made.add(storage)
                         keep.append(storage)
