@@ -165,13 +165,22 @@ def gptlite_activations(cfg: GPTConfig, micro_batch: int, act: int, mask: int, d
 
 
 # The operators whose kernels allocate buffers of their own in backward (traced_activations), by the
-# names the traced forward records (aten overload packets).
+# names the traced forward records (aten overload packets; the trace runs on the CPU's kernels).
 KERNEL_BUFFER_OPS = frozenset({"convolution", "_convolution", "cudnn_convolution", "mkldnn_convolution",
                                "convolution_overrideable"})
+# On CUDA, fused attention too: FlashAttention's backward accumulates the query's gradient in an fp32
+# buffer of its own (dq_accum, with the softmax's row sums), the memory-efficient kernel a workspace.
+# Not measured on a traced model on a GPU yet (benchmarks/gpu_zoo.sh asks it); the CPU's fused
+# attention, measured, allocates nothing more (the zoo's llama, vit and mixtral on one process).
+CUDA_KERNEL_BUFFER_OPS = KERNEL_BUFFER_OPS | {
+    "_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_for_cpu",
+    "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention", "_flash_attention_forward",
+    "_efficient_attention_forward"}
 
 
-def traced_activations(traced, micro_batch: int, act: int) -> Activations:
-    """Any model's, traced (estimator/traced_model.py), scaled to 16 bits where the run computes in 16."""
+def traced_activations(traced, micro_batch: int, act: int, device: str = "cpu") -> Activations:
+    """Any model's, traced (estimator/traced_model.py), scaled to 16 bits where the run computes in 16,
+    for a run on `device` (its kernels' own buffers: KERNEL_BUFFER_OPS, CUDA_KERNEL_BUFFER_OPS)."""
     t = traced.at(micro_batch)
 
     def scale(value: int) -> int:
@@ -182,15 +191,17 @@ def traced_activations(traced, micro_batch: int, act: int) -> Activations:
     # (fake tensors have no memory to allocate). A convolution's do (oneDNN's and cuDNN's weight
     # gradient in their own layout, their workspaces): a block that ran one is allowed one of its
     # largest saved tensor for them (the zoo's CNN without it: up to 14% under, FSDP and one process).
-    # Matmuls and elementwise operators allocate nothing but their outputs: since the trace counts a
-    # block's input in its backward (2026-12-04), no allowance puts the zoo's other models' 3,976 runs
-    # measured since 2026-11-29 and their 56 one-process runs within -7.7% to +6.7% of measured (median
-    # 1.1%), where the allowance on every block put frozen_tied's one-process runs 13% over
-    # (docs/estimator.md). The head keeps its allowance: the zoo's GRU, all its activations the head's,
-    # runs its recurrent kernel there (4-9% under without it, one process).
+    # Matmuls, elementwise operators and the CPU's fused attention allocate nothing but their outputs:
+    # since the trace counts a block's input in its backward (2026-12-04), the zoo's 3,976 runs measured
+    # since 2026-11-29 lie within -7.7% and +6.7% of the estimate (median 1.1%) and its 60 one-process
+    # runs within -6.0% and +9.5% (runs/reference/cpu-2core-zoo-peaks-single), where the allowance on
+    # every block put frozen_tied's one-process runs 13% over (docs/estimator.md). The head keeps its
+    # allowance: the zoo's GRU, all its activations the head's, runs its recurrent kernel there (4-9%
+    # under without it, one process).
+    buffered = CUDA_KERNEL_BUFFER_OPS if device.startswith("cuda") else KERNEL_BUFFER_OPS
     backward = head_backward = None
     if t.get("backward_peak") is not None:
-        backward = [scale(v + (big if KERNEL_BUFFER_OPS & set(ops) else 0))
+        backward = [scale(v + (big if buffered & set(ops) else 0))
                     for v, big, ops in zip(t["backward_peak"], t["largest"], t["ops"])]
         head_backward = scale(t["head_backward_peak"] + t["largest_after"])
     return Activations(full=[scale(v) for v in t["full"]], kept=[scale(v) for v in t["kept"]],
@@ -274,7 +285,7 @@ def estimate(cfg, backend: str, world: int = 1, micro_batch: int = 1, precision:
     autocast = act != F32 and backend in ("single", "ddp", "accelerate")
     residual = F32 if autocast else act
     mask = act if on_cpu else 1
-    a = traced_activations(cfg, micro_batch, act) if traced else \
+    a = traced_activations(cfg, micro_batch, act, device) if traced else \
         gptlite_activations(cfg, micro_batch, act, mask, device, autocast, residual)
     if traced:
         assumptions.append("activations traced once in fp32 on fake tensors (estimator/traced_model.py)"
