@@ -357,9 +357,8 @@ def estimate(cfg, backend: str, world: int = 1, micro_batch: int = 1, precision:
     # until the last one's backward ends. (Measured: HF Llama, 2.7M parameters, 2 ranks, micro-batch
     # 4 x 2, fp32: DDP's records 10 MB above the estimate without this, one fp32 gradient; ZeRO-2's
     # 6 to 10 MB, against its 5.4 MB partition. ZeRO-1 reduces only at the last micro-batch, its
-    # gradients accumulating whole in between: below.) On one
-    # rank every parameter lies whole in the partition, its gradient a view of it that the next
-    # micro-batch adds into: nothing carried (the zoo's one-rank records: ZeRO-2's peaks equal
+    # gradients accumulating whole in between: below.) On one rank every parameter lies whole in the
+    # partition, its gradient a view of it that the next micro-batch adds into: nothing carried (the zoo's one-rank records: ZeRO-2's peaks equal
     # ZeRO-1's within 3% at accumulation 2 to 16, runs/reference/cpu-2core-zoo-deepspeed-world1).
     unsynced = grad_accum > 1 and lay.ddp_bucket and not lay.grads_beside_buckets
     stage = int(lay.ds.get("stage", 0))
@@ -368,8 +367,8 @@ def estimate(cfg, backend: str, world: int = 1, micro_batch: int = 1, precision:
     if grad_accum > 1 and lay.kind == "zero12" and not lay.offload and W > 1 and stage == 1:
         # ZeRO-1 reduces at the last micro-batch only: the gradients accumulate whole in between
         # (measured on the zoo, 2 ranks, micro-batch 4 x 2: the records' gradients 0.98-1.0 of the
-        # model's; without them GPT-lite's and the mixture of experts' runs were 8.8% and 10.7% under,
-        # runs/reference/cpu-2core-zoo-peaks).
+        # model's; without them GPT-lite's and the mixture of experts' runs were 8.8% and 9.2% under,
+        # 10.7% once a block's traced backward held its input, runs/reference/cpu-2core-zoo-peaks).
         carried = c * Pt
     fsdp_unit = lay.kind in ("full_shard", "shard_grad_op") and backend in ("fsdp", "fsdp2")
     # Where gradients are not held in buckets or partitions allocated up front, they grow as
@@ -398,7 +397,8 @@ def estimate(cfg, backend: str, world: int = 1, micro_batch: int = 1, precision:
     # The moments of a step whose live bytes can set its peak: (bytes, moment, activations then).
     moments = []
     # Backward starts in the head: every block's activations and the head's are alive.
-    kept_then = resident + carried + (F32 * Pt if unsynced or accumulated_shards or accumulated else 0) + sum(per_block)
+    every_grad = unsynced or accumulated_shards or accumulated  # made whole before this backward
+    kept_then = resident + carried + (F32 * Pt if every_grad else 0) + sum(per_block)
     moments.append((kept_then + head + a.logits_grad, "start of backward", sum(per_block) + head, blocks))
     own_head = a.own_head_backward()
     if own_head is not None:

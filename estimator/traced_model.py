@@ -25,8 +25,8 @@ tensors its forward made or saved (its input, which the block before made) and t
 made (the gradient flowing in, the block's own buffers); `head_backward_peak`, the same for the
 head. (Until 2026-12-04 a block's input, made in the block before, was left out: one input-sized
 tensor under every traced block's backward, which the estimator's allowance for kernels' buffers
-covered on most models and overshot on others: the zoo's frozen_tied, 13% over at world 1.) Every storage an operator returns is held
-weakly, so it counts while it is alive. A model whose backward fails on fake tensors has neither
+covered on most models and overshot on others: the zoo's frozen_tied, 13% over at world 1.) Every
+storage an operator returns is held weakly, so it counts while it is alive. A model whose backward fails on fake tensors has neither
 (None), and the estimator counts its backward by rule.
 """
 
