@@ -14,6 +14,12 @@
 # the compute is calibrated on), so no probe runs. Each model prints its seconds; the last line is
 # the page (RUNS_DIR/zoo_accuracy.md). On the 2-core CPU (2026-12-04, 6 steps a run) frozen_tied's
 # round of 8 runs took 21 s and its plan and race 11 s; the GRU's whole script (4 steps) 38 s.
+# On a lent device, one model a call (`bash benchmarks/gpu_zoo.sh $OUT/zoo llama`, then vit, then
+# cnn_bn), back to back: a model is about 20 launches (two rounds of 8, the calibration, the race),
+# the H200's launches of the paper preset took 19 s each (runs/reference/nvidia-h200/plan_regret), a
+# call may last 600 s and the session's device time, the machine's start included, is 15 minutes; a
+# model cut short then costs only itself. The page is built afterwards from the records, here:
+# python benchmarks/zoo_accuracy.py page --runs_dir DIR --out DIR/zoo_accuracy.md.
 set -u
 if [ $# -lt 1 ]; then
   echo "usage: bash benchmarks/gpu_zoo.sh RUNS_DIR [MODEL...]" >&2
