@@ -165,17 +165,14 @@ def gptlite_activations(cfg: GPTConfig, micro_batch: int, act: int, mask: int, d
 
 
 # The operators whose kernels allocate buffers of their own in backward (traced_activations), by the
-# names the traced forward records (aten overload packets; the trace runs on the CPU's kernels).
-KERNEL_BUFFER_OPS = frozenset({"convolution", "_convolution", "cudnn_convolution", "mkldnn_convolution",
-                               "convolution_overrideable"})
-# On CUDA, fused attention too: FlashAttention's backward accumulates the query's gradient in an fp32
-# buffer of its own (dq_accum, with the softmax's row sums), the memory-efficient kernel a workspace.
-# Not measured on a traced model on a GPU yet (benchmarks/gpu_zoo.sh asks it); the CPU's fused
-# attention, measured, allocates nothing more (the zoo's llama, vit and mixtral on one process).
-CUDA_KERNEL_BUFFER_OPS = KERNEL_BUFFER_OPS | {
-    "_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_for_cpu",
-    "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention", "_flash_attention_forward",
-    "_efficient_attention_forward"}
+# names the traced forward records: aten overload packets of the CPU's kernels, which the trace runs
+# on fake tensors (a convolution is `convolution` there, whatever library runs it on the device).
+KERNEL_BUFFER_OPS = frozenset({"convolution"})
+# On CUDA, fused attention too (traced as the CPU's): FlashAttention's backward accumulates the query's
+# gradient in an fp32 buffer of its own (dq_accum, with the softmax's row sums). Not measured on a
+# traced model on a GPU yet (benchmarks/gpu_zoo.sh asks it); the CPU's fused attention, measured,
+# allocates nothing more (the zoo's llama, vit and mixtral on one process).
+CUDA_KERNEL_BUFFER_OPS = KERNEL_BUFFER_OPS | {"_scaled_dot_product_flash_attention_for_cpu"}
 
 
 def traced_activations(traced, micro_batch: int, act: int, device: str = "cpu") -> Activations:
@@ -201,7 +198,7 @@ def traced_activations(traced, micro_batch: int, act: int, device: str = "cpu") 
     buffered = CUDA_KERNEL_BUFFER_OPS if device.startswith("cuda") else KERNEL_BUFFER_OPS
     backward = head_backward = None
     if t.get("backward_peak") is not None:
-        backward = [scale(v + (big if buffered & set(ops) else 0))
+        backward = [scale(v + (big if buffered & ops.keys() else 0))
                     for v, big, ops in zip(t["backward_peak"], t["largest"], t["ops"])]
         head_backward = scale(t["head_backward_peak"] + t["largest_after"])
     return Activations(full=[scale(v) for v in t["full"]], kept=[scale(v) for v in t["kept"]],
