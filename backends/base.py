@@ -157,8 +157,8 @@ class Backend(ABC):
 
     @property
     def cudagraphs(self) -> bool:
-        """Whether the compiled blocks replay CUDA graphs: the loop marks each forward a new step then
-        (backends/compile.py, mark_step)."""
+        """Whether the compiled blocks replay CUDA graphs: the loop marks each training step's first
+        forward, and each evaluation forward, a new step then (backends/compile.py, mark_step)."""
         return bool(self.cfg.compile) and uses_cudagraphs(self.cfg.compile_backend, self.cfg.compile_mode)
 
     def micro_step(self, sync: bool) -> contextlib.AbstractContextManager:

@@ -30,11 +30,16 @@ import torch.nn as nn
 
 
 # inductor's modes that replay CUDA graphs (cudagraph trees, on a CUDA device): a replay's outputs live
-# in the graphs' memory pool, and the next replay overwrites them, so each forward of a new micro-step
-# (and each evaluation forward) is marked as a new step (mark_step, torch's own
-# torch.compiler.cudagraph_mark_step_begin). Without the mark, the H200's first warm-up step under
+# in the graphs' memory pool, and the replays of the next generation overwrite them, so the first forward
+# of each training step (and each evaluation forward) is marked as a new generation (mark_step, torch's
+# own torch.compiler.cudagraph_mark_step_begin). Without the mark, the H200's first warm-up step under
 # --compile_mode reduce-overhead failed: "accessing tensor output of CUDAGraphs that has been overwritten
 # by a subsequent run" (2026-12-04, runs/reference/nvidia-h200/README.md); with it, not yet run on a GPU.
+# Once a step, not once a micro-step: the compiled backward's gradients are pool outputs too, which
+# .grad may hold (AccumulateGrad keeps the first), and a new generation between two micro-steps would
+# overwrite the gradients accumulated so far (torch's cudagraph_trees.py: "accessing gradient tensor
+# output of CUDAGraphs that has been overwritten ... with gradient accumulation"). The optimizer's
+# zero_grad(set_to_none=True) lets them go before the next step's mark.
 CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 

@@ -150,10 +150,11 @@ def test_the_step_loss_is_the_mean_over_micro_steps():
     assert loss.item() == pytest.approx(3.0)
 
 
-def test_each_forward_is_a_new_cuda_graph_step_where_the_blocks_replay_cuda_graphs(monkeypatch):
-    """Under a compile mode that replays CUDA graphs (reduce-overhead, max-autotune), every micro-step's
+def test_each_step_is_a_new_cuda_graph_generation_where_the_blocks_replay_cuda_graphs(monkeypatch):
+    """Under a compile mode that replays CUDA graphs (reduce-overhead, max-autotune), a step's first
     forward is marked a new step for cudagraph trees (torch.compiler.cudagraph_mark_step_begin), before
-    the forward; under any other mode, and without --compile, never."""
+    the forward, and its other micro-steps' are not: a new generation between them would overwrite the
+    gradients the compiled backward made so far. Under any other mode, and without --compile, never."""
     from backends.compile import uses_cudagraphs
 
     marks = []
@@ -178,7 +179,7 @@ def test_each_forward_is_a_new_cuda_graph_step_where_the_blocks_replay_cuda_grap
         assert backend.cudagraphs is marked, flags
         marks.clear()
         accumulate_gradients(backend, batches, 3, torch.device("cpu"))
-        assert marks == (["mark", "forward"] * 3 if marked else ["forward"] * 3), flags
+        assert marks == (["mark", "forward", "forward", "forward"] if marked else ["forward"] * 3), flags
     assert not uses_cudagraphs("aot_eager", "reduce-overhead")
 
 

@@ -46,7 +46,7 @@ def accumulate_gradients(backend: Backend, micro_batches, grad_accum: int, devic
     for m, (x, y) in enumerate(micro_batches):
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         with backend.micro_step(sync=m == grad_accum - 1):
-            if backend.cudagraphs:
+            if backend.cudagraphs and m == 0:  # one step a generation: its micro-steps' gradients accumulate
                 mark_step()
             with phase("forward"):
                 loss = backend.forward(x, y)
