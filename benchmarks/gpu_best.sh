@@ -119,4 +119,13 @@ run single-mb$MB_MFU-cd-dropout0    240 1 20 6 "${CD[@]}" python train.py --micr
 CAP=$(python -c "import torch; print('%d.%d' % torch.cuda.get_device_capability())" 2>/dev/null || echo "")
 run z3_deepcompile-mb$MB-flash $DC_LIMIT 0 $DC_STEPS $DC_WARM env ${CAP:+TORCH_CUDA_ARCH_LIST=$CAP} python train.py \
     --deepspeed_config ds_configs/z3_deepcompile.json --micro_batch $MB --sdpa_kernel flash
+# 7. MFU 0.45 (issue 43's line), what 6 left: the best compiled step (max-autotune-no-cudagraphs, 0.426) had
+#    220.7 ms of kernels in a 229.6 ms step, and FSDP2 without resharding the fewest kernel ms (214.3: its
+#    bf16 LayerNorm and residual stream, where autocast keeps them fp32 and casts before every matmul) but
+#    about 23 ms of host work a step not hidden (gpu_best_mb64). CUDA graphs take the launches off the
+#    host: max-autotune is max-autotune-no-cudagraphs with them (the loop marks each step's first forward
+#    a new cudagraph generation, backends/compile.py). Each a compile of about two minutes.
+run single-mb$MB_MFU-autotune-graphs          300 1 20 6 python train.py --micro_batch $MB_MFU --compile --compile_mode max-autotune
+run fsdp2_no_reshard-mb$MB_MFU-autotune-graphs 300 1 20 6 "${TORCHRUN[@]}" train.py --fsdp_config fsdp_configs/fsdp2_no_reshard.yaml \
+    --micro_batch $MB_MFU --compile --compile_mode max-autotune
 exit 0
