@@ -97,6 +97,14 @@ def _main(args) -> int:
 
             spec.train_args["tracker"] = tracker_names([spec.train_args.get("tracker") or "", *args.tracker])
         runs, skipped = expand(spec)
+        if args.mem_budget_gb is not None and not args.max_batch:
+            raise ConfigError("--mem_budget_gb is --max_batch's budget: give --max_batch too")
+        if args.executor == "local" and not (args.status or args.cancel or args.no_wait):
+            from training.slurm import FLAGS
+
+            given = next((name for name, _, _ in FLAGS if getattr(args, name, None) is not None), None)
+            if given:
+                raise ConfigError(f"--{given} is a Slurm setting: it needs --executor slurm")
         if args.max_batch:
             _check_max_batch_args(args)
             if any(dict(run.flags).get("ckpt_policy") == "auto" for run in runs):

@@ -19,6 +19,7 @@ import pandas as pd
 import seaborn as sns
 
 from analysis.runs import load_runs
+from gptlite.errors import ConfigError
 from analysis.tables import markdown, ok_runs
 
 GIB = 2**30
@@ -168,7 +169,7 @@ def write_claims(runs_dir: str | Path, out: str | Path) -> Path:
     runs_dir, out = Path(runs_dir), Path(out)
     runs = load_runs(runs_dir)
     if runs.empty:
-        raise SystemExit(f"no run records under {runs_dir}")
+        raise ConfigError(f"runs_dir {runs_dir}: no run records under it (a record is a run's folder with config.json)")
     out.mkdir(parents=True, exist_ok=True)
     devices = ", ".join(sorted(set(runs["device_name"].dropna())))
     lines = [f"# Claims against {runs_dir.name}", "", f"{len(runs)} runs on {devices or 'unknown device'} "
@@ -200,7 +201,6 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if not Path(args.runs_dir).is_dir():
         parser.error(f"runs_dir {args.runs_dir} is not a directory")
-    from gptlite.errors import ConfigError
     from training.preflight import writable_out
 
     try:
@@ -210,7 +210,10 @@ def main(argv=None) -> int:
     import matplotlib
 
     matplotlib.use("Agg")
-    print(write_claims(args.runs_dir, args.out))
+    try:
+        print(write_claims(args.runs_dir, args.out))
+    except ConfigError as e:
+        parser.error(str(e))
     return 0
 
 

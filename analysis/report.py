@@ -15,6 +15,7 @@ import pandas as pd
 
 from analysis import figures, tables
 from estimator.estimate import estimate_run
+from gptlite.errors import ConfigError
 from analysis.runs import load_metrics, load_runs
 
 FIGURES = {
@@ -53,11 +54,11 @@ def memory_limit(runs_dir: Path, runs: pd.DataFrame) -> float | None:
 
 def write_report(runs_dir: str | Path, out: str | Path) -> Path:
     runs_dir, out = Path(runs_dir), Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     runs = with_estimates(load_runs(runs_dir))
+    if runs.empty:  # before anything is written
+        raise ConfigError(f"runs_dir {runs_dir}: no run records under it (a record is a run's folder with config.json)")
+    out.mkdir(parents=True, exist_ok=True)
     metrics = load_metrics(runs_dir)
-    if runs.empty:
-        raise SystemExit(f"no run records under {runs_dir}")
     # With several models, the figures name each configuration with its model.
     drawn = runs.assign(label=runs["model"] + " " + runs["label"]) \
         if runs["model"].nunique() > 1 else runs
@@ -127,7 +128,6 @@ def main(argv=None) -> int:
     parser.add_argument("runs_dir", help="directory of run records (searched recursively)")
     parser.add_argument("--out", required=True, help="directory for report.md and the figures")
     args = parser.parse_args(argv)
-    from gptlite.errors import ConfigError
     from training.preflight import writable_out
 
     try:
@@ -137,7 +137,10 @@ def main(argv=None) -> int:
     if not Path(args.runs_dir).is_dir():
         parser.error(f"runs_dir {args.runs_dir} is not a directory")
     matplotlib.use("Agg")  # the report only writes files (a notebook importing this module keeps its backend)
-    print(write_report(args.runs_dir, args.out))
+    try:
+        print(write_report(args.runs_dir, args.out))
+    except ConfigError as e:
+        parser.error(str(e))
     return 0
 
 

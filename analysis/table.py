@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from analysis.runs import load_runs
@@ -37,13 +36,14 @@ def comparison_table(runs_dir: str):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m analysis.table", description=__doc__.splitlines()[0])
+    from training.cli import OneLineParser
+
+    parser = OneLineParser(prog="python -m analysis.table", description=__doc__.splitlines()[0])
     parser.add_argument("runs_dir", help="directory of run records (searched recursively)")
     args = parser.parse_args(argv)
     table = comparison_table(args.runs_dir)
     if table.empty:
-        print(f"no run records under {args.runs_dir}", file=sys.stderr)
-        return 1
+        parser.error(f"runs_dir {args.runs_dir}: no run records under it (a record is a run's folder with config.json)")
     print(table.to_string(index=False, float_format=lambda v: f"{v:,.4g}"))
     return 0
 

@@ -44,6 +44,20 @@ WARMUP_PARAM_KEYS = ("warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warm
                      "total_num_steps")
 KNOWN_PARAMS = {"Adam": ADAM_PARAM_KEYS, "AdamW": ADAM_PARAM_KEYS, "WarmupLR": WARMUP_PARAM_KEYS,
                 "WarmupDecayLR": WARMUP_PARAM_KEYS}
+# Values DeepSpeed reads with no check of its own (get_scalar_param, dict lookups): a wrong type or
+# value is accepted by its parser and fails after the run has started, at the first step
+# (steps_per_print 0: ZeroDivisionError) or in deepspeed.initialize's asserts, or is coerced ("yes").
+BOOLEAN_KEYS = ("prescale_gradients", "sparse_gradients", "zero_allow_untested_optimizer",
+                "zero_force_ds_cpu_optimizer", "wall_clock_breakdown", "memory_breakdown", "dump_state",
+                "disable_allgather")
+# Sections DeepSpeed reads as objects (a list or a string there raises in its parser, naming no key).
+OBJECT_SECTIONS = ("optimizer", "scheduler", "fp16", "bf16", "amp", "torch_autocast", "zero_optimization",
+                   "activation_checkpointing", "aio", "flops_profiler", "tensorboard", "wandb", "csv_monitor",
+                   "comet", "compile", "data_types", "checkpoint", "timers", "elasticity", "autotuning")
+ACTIVATION_CHECKPOINTING_BOOLEANS = ("partition_activations", "contiguous_memory_optimization",
+                                     "cpu_checkpointing", "synchronize_checkpoint_boundary", "profile")
+# The monitors that write files where output_path says (DeepSpeed makes the directory at the first step).
+MONITORS = ("tensorboard", "csv_monitor", "wandb")
 LIBAIO_HINT = ("install libaio, the Linux asynchronous I/O library DeepSpeed's async_io op builds on: "
                "`apt-get install libaio-dev` (Debian/Ubuntu) or `yum install libaio-devel` (RHEL/Fedora)")
 
@@ -144,10 +158,11 @@ def validate(path: str, config: dict) -> None:
     for key in config.get("activation_checkpointing") or {}:
         if key not in ACTIVATION_CHECKPOINTING_KEYS:
             raise _unknown(where, f"activation_checkpointing.{key}", ACTIVATION_CHECKPOINTING_KEYS)
+    _check_values(where, config)
     for section in ("optimizer", "scheduler"):
-        value = config.get(section)
-        if value is None:
+        if section not in config:
             continue
+        value = config[section]
         if not isinstance(value, dict) or "type" not in value:
             raise ConfigError(f"{where}: {section} must be an object with a 'type' (and 'params')")
         for key in value:
@@ -158,6 +173,59 @@ def validate(path: str, config: dict) -> None:
             if key not in allowed:
                 raise _unknown(where, f"{section}.params.{key}", allowed)
     _validate_with_deepspeed(where, config)
+    _check_reduce_scatter(where, config)
+
+
+def _check_values(where: str, config: dict) -> None:
+    """The values DeepSpeed takes unchecked (BOOLEAN_KEYS, OBJECT_SECTIONS, ...): each of the type and
+    range it needs, or a ConfigError naming the key."""
+    for key in OBJECT_SECTIONS:
+        if key in config and not isinstance(config[key], dict):
+            raise ConfigError(f"{where}: {key} must be an object (got {config[key]!r})")
+    for key in BOOLEAN_KEYS:
+        if key in config and not isinstance(config[key], bool):
+            raise ConfigError(f"{where}: {key} must be true or false (got {config[key]!r})")
+    if "steps_per_print" in config:
+        number(where, "steps_per_print", config["steps_per_print"], minimum=1, integer=True)
+    if "gradient_predivide_factor" in config:
+        number(where, "gradient_predivide_factor", config["gradient_predivide_factor"], minimum=0,
+               strictly_above=True)
+    checkpointing = config.get("activation_checkpointing") or {}
+    for key in ACTIVATION_CHECKPOINTING_BOOLEANS:
+        if key in checkpointing and not isinstance(checkpointing[key], bool):
+            raise ConfigError(f"{where}: activation_checkpointing.{key} must be true or false "
+                              f"(got {checkpointing[key]!r})")
+    if checkpointing.get("number_checkpoints") is not None:
+        number(where, "activation_checkpointing.number_checkpoints", checkpointing["number_checkpoints"],
+               minimum=1, integer=True)
+    if (config.get("torch_autocast") or {}).get("enabled"):
+        raise ConfigError(f"{where}: torch_autocast.enabled: a run's precision is --precision (or the file's bf16 "
+                          "and fp16 sections), which its record states; DeepSpeed's torch_autocast would autocast "
+                          "a run recorded as fp32 (use --precision bf16)")
+
+
+def monitor_paths(path: str, config: dict) -> list[tuple[str, str]]:
+    """(where, directory) of each enabled monitor (MONITORS) that writes under an output_path: the run
+    checks it can write there before it starts (DeepSpeed would fail at the first step)."""
+    where = f"--deepspeed_config {shown(path)}"
+    return [(f"{where}: {name}.output_path", section["output_path"]) for name in MONITORS
+            if isinstance(section := config.get(name), dict) and section.get("enabled")
+            and isinstance(section.get("output_path"), str) and section["output_path"]]
+
+
+def _check_reduce_scatter(where: str, config: dict) -> None:
+    """DeepSpeed 0.19's ZeRO-2 and ZeRO-3 reduce-scatter the gradients (reduce_scatter, the default)
+    only post-scaled and divided by the world: anything else fails an assert in deepspeed.initialize."""
+    zero = config.get("zero_optimization") or {}
+    if zero.get("stage", 0) not in (2, 3) or not zero.get("reduce_scatter", True):
+        return
+    if config.get("prescale_gradients"):
+        raise ConfigError(f"{where}: prescale_gradients true is not supported by ZeRO-{zero['stage']} with "
+                          "zero_optimization.reduce_scatter (DeepSpeed asserts it): leave it false")
+    if config.get("gradient_predivide_factor", 1.0) != 1.0:
+        raise ConfigError(f"{where}: gradient_predivide_factor must be 1.0 with ZeRO-{zero['stage']} and "
+                          f"zero_optimization.reduce_scatter (DeepSpeed asserts it; got "
+                          f"{config['gradient_predivide_factor']!r})")
 
 
 def _validate_with_deepspeed(where: str, config: dict) -> None:

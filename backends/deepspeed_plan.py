@@ -167,6 +167,11 @@ def _plan_optimizer(cfg, raw: dict, config: dict, where: str) -> tuple[float, in
                               "is log), the schedule every backend follows")
     lr = cfg.lr if cfg.lr is not None else number(where, "optimizer.params.lr", params.get("lr", DEFAULT_LR),
                                                     minimum=0, strictly_above=True)
+    # The warm-up starts from 0, set below (and ends at the learning rate, whatever warmup_max_lr says: the
+    # rate is optimizer.params.lr's, or --lr's): a file starting it elsewhere would be silently overruled.
+    if number(where, "scheduler.params.warmup_min_lr", scheduler_params.get("warmup_min_lr", 0)) != 0:
+        raise ConfigError(f"{where}: scheduler.params.warmup_min_lr is {scheduler_params['warmup_min_lr']!r}; every "
+                          "backend warms up from 0 (leave it out, or 0)")
     warmup = cfg.lr_warmup_steps if cfg.lr_warmup_steps is not None else number(
         where, "scheduler.params.warmup_num_steps", scheduler_params.get("warmup_num_steps", 0), minimum=0,
         integer=True)

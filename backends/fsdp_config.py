@@ -129,7 +129,7 @@ def load(path: str) -> FSDPConfig | FSDP2Config:
     """The config in `path`; its `backend` key picks the dataclass (default fsdp)."""
     raw = read_yaml(path, flag="--fsdp_config")
     backend = raw.get("backend", "fsdp")
-    if backend not in CONFIG_CLASSES:
+    if not isinstance(backend, str) or backend not in CONFIG_CLASSES:
         raise ConfigError(f"--fsdp_config {path}: backend must be one of fsdp, fsdp2 (got {backend!r})")
     return from_dict(CONFIG_CLASSES[backend], raw, where=f"--fsdp_config {path}")
 

@@ -49,6 +49,8 @@ def tracker_names(value) -> str | None:
         return None
     items = value if isinstance(value, (list, tuple)) else [value]
     names = [n.strip() for item in items for n in str(item).split(",") if n.strip()]
+    if not names:
+        raise ConfigError(f"tracker must be one of {', '.join(TRACKERS)} (got an empty name)")
     for name in names:
         if name not in TRACKERS:
             raise ConfigError(f"tracker must be one of {', '.join(TRACKERS)} (got {name!r})")
@@ -373,6 +375,12 @@ class RunConfig:
                               "from exported weights")
         _at_least(self, 0, "warmup_steps", "mem_profile_steps", "eval_every", "lr_warmup_steps", "seed",
                   "ckpt_interval", "save_every", "keep_checkpoints", "activation_loading_horizon")
+        default = {f.name: f.default for f in fields(self)}
+        if self.keep_checkpoints != default["keep_checkpoints"] and not self.save_dir:
+            raise ConfigError("keep_checkpoints needs --save_dir (it keeps the newest K checkpoints there)")
+        if self.activation_loading_horizon != default["activation_loading_horizon"] and not self.offload_activations:
+            raise ConfigError("activation_loading_horizon needs --offload_activations (how many blocks ahead backward "
+                              "fetches the offloaded inputs)")
         if self.offload_activations and not self.ckpt_interval:
             raise ConfigError("offload_activations requires ckpt_interval > 0 (it offloads the checkpointed "
                               "blocks' inputs)")

@@ -25,13 +25,31 @@ def load_yaml(path: str | Path, cls, flag: str):
     return from_dict(cls, read_yaml(path, flag), where=f"{flag} {path}")
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.safe_load's loader, refusing a key given twice in one mapping (PyYAML keeps the last,
+    silently; DeepSpeed's JSON configs refuse duplicates too, backends/deepspeed_config.py)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key '{key}'", key_node.start_mark)
+            try:
+                seen.add(key)
+            except TypeError:  # an unhashable key: construct_mapping says so below
+                pass
+        return super().construct_mapping(node, deep)
+
+
 def read_yaml(path: str | Path, flag: str) -> dict:
-    """The mapping in YAML file `path`; an empty file is an empty mapping."""
+    """The mapping in YAML file `path`; an empty file is an empty mapping; a key given twice in a
+    mapping is refused."""
     p = Path(path)
     if not os.path.isfile(p):  # never raises (a name too long for the filesystem is not found)
         raise ConfigError(f"{flag}: file not found: {path}")
     try:
-        data = yaml.safe_load(p.read_text())
+        data = yaml.load(p.read_text(), Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""

@@ -227,6 +227,43 @@ CASES = [
      ["--deepspeed_config", base64.urlsafe_b64encode(json.dumps(ds(bogus=1)).encode()).decode()], None,
      "--deepspeed_config (inline base64 config): unknown key 'bogus'"),
     ("fsdp config name too long", "train", ["--fsdp_config", "y" * 300], None, "--fsdp_config: file not found"),
+    # DeepSpeed values its parser takes and a run then fails on (steps_per_print 0 divided by at step 0,
+    # deepspeed.initialize's asserts, a monitor's directory made at the first step) or coerces
+    ("ds steps_per_print 0", "train", ["--deepspeed_config", "{FILE}"], ("c.json", json.dumps(ds(steps_per_print=0))),
+     "steps_per_print must be >= 1 (got 0)"),
+    ("ds boolean as a word", "train", ["--deepspeed_config", "{FILE}"],
+     ("c.json", json.dumps(ds(wall_clock_breakdown="yes"))), "wall_clock_breakdown must be true or false (got 'yes')"),
+    ("ds prescale under ZeRO-2", "train", ["--deepspeed_config", "{FILE}"],
+     ("c.json", json.dumps(ds(prescale_gradients=True))), "prescale_gradients true is not supported by ZeRO-2"),
+    ("ds predivide under ZeRO-2", "train", ["--deepspeed_config", "{FILE}"],
+     ("c.json", json.dumps(ds(gradient_predivide_factor=2.0))), "gradient_predivide_factor must be 1.0 with ZeRO-2"),
+    ("ds section null", "train", ["--deepspeed_config", "{FILE}"], ("c.json", json.dumps(ds(optimizer=None))),
+     "optimizer must be an object (got None)"),
+    ("ds section a list", "train", ["--deepspeed_config", "{FILE}"], ("c.json", json.dumps(ds(zero_optimization=[]))),
+     "zero_optimization must be an object (got [])"),
+    ("ds torch_autocast", "train", ["--deepspeed_config", "{FILE}"],
+     ("c.json", json.dumps(ds(torch_autocast={"enabled": True, "dtype": "bfloat16"}))),
+     "torch_autocast.enabled: a run's precision is --precision"),
+    ("ds warm-up from another rate", "train", ["--deepspeed_config", "{FILE}"],
+     ("c.json", json.dumps(ds(scheduler={"type": "WarmupLR", "params": {"warmup_type": "linear",
+                                                                          "warmup_min_lr": 0.5}}))),
+     "scheduler.params.warmup_min_lr is 0.5; every backend warms up from 0"),
+    ("ds checkpointing count a word", "train", ["--deepspeed_config", "{FILE}"],
+     ("c.json", json.dumps(ds(activation_checkpointing={"number_checkpoints": "x"}))),
+     "activation_checkpointing.number_checkpoints must be an integer (got 'x')"),
+    ("ds monitor writing nowhere", "train", ["--deepspeed_config", "{FILE}"],
+     ("c.json", json.dumps(ds(tensorboard={"enabled": True, "output_path": "/proc/gptlite-tb", "job_name": "x"}))),
+     "tensorboard.output_path: /proc/gptlite-tb is not writable"),
+    ("fsdp backend a list", "train", ["--fsdp_config", "{FILE}"], ("c.yaml", "backend: [fsdp]\n"),
+     "backend must be one of fsdp, fsdp2 (got ['fsdp'])"),
+    ("fsdp key twice", "train", ["--fsdp_config", "{FILE}"], ("c.yaml", "backend: fsdp\nbackend: fsdp2\n"),
+     "duplicate key 'backend'"),
+    # flags that only mean something beside another
+    ("keep_checkpoints without save_dir", "train", ["--keep_checkpoints", "5"], None,
+     "keep_checkpoints needs --save_dir"),
+    ("loading horizon without offload", "train", ["--activation_loading_horizon", "4"], None,
+     "activation_loading_horizon needs --offload_activations"),
+    ("empty tracker", "train", ["--tracker", ""], None, "tracker must be one of tensorboard, wandb, csv (got an empty"),
     # sweep specs
     ("sweep unknown matrix key", "sweep", ["{FILE}"], ("s.yaml", "name: s\nmatrix:\n  backend: [ddp]\n  micro_btch: [2]\n"),
      "unknown key 'matrix.micro_btch'"),
@@ -236,6 +273,15 @@ CASES = [
      ("s.yaml", "name: s\nmatrix:\n  backend: [ddp]\ntrain_args:\n  learning_rate: 3\n"),
      "train_args: unknown train.py flag 'learning_rate'"),
     ("sweep invalid YAML", "sweep", ["{FILE}"], ("s.yaml", "name: s\nmatrix: [\n"), "not valid YAML"),
+    ("sweep key twice", "sweep", ["{FILE}"], ("s.yaml", "name: s\nmatrix:\n  backend: [ddp]\n  backend: [single]\n"),
+     "duplicate key 'backend'"),
+    ("sweep runs_dir not writable", "sweep", ["{FILE}"],
+     ("s.yaml", "name: s\nruns_dir: /proc/gptlite-sweeps\nmatrix:\n  backend: [single]\n"),
+     "runs_dir: /proc/gptlite-sweeps is not writable"),
+    ("sweep budget without search", "sweep", ["{FILE}", "--mem_budget_gb", "1"],
+     ("s.yaml", "name: s\nmatrix:\n  backend: [single]\n"), "--mem_budget_gb is --max_batch's budget"),
+    ("sweep Slurm flag run here", "sweep", ["{FILE}", "--time_min", "-3"],
+     ("s.yaml", "name: s\nmatrix:\n  backend: [single]\n"), "--time_min is a Slurm setting: it needs --executor slurm"),
     # data files
     ("data missing", "train", ["--data", "/nonexistent/input.txt"], None, "--data: file not found"),
     ("data name too long", "train", ["--data", "z" * 300], None, "--data: file not found"),
@@ -351,3 +397,21 @@ def test_bad_input_under_torchrun(tmp_path, name, tool, args, file, message):
             if line.strip().startswith(f'File "{REPO}') and f"{REPO}/.venv" not in line]
     assert not ours, "\n".join(ours)
     assert not list(runs.rglob("summary.json"))
+
+
+@pytest.mark.parametrize("tool", ["report", "claims", "table"])
+def test_a_report_on_no_records_is_one_line_and_writes_nothing(tmp_path, capsys, tool):
+    """analysis.report, .claims and .table on a directory holding no run record: the one line naming
+    runs_dir, exit code 2, and no --out directory made."""
+    import importlib
+
+    module = importlib.import_module(f"analysis.{tool}")
+    empty, out = tmp_path / "runs", tmp_path / "out"
+    empty.mkdir()
+    with pytest.raises(SystemExit) as refused:
+        module.main([str(empty), *([] if tool == "table" else ["--out", str(out)])])
+    assert refused.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"python -m analysis.{tool}: error: runs_dir {empty}: no run "
+                                                   "records"), lines
+    assert not out.exists()

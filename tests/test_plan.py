@@ -256,6 +256,8 @@ def test_the_frontier_keeps_what_nothing_beats_on_both_memory_and_speed():
     (["--gpu", "here", "--verify", "1", "--timeout_s", "0"], "--timeout_s must be a number of seconds > 0"),
     (["--save_dir", "/tmp/ck", "--gpu", "here"], "--save_dir: one run's own"),
     (["--run_name", "mine"], "--run_name: one run's own"),
+    # a question every candidate is refused for, for one reason: that reason, not an empty table
+    (["--world", "4", "--gpus_per_node", "3", "--json"], "gpus_per_node 3 must divide world 4"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message):
     base = {"--world": "2", "--gpu": "H100-SXM", "--mem_budget_gb": "1", "--global_batch": "16"}

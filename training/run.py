@@ -27,6 +27,7 @@ import backends
 from backends.activation_checkpointing import save_ops_for
 from backends.base import Backend, Resolved
 from backends.compile import compile_stats
+from backends.deepspeed_config import monitor_paths
 from core.blocks import find_blocks
 from core.config import RunConfig, describe_plan, plan_choices_under
 from core.dist import DistEnv, broadcast_object, destroy_process_group, set_cpu_threads, stop_with_launcher
@@ -122,6 +123,9 @@ def resolve(cfg: RunConfig, env: DistEnv | None = None, resolved: Resolved | Non
     if env.is_main:  # only rank 0 logs to trackers
         trackers.check(cfg.tracker)
     preflight.writable_out("runs_dir", cfg.runs_dir)  # records beside records, never inside one or a checkpoint
+    if cfg.deepspeed_config and resolved.plan is not None:  # DeepSpeed's monitors write where the file says
+        for where, path in monitor_paths(cfg.deepspeed_config, resolved.plan.config):
+            preflight.writable_dir(where, path)
     record_dir = Path(cfg.runs_dir) / cfg.run_name if cfg.run_name else None
     if cfg.save_dir:
         preflight.writable_dir("save_dir", cfg.save_dir)

@@ -254,6 +254,9 @@ def main(argv=None) -> int:
             device = named_device(args.gpu, args.network, args.mfu, args.overlap, given.precision)
         rows = plan(train_argv, args.world, per_node, args.mem_budget_gb, args.global_batch, device, configs, ckpt,
                     args.micro_batches, progress=not args.json, bases=bases, counted=args.counted)
+        refused = list(dict.fromkeys(r["refused"] for r in rows if "refused" in r))
+        if rows and len(refused) == 1 and all("refused" in r for r in rows):  # the question itself is bad input
+            raise ConfigError(refused[0])
         if args.counted:
             failed = sorted({r["bytes"] for r in rows if r.get("bytes", "").startswith("theory (")})
             device.notes.append(f"comm: the fitting candidates' collectives counted as rank 0 of {args.world} under "
