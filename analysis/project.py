@@ -2,10 +2,10 @@
 
     python -m analysis.project --world 8 64 --gpu H100-SXM --network infiniband-ndr \\
         --preset paper --micro_batch 1 --precision bf16 --attention sdpa
-    python -m analysis.project --world 8 --out reports/project --preset paper --micro_batch 1 --precision bf16
-    python -m analysis.project --world 8 64 --counted --configs ddp ds_configs/z3.json --preset tiny
-    python -m analysis.project --world 8 --model hf:llama --model_args num_hidden_layers=8,hidden_size=1024 \\
-        --precision bf16 --attention sdpa
+    python -m analysis.project --world 8 --gpu H100-SXM --out reports/project --preset paper --micro_batch 1 --precision bf16
+    python -m analysis.project --world 8 64 --gpu H100-SXM --counted --configs ddp ds_configs/z3.json --preset tiny
+    python -m analysis.project --world 8 --gpu A100-SXM --model hf:llama --model_args num_hidden_layers=8,hidden_size=1024 \\
+        --precision bf16
 
 The run is train.py's flags (any model that trains: GPT-lite, hf:, a model file; train.py's names and
 defaults), resolved for each configuration as the run resolves it (training/describe.py).

@@ -22,12 +22,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from gptlite.model import build_model, preset  # noqa: E402
-from core.flops import flops_per_token, peak_flops  # noqa: E402
+from core.flops import peak_flops  # noqa: E402
 
 
 def run(cfg, compiled: bool, micro_batch: int, steps: int, warmup: int, device: str) -> str:
     model = build_model(cfg, 0).to(device)
-    n_params = sum(p.numel() for p in model.parameters())
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.8, 0.999), eps=1e-8, weight_decay=3e-7)
     forward = torch.compile(model) if compiled else model
     g = torch.Generator().manual_seed(0)
@@ -48,7 +47,7 @@ def run(cfg, compiled: bool, micro_batch: int, steps: int, warmup: int, device: 
     median = timed[len(timed) // 2]
     rate = micro_batch / median
     peak = peak_flops(torch.cuda.get_device_name())
-    mfu = rate * cfg.block_size * flops_per_token(cfg, n_params) / peak if peak else float("nan")
+    mfu = rate * cfg.block_size * cfg.flops_per_token / peak if peak else float("nan")
     return (f"compiled={compiled} mb={micro_batch} first_step_s={times[0]:.2f} median_step_s={median:.4f} "
             f"samples_per_s={rate:.1f} MFU={mfu:.3f} loss={loss.item():.4f}")
 

@@ -171,8 +171,8 @@ def test_every_spelling_of_an_output_flag_is_refused_before_simulating(flags, tm
     # --out named a file before it named a directory in every tool: the old spelling, refused with the new one
     (["--world", "2", "--out", "{DIR}/z3.json"], "--out {DIR}/z3.json: --out names a directory (this tool writes "
                                                  "fake_world.json in it); give the directory, e.g. --out {DIR}"),
-    (["--world", "1000000"], "--world 1000000: simulating it needs about 39.1 GiB of memory (40 KiB per simulated rank "
-                             "for ddp with 4 blocks"),
+    (["--world", "1000000"], "--world 1000000: simulating it needs about 39.2 GiB of memory (40 KiB per simulated rank "
+                             "for ddp with 4 blocks"),  # 39.1 GiB for the ranks, 0.03 for the tiny step
 ])
 def test_what_would_fail_after_simulating_is_refused_before(own, message, tmp_path, monkeypatch, capsys):
     """In-process: a bad --out, or a world too large for this machine's memory (bad_alloc otherwise),
@@ -203,6 +203,21 @@ def test_a_world_that_fits_is_simulated(monkeypatch):
     monkeypatch.setattr(fake_world, "available_memory", lambda: 8 * 2**30)
     fake_world.check_world(64, config_from_argv(["--preset", "tiny", "--fsdp_config",
                                                  str(REPO / "fsdp_configs" / "fsdp2.yaml")]))
+
+
+def test_a_simulated_rank_whose_own_step_would_not_fit_is_refused_before_simulating(monkeypatch):
+    """The simulated rank runs a real step here: its estimated peak counts, not only the world's
+    bookkeeping (the paper preset under ZeRO-3 at world 64, the --help example, was killed by the kernel).
+    The same flags at a preset that fits pass; the machine's memory is set, not read."""
+    from gptlite.errors import ConfigError
+    from training import fake_world
+    from training.cli import config_from_argv
+
+    monkeypatch.setattr(fake_world, "available_memory", lambda: 8 * 2**30)
+    z3 = ["--deepspeed_config", str(REPO / "ds_configs" / "z3.json")]
+    with pytest.raises(ConfigError, match=r"the simulated rank's own step needs about \d+\.\d GiB"):
+        fake_world.check_world(64, config_from_argv(["--preset", "paper", *z3]), 8, ["--preset", "paper", *z3])
+    fake_world.check_world(64, config_from_argv(["--preset", "small", *z3]), 8, ["--preset", "small", *z3])
 
 
 def test_a_simulated_world_gathers_its_own_rank_only():

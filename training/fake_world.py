@@ -103,20 +103,39 @@ def available_memory() -> int | None:
     return None
 
 
-def check_world(world: int, cfg) -> None:
-    """Refuse (ConfigError) a world this machine cannot simulate, before simulating it."""
+def step_memory(world: int, gpus_per_node: int, train_argv: list[str]) -> int:
+    """The estimator's peak for the simulated rank's own step (estimator/estimate.py): its model states at
+    this world and its activations, which the real step it runs on this machine holds. The paper preset
+    at micro-batch 8, ZeRO-3 at world 64: 64.9 GiB estimated, and the simulation was killed by the kernel
+    at 23.6 GiB on a 23 GiB machine before this was counted (2026-12-05)."""
+    from estimator.estimate import estimate_from_record
+    from training.describe import resolve_flags
+
+    setup = resolve_flags(train_argv, world, gpus_per_node)
+    return estimate_from_record({**setup.record(), "environment": {"device": "cpu"}}).total_bytes
+
+
+def check_world(world: int, cfg, gpus_per_node: int = 8, train_argv: list[str] | None = None) -> None:
+    """Refuse (ConfigError) a world this machine cannot simulate, before simulating it: the per-rank
+    bookkeeping of `world` ranks, and (given `train_argv`) the simulated rank's own step."""
     from gptlite.errors import ConfigError
 
     available = available_memory()
     if available is None:
         return
     need, why = world_memory(world, cfg)
-    if need > available:
+    step = step_memory(world, gpus_per_node, train_argv) if train_argv is not None else 0
+    if step + BASE_BYTES > available:
+        raise ConfigError(f"--world {world}: the simulated rank's own step needs about {step / 2**30:.1f} GiB (the "
+                          f"estimator's peak: its activations and its share of the model states) and "
+                          f"{available / 2**30:.1f} GiB is available: ask for a smaller micro-batch or model")
+    if need + step > available:
         per_rank = (need - BASE_BYTES) / world
-        limit = max(0, int((available - BASE_BYTES) // per_rank))
-        raise ConfigError(f"--world {world}: simulating it needs about {need / 2**30:.1f} GiB of memory ({why}: every "
-                          f"collective of the profiled step keeps a list of the world's ranks) and {available / 2**30:.1f} "
-                          f"GiB is available: at most --world {limit} here")
+        limit = max(0, int((available - BASE_BYTES - step) // per_rank))
+        raise ConfigError(f"--world {world}: simulating it needs about {(need + step) / 2**30:.1f} GiB of memory "
+                          f"({why}: every collective of the profiled step keeps a list of the world's ranks; and "
+                          f"{step / 2**30:.1f} GiB for the step itself) and {available / 2**30:.1f} GiB is available: "
+                          f"at most --world {limit} here")
 
 
 def simulate(world: int, gpus_per_node: int, train_argv: list[str]) -> dict:
@@ -212,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
             from training.preflight import writable_out
 
             writable_out("--out", args.out, writes=OUT_FILE)
-        check_world(args.world, cfg)
+        check_world(args.world, cfg, args.gpus_per_node, train_argv)
     except ConfigError as e:
         p.error(str(e))
     with _stdout_to_stderr() if args.json else contextlib.nullcontext():
