@@ -273,6 +273,10 @@ CASES = [
      ("s.yaml", "name: s\nmatrix:\n  backend: [ddp]\ntrain_args:\n  learning_rate: 3\n"),
      "train_args: unknown train.py flag 'learning_rate'"),
     ("sweep invalid YAML", "sweep", ["{FILE}"], ("s.yaml", "name: s\nmatrix: [\n"), "not valid YAML"),
+    ("sweep unknown checkpoint implementation", "sweep", ["{FILE}", "--dry_run"],
+     ("s.yaml", "name: s\nmatrix:\n  backend: [single]\n  ckpt_impl: [bogus]\n"),
+     "matrix.ckpt_impl values must be among torch_nonreentrant, torch_reentrant, deepspeed, deepspeed_nonreentrant "
+     "(got 'bogus')"),
     ("sweep key twice", "sweep", ["{FILE}"], ("s.yaml", "name: s\nmatrix:\n  backend: [ddp]\n  backend: [single]\n"),
      "duplicate key 'backend'"),
     ("sweep runs_dir not writable", "sweep", ["{FILE}"],

@@ -116,11 +116,11 @@ class Matrix:
             raise ConfigError(f"matrix.model: two entries have the same label ({', '.join(labels)}); give each a label")
         for entry in self.backend:
             backend_of(entry)
-        from core.config import COMPILE_BACKENDS, PRECISIONS  # torch: not where a Slurm job unpickles its run
+        from core.config import CKPT_IMPLS, COMPILE_BACKENDS, PRECISIONS  # torch: not where a Slurm job unpickles its run
         from gptlite.model import PRESETS
 
         for name, allowed in (("precision", PRECISIONS), ("preset", tuple(PRESETS)),
-                              ("compile", ("none", *COMPILE_BACKENDS))):
+                              ("compile", ("none", *COMPILE_BACKENDS)), ("ckpt_impl", CKPT_IMPLS)):
             for value in getattr(self, name):
                 if value not in allowed:
                     raise ConfigError(f"matrix.{name} values must be among {', '.join(allowed)} (got {value!r})")
