@@ -198,6 +198,16 @@ def _check_values(where: str, config: dict) -> None:
     if checkpointing.get("number_checkpoints") is not None:
         number(where, "activation_checkpointing.number_checkpoints", checkpointing["number_checkpoints"],
                minimum=1, integer=True)
+    for section in ("bf16", "fp16"):
+        enabled = (config.get(section) or {}).get("enabled", False)
+        if not isinstance(enabled, bool):
+            raise ConfigError(f"{where}: {section}.enabled must be true or false (got {enabled!r})")
+    zero = config.get("zero_optimization") or {}
+    device = ((zero.get("offload_param") or {}) if isinstance(zero, dict) else {}).get("device", "none")
+    if device not in (None, "none") and zero.get("stage", 0) != 3:
+        raise ConfigError(f"{where}: zero_optimization.offload_param is ZeRO-3's (DeepSpeed ignores it at stage "
+                          f"{zero.get('stage', 0)}, and the record would say the parameters were offloaded): use "
+                          "offload_optimizer, or stage 3")
     if (config.get("torch_autocast") or {}).get("enabled"):
         raise ConfigError(f"{where}: torch_autocast.enabled: a run's precision is --precision (or the file's bf16 "
                           "and fp16 sections), which its record states; DeepSpeed's torch_autocast would autocast "
