@@ -18,9 +18,9 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
 
-from analysis.runs import load_runs
-from gptlite.errors import ConfigError
+from analysis.runs import load_runs, require_records
 from analysis.tables import markdown, ok_runs
+from gptlite.errors import ConfigError
 
 GIB = 2**30
 PLAIN_CKPT = ("none", "every 1 (torch_nonreentrant)")  # no activation offload
@@ -167,9 +167,7 @@ def comparable_groups(runs: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
 
 def write_claims(runs_dir: str | Path, out: str | Path) -> Path:
     runs_dir, out = Path(runs_dir), Path(out)
-    runs = load_runs(runs_dir)
-    if runs.empty:
-        raise ConfigError(f"runs_dir {runs_dir}: no run records under it (a record is a run's folder with config.json)")
+    runs = require_records(load_runs(runs_dir), runs_dir)
     out.mkdir(parents=True, exist_ok=True)
     devices = ", ".join(sorted(set(runs["device_name"].dropna())))
     lines = [f"# Claims against {runs_dir.name}", "", f"{len(runs)} runs on {devices or 'unknown device'} "

@@ -15,8 +15,8 @@ import pandas as pd
 
 from analysis import figures, tables
 from estimator.estimate import estimate_run
+from analysis.runs import load_metrics, load_runs, require_records
 from gptlite.errors import ConfigError
-from analysis.runs import load_metrics, load_runs
 
 FIGURES = {
     "throughput_memory.png": "Throughput, and average and peak memory per rank, per backend configuration",
@@ -54,9 +54,7 @@ def memory_limit(runs_dir: Path, runs: pd.DataFrame) -> float | None:
 
 def write_report(runs_dir: str | Path, out: str | Path) -> Path:
     runs_dir, out = Path(runs_dir), Path(out)
-    runs = with_estimates(load_runs(runs_dir))
-    if runs.empty:  # before anything is written
-        raise ConfigError(f"runs_dir {runs_dir}: no run records under it (a record is a run's folder with config.json)")
+    runs = with_estimates(require_records(load_runs(runs_dir), runs_dir))  # before anything is written
     out.mkdir(parents=True, exist_ok=True)
     metrics = load_metrics(runs_dir)
     # With several models, the figures name each configuration with its model.

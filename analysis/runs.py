@@ -11,6 +11,7 @@ import pandas as pd
 from backends.deepspeed_config import inline
 from core.config import describe_plan
 from core.summary import RunSummary
+from gptlite.errors import ConfigError
 from models.spec import format_model_args, model_label, parse_model_args
 
 # GPT-lite's flags that change the model itself (over its preset, which is a column of its own).
@@ -86,6 +87,14 @@ def model_key(row: dict) -> str:
         settings["dropout"] = row["config.run.dropout"]
     args = format_model_args(dict(sorted(settings.items())))
     return f"{model_label(name)} {args}" if args else model_label(name)
+
+
+def require_records(runs: pd.DataFrame, runs_dir: str | Path) -> pd.DataFrame:
+    """`runs` (load_runs), or ConfigError where `runs_dir` holds no run record: the tools that read
+    records (report, claims, table) refuse it in one line, before writing anything."""
+    if runs.empty:
+        raise ConfigError(f"runs_dir {runs_dir}: no run records under it (a record is a run's folder with config.json)")
+    return runs
 
 
 def load_runs(path: str | Path) -> pd.DataFrame:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from analysis.runs import load_runs
+from analysis.runs import load_runs, require_records
 
 COLUMNS = {
     "run_name": "run",
@@ -26,9 +26,8 @@ COLUMNS = {
 
 
 def comparison_table(runs_dir: str):
-    runs = load_runs(runs_dir)
-    if runs.empty:
-        return runs
+    """The comparison table of the records under `runs_dir`; ConfigError where there are none."""
+    runs = require_records(load_runs(runs_dir), runs_dir)
     table = runs.reindex(columns=list(COLUMNS)).rename(columns=COLUMNS)
     for col in ("peak MiB", "model states MiB"):
         table[col] = table[col] / 2**20
@@ -41,9 +40,12 @@ def main(argv=None) -> int:
     parser = OneLineParser(prog="python -m analysis.table", description=__doc__.splitlines()[0])
     parser.add_argument("runs_dir", help="directory of run records (searched recursively)")
     args = parser.parse_args(argv)
-    table = comparison_table(args.runs_dir)
-    if table.empty:
-        parser.error(f"runs_dir {args.runs_dir}: no run records under it (a record is a run's folder with config.json)")
+    from gptlite.errors import ConfigError
+
+    try:
+        table = comparison_table(args.runs_dir)
+    except ConfigError as e:
+        parser.error(str(e))
     print(table.to_string(index=False, float_format=lambda v: f"{v:,.4g}"))
     return 0
 

@@ -436,11 +436,10 @@ def check_runs(runs: list[PlannedRun], directory: Path, planner=None) -> None:
     from training.cli import config_from_argv
     from training.run import check_blocks
 
-    from core.owned import check_out
-    from training.preflight import writable_dir
+    from training.preflight import writable_out
 
-    check_out("runs_dir", directory)  # the sweep's records and logs beside other records, never inside one
-    writable_dir("runs_dir", str(directory))
+    # the sweep's records and logs: beside other records, never inside one, and where they can be written
+    writable_out("runs_dir", str(directory))
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     checked: dict[str, object] = {}  # each distinct model's workload, checked once
     for run in runs:
