@@ -65,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = add_flags(p)
     g.add_argument("--status", action="store_true",
-                   help="list every run as queued, running, ok, failed, oom, timeout, cancelled or not submitted")
+                   help="list every run as queued, running, ok, failed, oom, timeout, cancelled, dead (its record "
+                        "says running but its process is gone) or not submitted")
     g.add_argument("--cancel", action="store_true",
                    help="cancel the sweep's queued and running jobs and record those runs as cancelled")
     g.add_argument("--no_wait", action="store_true", help="submit and return; follow with --status")
@@ -158,7 +159,10 @@ def _on_slurm(args, spec, runs, skipped) -> int:
     sweep = executor_for(spec.name, spec.directory, spec.timeout_s, runs, settings_from(spec.executor, args),
                          retry_failed=args.retry_failed)
     if args.status:
-        sweep.check_tools()
+        from training.slurm import read_jobs
+
+        if read_jobs(spec.directory):  # a local sweep's records need no Slurm to be read
+            sweep.check_tools()
         rows = sweep.status()
         width = max((len(r[0]) for r in rows), default=10)
         for name, state, job_id, detail in rows:

@@ -10,6 +10,7 @@ import pandas as pd
 
 from backends.deepspeed_config import inline
 from core.config import describe_plan
+from core.records import dead_because
 from core.summary import RunSummary
 from gptlite.errors import ConfigError
 from models.spec import format_model_args, model_label, parse_model_args
@@ -101,9 +102,10 @@ def load_runs(path: str | Path) -> pd.DataFrame:
     """One row per run: the summary's fields (core.summary.RunSummary, every field present), then
     the config's flattened under `config.`.
 
-    Failed, out-of-memory, timed-out and still-running (or killed) runs are included with their
-    status. Derived columns: `model` (the model's label and settings, see model_key), `label` (the
-    backend configuration's short name, see config_label),
+    Failed, out-of-memory, timed-out and still-running runs are included with their status; a
+    record left `running` by a run that is gone (core/records.dead_because: its process ended, or its
+    heartbeat stopped) reads `dead`, with why as its error. Derived columns: `model` (the model's
+    label and settings, see model_key), `label` (the backend configuration's short name, see config_label),
     `ckpt` ("none", or "every k (impl)", plus the activation offload if any) and `compile` ("none",
     or the torch.compile backend).
     """
@@ -118,6 +120,10 @@ def load_runs(path: str | Path) -> pd.DataFrame:
         except (OSError, ValueError, TypeError, AttributeError) as e:  # a damaged record: say so, keep going
             print(f"skipped {run_dir}: not a readable run record ({type(e).__name__})", file=sys.stderr)
             continue
+        if row["status"] == "running":  # shown, never written: the record stays as its run left it
+            why = dead_because(run_dir)
+            if why is not None:
+                row["status"], row["error"] = "dead", f"{why}; its summary still says running"
         row["label"] = config_label(row.get("backend", "?"), row.get("config.run.fsdp_config"),
                                     row.get("config.run.deepspeed_config"), row.get("config.run.ddp_bucket_cap_mb"))
         row["ckpt"] = ckpt_label(row)

@@ -65,7 +65,8 @@ def test_a_killed_rank_fails_the_run_quickly_with_a_reason(tmp_path, launcher, b
     assert proc.returncode != 0 and elapsed < TIMEOUT_S + 30
     summary = json.loads((tmp_path / "killed" / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["error"], summary
-    assert re.match(r"rank \d+: \w+", summary["error"])
+    # The rank that died and its signal, not a survivor's broken connection (core/peers.py).
+    assert summary["error"].startswith(f"rank {victim}: killed by SIGKILL"), summary["error"]
 
 
 def test_runs_killed_at_random_moments_never_leave_truncated_json(tmp_path):

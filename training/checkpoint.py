@@ -24,6 +24,7 @@ and rotation (`keep`) deletes only checkpoints this run wrote, never the one `la
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -148,13 +149,75 @@ def written_by(directory: Path, run_id: str, run_name: str | None) -> bool:
     return run_name is not None and meta.get("run_name") == run_name
 
 
+class CheckpointNotWritten(Exception):
+    """A checkpoint could not be written for want of space: said in one line (training/run.py)."""
+
+
+def failure_chain(error: BaseException):
+    """`error`, the exceptions it was raised from, and those a library gathered inside it
+    (torch.distributed.checkpoint's CheckpointException carries each rank's own)."""
+    todo, seen = [error], set()
+    while todo:
+        e = todo.pop(0)
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        yield e
+        failures = getattr(e, "failures", None)
+        if isinstance(failures, dict):
+            todo += [f[0] if isinstance(f, tuple) else f for f in failures.values()]
+        todo += [e.__cause__, e.__context__]
+
+
+def no_space(error: BaseException, directory: Path) -> str | None:
+    """"no space left on device" (or the quota's words) where that is why writing into `directory`
+    failed: an errno in the exception's chain, or, where the writer kept none (torch.save's zip writer
+    says "unexpected pos"), the filesystem itself out of space or inodes."""
+    chain = list(failure_chain(error))
+    for e in chain:
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return os.strerror(e.errno).lower()
+    if any(not isinstance(e, Exception) and not hasattr(e, "failures") for e in chain):
+        return None  # stopped (SIGTERM, Ctrl-C): not for want of space, however full the disk
+    try:
+        fs = os.statvfs(directory)
+    except OSError:
+        return None
+    if fs.f_bavail * fs.f_frsize < FULL_BELOW_BYTES or (fs.f_files and not fs.f_favail):
+        return os.strerror(errno.ENOSPC).lower()
+    return None
+
+
+# A filesystem with less free than this after a failed write is full: a writer fills what is left
+# before it fails (its last write is partial), so a full disk reads a few blocks at most.
+FULL_BELOW_BYTES = 2**20
+
+
 def save(backend, save_dir: str | Path, step: int, rank: int, meta: dict, keep: int = 0) -> Path:
     """Write the checkpoint of `step` (collective: every rank calls it); keep this run's newest
-    `keep`. `meta` names the run: run_id, record (its directory) and run_name."""
+    `keep`. `meta` names the run: run_id, record (its directory) and run_name. A save that fails
+    leaves the previous checkpoint the latest and removes what it wrote; out of space, it raises
+    CheckpointNotWritten saying so."""
     save_dir = Path(save_dir)
-    run_id, run_name = meta["run_id"], meta["run_name"]
     final = save_dir / name_of(step)
     partial = save_dir / f".{final.name}.partial"
+    try:
+        return _save(backend, save_dir, step, rank, meta, keep, final, partial)
+    except BaseException as e:
+        full = no_space(e, save_dir)  # before the partial files go: they fill the disk
+        free = shutil.disk_usage(save_dir).free if full and save_dir.is_dir() else 0
+        shutil.rmtree(partial, ignore_errors=True)  # every rank: another may still have been writing into it
+        if full is None:
+            raise
+        found = latest(save_dir)
+        left = f"its partial files are left in {partial}" if partial.exists() else "its partial files were removed"
+        raise CheckpointNotWritten(
+            f"checkpoint of step {step} not written: {full} in {save_dir} ({free / 2**20:.1f} MiB free); {left}; "
+            + (f"{found[0].name} is still the latest" if found else "there is no earlier checkpoint")) from e
+
+
+def _save(backend, save_dir: Path, step: int, rank: int, meta: dict, keep: int, final: Path, partial: Path) -> Path:
+    run_id, run_name = meta["run_id"], meta["run_name"]
     if rank == 0:
         shutil.rmtree(partial, ignore_errors=True)  # left by a run killed while saving
         (partial / "rng").mkdir(parents=True)

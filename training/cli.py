@@ -33,6 +33,22 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
 EXIT_BAD_INPUT = 2
 
 
+def tell_torch_elastic(line: str, when: float | None = None) -> bool:
+    """Under torchrun (and `accelerate launch`), write `line` to this rank's torch elastic error file,
+    which the launcher prints as the failure's root cause (the earliest `when` among the ranks');
+    False where there is none."""
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not error_file:
+        return False
+    try:
+        with open(error_file, "w") as f:  # the layout torch elastic's own record() writes
+            json.dump({"message": {"message": line, "extraInfo": {
+                "py_callstack": line, "timestamp": str(int(time.time() if when is None else when))}}}, f)
+    except OSError:
+        return False
+    return True
+
+
 def report_bad_input(line: str) -> int:
     """Tell the user about bad input once, under whichever launcher; the exit code to use (2).
 
@@ -44,11 +60,7 @@ def report_bad_input(line: str) -> int:
     rank = int(os.environ.get("RANK", "0"))
     error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if rank == 0:
-        if error_file:
-            with open(error_file, "w") as f:  # the layout torch elastic's own record() writes
-                json.dump({"message": {"message": line, "extraInfo": {"py_callstack": line,
-                                                                      "timestamp": str(int(time.time()))}}}, f)
-        else:
+        if not tell_torch_elastic(line):
             print(line, file=sys.stderr, flush=True)
     elif error_file:
         # The launcher stops this rank as soon as rank 0 exits; rank 0 may still be a while getting

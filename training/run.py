@@ -34,15 +34,16 @@ from core.dist import DistEnv, broadcast_object, destroy_process_group, set_cpu_
 from core.environment import device_name, environment
 from core.faults import Fault
 from core.flops import planned_sample_flops, sample_flops
+from core.peers import Peers
 from core.sdpa import apply_sdpa_kernel, check_device
-from core.records import SWEEP_KEY_ENV, SWEEP_KEY_FILE, RunRecord, atomic_write_text
+from core.records import SWEEP_KEY_ENV, SWEEP_KEY_FILE, Heartbeat, RecordNotWritable, RunRecord, atomic_write_text
 from core.summary import RunSummary
 import models
 from gptlite.data import DataError
 from gptlite.errors import ConfigError
 from models import Workload
 from training import checkpoint, memory_check, preflight, trackers
-from training.cli import report_bad_input
+from training.cli import report_bad_input, tell_torch_elastic
 from training.locks import RecordLock
 from training.loop import StepLoop
 from training.results import MemoryBudgetExceeded, finished_summary, gather_ranks
@@ -71,6 +72,40 @@ def is_oom(error: BaseException) -> bool:
     if isinstance(error, (torch.OutOfMemoryError, MemoryError)):
         return True
     return isinstance(error, RuntimeError) and any(m in str(error) for m in CPU_OOM_MESSAGES)
+
+
+# Failures that are outcomes of the settings or the machine, not faults of the code: one line, no
+# traceback. FloatingPointError is the loop's non-finite loss (training/loop.py); torch itself never
+# raises it. A ConfigError or DataError here is the user's model or data failing after the checks
+# passed (a model file's get_model() that fails on its second call: models/user.py says which).
+OUTCOMES = (MemoryBudgetExceeded, Terminated, FloatingPointError, ConfigError, DataError,
+            checkpoint.CheckpointNotWritten, RecordNotWritable)
+# How long a rank whose failure is not one of those (a broken connection, most often) waits for the
+# kernel to say whether a rank of its machine died first (core/peers.py): the connection breaks as
+# the dying process closes its sockets, a moment before it has ended.
+PEER_WAIT_S = 1.0
+
+
+def root_failure(error: BaseException, rank: int) -> tuple[BaseException, int]:
+    """The failure behind `error`, and the rank it happened on: a stop (SIGTERM, Ctrl-C) that a
+    library raised its own exception over, and the failure torch.distributed.checkpoint gathered into
+    its CheckpointException (a rank stopped by SIGTERM while saving: this rank's own, else the lowest
+    rank's), rather than the wrapper."""
+    if isinstance(error, OUTCOMES):  # the suite's own, which says what happened
+        return error, rank
+    e, seen = error, set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, (Terminated, KeyboardInterrupt)):
+            return e, rank
+        failures = getattr(e, "failures", None)
+        if isinstance(failures, dict) and failures:
+            owner = rank if rank in failures else min(failures)
+            inner = failures[owner][0] if isinstance(failures[owner], tuple) else failures[owner]
+            if isinstance(inner, BaseException):
+                return root_failure(inner, owner)
+        e = e.__cause__ or e.__context__
+    return error, rank
 
 
 def describe_error(error: BaseException) -> str:
@@ -292,6 +327,9 @@ class Run:
         self.backend: Backend | None = None
         self.summary: RunSummary | None = None
         self.trackers: trackers.Trackers | None = None
+        self.peers: Peers | None = None  # the other ranks of this machine, watched (core/peers.py)
+        self.heartbeat: Heartbeat | None = None  # rank 0's, in the record while it runs
+        self.since = 0.0  # when this attempt created (or continued) its record: its errors are those since
         self.start_step = setup.resume.start_step if setup.resume else 0
 
     def execute(self) -> int:
@@ -303,6 +341,7 @@ class Run:
             if self.s.backend_cls.needs_process_group:
                 self.s.backend_cls.init_distributed(self.env, self.cfg.dist_timeout_s)
                 self.agree_on_plan()
+                self.peers = Peers.watch(self.env.rank)
             self.record = self._create_record()
             self._train(threads, started)
             if torch.distributed.is_initialized():
@@ -317,6 +356,9 @@ class Run:
                 raise
             return EXIT_FAILED
         finally:
+            for watcher in (self.heartbeat, self.peers):
+                if watcher is not None:
+                    watcher.stop()
             # Release the backend (DDP's Reducer holds the process group) while the group is
             # still registered: if the Reducer dropped the group's last reference, gloo's
             # destructor would join its worker threads with the GIL held and can deadlock
@@ -343,6 +385,7 @@ class Run:
         name = self.cfg.run_name or (
             f"{self.cfg.backend}-{size}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}")
         record = RunRecord(Path(self.cfg.runs_dir) / name)
+        since = time.time()  # errors/ of this attempt: a resumed record keeps those of the attempts before
         if self.env.is_main:
             if self.s.resume is not None and record.dir.exists():
                 record.continue_after(self.start_step - 1)
@@ -352,7 +395,7 @@ class Run:
             if key is not None:  # launched by a sweep: its key goes into the record, by the record's one writer
                 atomic_write_text(record.dir / SWEEP_KEY_FILE, key)
         # The broadcast also makes the other ranks wait until the directory exists.
-        name = broadcast_object(name)
+        name, self.since = broadcast_object((name, since))
         return record if self.env.is_main else RunRecord(Path(self.cfg.runs_dir) / name)
 
     def _train(self, threads: int, started: float) -> None:
@@ -377,6 +420,7 @@ class Run:
                 "resumed_from": str(self.s.resume.directory) if self.s.resume else None,
                 "backend": description, "threads_per_rank": threads, "environment": environment(env.device)}
             self.record.write_config(config)
+            self.heartbeat = Heartbeat(self.record.dir)  # first: a summary that says running has one beside it
             self.record.write_summary(self.summary)
             self.trackers = trackers.Trackers(cfg.tracker, self.record.dir, self.record.dir.name, config)
         if cfg.mem_budget_gb and env.device.type == "cuda":
@@ -440,23 +484,46 @@ class Run:
             n_params=self.s.n_params, steps=cfg.steps, device_name=device_name(self.env.device),
             model_state_estimate=model_state_estimate)
 
+    def _recorded_errors(self) -> list[dict]:
+        """The ranks' errors this attempt recorded so far, earliest first (a resumed record keeps those
+        of the attempts before); none where they cannot be read."""
+        try:
+            errors = self.record.rank_errors() if self.record is not None else []
+        except (OSError, ValueError, KeyError, TypeError):
+            return []
+        return [e for e in errors if isinstance(e.get("time"), (int, float)) and e["time"] >= self.since]
+
+    def _recorded(self, rank: int) -> bool:
+        return any(e.get("rank") == rank for e in self._recorded_errors())
+
     def _record_failure(self, error: BaseException, started: float) -> None:
+        error, whose = root_failure(error, self.env.rank)
         status = "oom" if is_oom(error) else "failed"
         message = describe_error(error)
-        # Outcomes of the settings, not faults of the code: one line, no traceback. FloatingPointError
-        # is the loop's non-finite loss (training/loop.py); torch itself never raises it. A ConfigError or
-        # DataError here is the user's model or data failing after the checks passed (a model file's
-        # get_model() that fails on its second call: models/user.py says which, in one line).
-        if isinstance(error, (MemoryBudgetExceeded, Terminated, FloatingPointError, ConfigError, DataError)):
-            print(f"rank {self.env.rank}: {message}", file=sys.stderr)
+        own = isinstance(error, OUTCOMES)
+        # A rank of this machine that died of a signal records nothing itself: said here, as the cause.
+        deaths = self.peers.ended(0.0 if own or isinstance(error, KeyboardInterrupt) else PEER_WAIT_S) \
+            if self.peers is not None else []
+        if self.record is not None:  # a rank that exited after recording its own error said it itself
+            deaths = [d for d in deaths if d.killed or not self._recorded(d.rank)]
+        # What another rank recorded before this one failed (its broken connection, most often, follows)
+        causes = [f"rank {d.rank} {d.describe()}" for d in deaths] + [
+            f"rank {e['rank']}: {e['error']}" for e in self._recorded_errors() if e.get("rank") != self.env.rank]
+        if own or causes:  # one line, no traceback
+            print(f"rank {self.env.rank}: " + (f"the cause: {causes[0]}; then here: " if causes else "") + message,
+                  file=sys.stderr)
         else:
             traceback.print_exc()
         if self.record is None:
             return
         try:
-            self.record.write_rank_error(self.env.rank, status, message)
-            errors = self.record.rank_errors()
-            cause = errors[0] if errors else {"rank": self.env.rank, "status": status, "error": message}
+            for death in deaths:  # written once, by the first survivor to see it
+                if not self._recorded(death.rank):
+                    self.record.write_rank_error(death.rank, "failed", death.describe(), at=max(death.time, self.since))
+            if whose == self.env.rank or not self._recorded(whose):
+                self.record.write_rank_error(whose, status, message)
+            errors = self._recorded_errors()
+            cause = errors[0] if errors else {"rank": whose, "status": status, "error": message}
             if self.env.is_main and self.record.metrics:
                 self.record.flush()
             # Every rank that gets here writes the failure, built from what is on disk (the
@@ -472,6 +539,12 @@ class Run:
             self.record.write_summary(summary.ended(
                 "oom" if any(e["status"] == "oom" for e in errors) else cause["status"],
                 f"rank {cause['rank']}: {cause['error']}", time.time() - started))
+            # torchrun's own report of the failure names the same cause (not "<N/A>"), at its time
+            tell_torch_elastic(f"rank {cause['rank']}: {cause['error']} (recorded in {self.record.dir})",
+                               cause.get("time"))
+        except RecordNotWritable as e:  # one line: the reason is the folder, not the code
+            print(f"rank {self.env.rank}: the failure is not recorded: {e}; its summary still says running, which "
+                  "sweep.py --status and analysis.report show as dead once this process has ended", file=sys.stderr)
         except Exception:  # noqa: BLE001 - never mask the original error
             traceback.print_exc()
         try:  # the trackers' runs end as failed too, after the record

@@ -207,9 +207,13 @@ class Runner:
                                                   f"{_last_line(log)}")
             else:
                 return Outcome(planned, summary, seconds)
-            if not record.exists():  # the run stopped before creating its record: one saying why, with its key
-                atomic_write_json(record / SWEEP_KEY_FILE, planned.key())
-            atomic_write_json(path, summary.to_dict())
+            try:
+                if not record.exists():  # the run stopped before creating its record: one saying why, with its key
+                    atomic_write_json(record / SWEEP_KEY_FILE, planned.key())
+                atomic_write_json(path, summary.to_dict())
+            except OSError as e:  # its folder cannot be written: said here; --status and the report show it dead
+                summary = summary.ended(summary.status, f"{summary.error} (not recorded: {type(e).__name__}: "
+                                                        f"{e.strerror or e})")
             return Outcome(planned, summary, seconds)
         finally:
             lock.release()

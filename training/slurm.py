@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.records import atomic_write_json, read_json, read_summary
+from core.records import atomic_write_json, dead_because, read_json, read_summary
 from gptlite.errors import ConfigError
 from training.launch import REPO, launch_env, launcher_for
 from training.sweep import SlurmSettings  # the spec's executor: section, read with the spec
@@ -403,7 +403,9 @@ class SlurmSweep:
     def status(self) -> list[tuple[str, str, str | None, str]]:
         """(run, state, job id, detail) of every run: queued or running from squeue, else its
         record's status (ok, failed, oom, timeout, cancelled), or 'not submitted'; 'other settings' where its
-        name holds another spec's record (the rule running applies: training/runner.py other_settings)."""
+        name holds another spec's record (the rule running applies: training/runner.py other_settings).
+        A record that says running without a job of this sweep (a local sweep's) is running, or dead
+        where its process is gone (core/records.dead_because), shown so and left as it is."""
         from training.runner import other_settings
 
         jobs = read_jobs(self.directory)
@@ -423,6 +425,10 @@ class SlurmSweep:
                 rows.append((run.name, live, job_id, ""))
             elif summary is not None and summary.status != "running":
                 rows.append((run.name, summary.status, job_id, summary.error or ""))
+            elif summary is not None and not job_id:  # not this sweep's job (a local sweep's run): shown, not settled
+                why = dead_because(self.directory / run.name)
+                rows.append((run.name, "running", None, "") if why is None else
+                            (run.name, "dead", None, f"{why}; its summary still says running"))
             elif summary is not None or job_id:  # its job ended without settling it: settled now
                 outcome = self.settle_ended(run, states.get(str(job_id)))
                 rows.append((run.name, outcome.status, job_id, outcome.summary.error or ""))

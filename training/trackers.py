@@ -26,6 +26,7 @@ import netrc
 import os
 from pathlib import Path
 
+from core.records import RecordNotWritable
 from gptlite.errors import ConfigError
 
 # The scalars of a metric line (training/loop.py), as the tracker names them: the record's keys,
@@ -178,6 +179,7 @@ class Trackers:
 
     def __init__(self, value: str | None, directory: Path, run_name: str, config: dict):
         self.trackers = []
+        self.directory = Path(directory)
         self.last_step: int | None = None
         for name in names(value):
             try:
@@ -190,7 +192,10 @@ class Trackers:
     def log(self, line: dict) -> None:
         self.last_step = line["step"]
         for tracker in self.trackers:
-            tracker.log(line)
+            try:
+                tracker.log(line)
+            except OSError as e:  # its files are in the record: the run fails as for the record's own
+                raise RecordNotWritable(self.directory, e) from e
 
     def finish(self, summary: dict, status: str) -> list[str]:
         """Close every tracker; where to look at each (a command or a path), for the run's output."""
