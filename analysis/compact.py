@@ -31,9 +31,15 @@ from functools import lru_cache
 from pathlib import Path
 
 FILE = "records.jsonl"
-RECORD = ("summary.json", "config.json")  # a run record's files, as they go into its line
 # Neither data nor a record's: what a run or a sweep keeps for itself.
 LEFT_OUT = ("sweep_key.json", "metrics.json")
+
+
+def _json(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except ValueError as e:  # a record cut off mid-write, a file that is not JSON: named, nothing written
+        raise ValueError(f"{path}: not JSON ({e}); mend it or move it out of the folder") from None
 
 
 def pack(runs_dir: str | Path) -> list[dict]:
@@ -43,29 +49,30 @@ def pack(runs_dir: str | Path) -> list[dict]:
     records = {p.parent.relative_to(root) for p in root.rglob("summary.json")
                if not any(q.startswith(".") for q in p.relative_to(root).parts)}
     experiments = {p.parent.relative_to(root) for p in root.rglob("exp.json")}  # the autotuner's
+    owned = records | experiments  # the folders whose files are a record's line, or left out
     lines = {}
     for rel in records:
         if any(parent in records for parent in rel.parents):
             continue  # a record inside a record: not one the suite writes
         config = root / rel / "config.json"
         lines[rel.as_posix()] = {"run": rel.as_posix(),
-                                 "summary": json.loads((root / rel / "summary.json").read_text()),
-                                 "config": json.loads(config.read_text()) if config.is_file() else None}
+                                 "summary": _json(root / rel / "summary.json"),
+                                 "config": _json(config) if config.is_file() else None}
     for path in root.rglob("*.json"):
         rel = path.relative_to(root)
         parts = rel.parts
         if (any(p.startswith(".") for p in parts) or rel.name in LEFT_OUT or "errors" in parts[:-1]
-                or "exps" in parts[:-1] or any(parent in records | experiments for parent in rel.parents)):
+                or "exps" in parts[:-1] or any(parent in owned for parent in rel.parents)):
             continue
-        lines[rel.as_posix()] = {"file": rel.as_posix(), "json": json.loads(path.read_text())}
+        lines[rel.as_posix()] = {"file": rel.as_posix(), "json": _json(path)}
     return [lines[k] for k in sorted(lines)]
 
 
-def write(runs_dir: str | Path, out: str | Path) -> Path:
-    """NAME/records.jsonl (and RUNS_DIR's README.md, where NAME has none) from RUNS_DIR; never over an
-    existing records.jsonl."""
+def write(runs_dir: str | Path, out: str | Path, lines: list[dict] | None = None) -> Path:
+    """NAME/records.jsonl (and RUNS_DIR's README.md, where NAME has none) from RUNS_DIR (`lines`: its
+    pack, where already made); never over an existing records.jsonl."""
     runs_dir, out = Path(runs_dir), Path(out)
-    lines = pack(runs_dir)
+    lines = pack(runs_dir) if lines is None else lines
     out.mkdir(parents=True, exist_ok=True)
     target = out / FILE
     with open(target, "x") as f:  # "x": an existing one is never rewritten
@@ -214,10 +221,11 @@ def main(argv=None) -> int:
     if (out / FILE).exists():
         parser.error(f"--out {out}: {out / FILE} exists; give another folder (a compact file is never rewritten)")
     try:
+        lines = pack(runs_dir)  # a damaged file is named before anything is written
         writable_out("--out", str(out))
-    except ConfigError as e:
+    except (ConfigError, ValueError) as e:
         parser.error(str(e))
-    print(write(runs_dir, out))
+    print(write(runs_dir, out, lines))
     return 0
 
 

@@ -99,6 +99,7 @@ def test_a_compact_folder_unpacks_to_the_records_it_holds(raw, tmp_path):
     ("inside", "inside runs_dir"),
     ("empty", "no run records under it"),
     ("file", "is not a directory"),
+    ("damaged", "a-r1/summary.json: not JSON"),
 ])
 def test_the_command_refuses_in_one_line_and_writes_nothing(raw, tmp_path, case, message):
     from analysis.compact import main
@@ -115,6 +116,8 @@ def test_the_command_refuses_in_one_line_and_writes_nothing(raw, tmp_path, case,
         runs_dir.mkdir()
     elif case == "file":
         runs_dir = raw / "README.md"
+    elif case == "damaged":
+        (raw / "m" / "grid" / "a-r1" / "summary.json").write_text('{"status": "ok", "run_na')  # cut off mid-write
     before = sorted(p for p in tmp_path.rglob("*"))
     proc = in_process(main, [runs_dir, "--out", out])
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
