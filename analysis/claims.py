@@ -1,7 +1,7 @@
 """The articles' claims checked against run records: checkpointing's cost and the memory it frees,
 the throughput a larger batch buys, activation offload, the order of the backends.
 
-    python -m analysis.claims runs/reference/nvidia-h100-80gb-hbm3 --out runs/reference/nvidia-h100-80gb-hbm3/claims
+    python -m analysis.claims runs/reference/nvidia-h100-80gb-hbm3 --out reports/h100_claims
 
 Writes claims.md (one table per claim, each beside what the articles report) and one figure per
 claim. Runs are compared only within one model (its label and settings), precision and device: a
@@ -18,6 +18,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
 
+from analysis import compact
 from analysis.runs import load_runs, require_records
 from analysis.tables import markdown, ok_runs
 from gptlite.errors import ConfigError
@@ -197,7 +198,7 @@ def main(argv=None) -> int:
     parser.add_argument("runs_dir", help="directory of run records (searched recursively)")
     parser.add_argument("--out", required=True, help="directory for claims.md and its figures")
     args = parser.parse_args(argv)
-    if not Path(args.runs_dir).is_dir():
+    if not compact.is_dir(args.runs_dir):  # a folder, or one inside a compact folder (analysis/compact.py)
         parser.error(f"runs_dir {args.runs_dir} is not a directory")
     from training.preflight import writable_out
 

@@ -13,9 +13,9 @@ import matplotlib
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from analysis import figures, tables
-from estimator.estimate import estimate_run
-from analysis.runs import load_metrics, load_runs, require_records
+from analysis import compact, figures, tables
+from estimator.estimate import estimate_from_record
+from analysis.runs import load_metrics, load_runs, require_records, run_config
 from gptlite.errors import ConfigError
 
 FIGURES = {
@@ -34,7 +34,7 @@ def with_estimates(runs: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for _, run in runs.iterrows():
         try:
-            est = estimate_run(run) if run.get("status") == "ok" else None
+            est = estimate_from_record(run_config(run)) if run.get("status") == "ok" else None
         except Exception as e:  # noqa: BLE001 - no config.json, another schema, a model that cannot be traced here
             print(f"no estimate for {run.get('run_name')}: {e}", file=sys.stderr)
             est = None
@@ -132,7 +132,7 @@ def main(argv=None) -> int:
         writable_out("--out", args.out)
     except ConfigError as e:
         parser.error(str(e))
-    if not Path(args.runs_dir).is_dir():
+    if not compact.is_dir(args.runs_dir):  # a folder, or one inside a compact folder (analysis/compact.py)
         parser.error(f"runs_dir {args.runs_dir} is not a directory")
     matplotlib.use("Agg")  # the report only writes files (a notebook importing this module keeps its backend)
     try:

@@ -1,4 +1,5 @@
-"""Load run records (runs/<name>/{config,summary}.json, metrics.jsonl) into pandas."""
+"""Load run records (runs/<name>/{config,summary}.json, metrics.jsonl; or a compact folder's
+records.jsonl, analysis/compact.py) into pandas."""
 
 from __future__ import annotations
 
@@ -28,9 +29,11 @@ def _flatten(prefix: str, obj, out: dict) -> None:
 
 
 def run_dirs(path: str | Path) -> list[Path]:
-    """Every directory under `path` (itself included) that holds a summary.json."""
-    root = Path(path)
-    return sorted(p.parent for p in root.rglob("summary.json"))
+    """Every directory under `path` (itself included) that holds a summary.json, and every run of the
+    compact folders (records.jsonl) under or around it, by the path of the folder it was."""
+    from analysis.compact import run_dirs as record_dirs  # here: `python -m analysis.compact` runs it as __main__
+
+    return record_dirs(path)
 
 
 def config_label(backend: str, fsdp_config: str | None = None, deepspeed_config: str | None = None,
@@ -90,6 +93,13 @@ def model_key(row: dict) -> str:
     return f"{model_label(name)} {args}" if args else model_label(name)
 
 
+def run_config(run) -> dict:
+    """A run's config.json (a row of load_runs): from its record's folder, or its compact folder's line."""
+    from analysis.compact import read_json
+
+    return read_json(Path(run["run_dir"]) / "config.json")
+
+
 def require_records(runs: pd.DataFrame, runs_dir: str | Path) -> pd.DataFrame:
     """`runs` (load_runs), or ConfigError where `runs_dir` holds no run record: the tools that read
     records (report, claims, table) refuse it in one line, before writing anything."""
@@ -109,14 +119,16 @@ def load_runs(path: str | Path) -> pd.DataFrame:
     `ckpt` ("none", or "every k (impl)", plus the activation offload if any) and `compile` ("none",
     or the torch.compile backend).
     """
+    from analysis.compact import is_file, read_json
+
     rows = []
     for run_dir in run_dirs(path):
         row = {"run_dir": str(run_dir)}
         try:
-            _flatten("", RunSummary.from_dict(json.loads((run_dir / "summary.json").read_text())).to_dict(), row)
+            _flatten("", RunSummary.from_dict(read_json(run_dir / "summary.json")).to_dict(), row)
             config_path = run_dir / "config.json"
-            if config_path.exists():
-                _flatten("config", json.loads(config_path.read_text()), row)
+            if is_file(config_path):
+                _flatten("config", read_json(config_path), row)
         except (OSError, ValueError, TypeError, AttributeError) as e:  # a damaged record: say so, keep going
             print(f"skipped {run_dir}: not a readable run record ({type(e).__name__})", file=sys.stderr)
             continue
@@ -136,7 +148,7 @@ def load_runs(path: str | Path) -> pd.DataFrame:
 
 
 def load_metrics(path: str | Path) -> pd.DataFrame:
-    """Every logged step of every run under `path`, with its run_name."""
+    """Every logged step of every run under `path`, with its run_name (a compact folder keeps none)."""
     frames = []
     for run_dir in run_dirs(path):
         metrics = run_dir / "metrics.jsonl"

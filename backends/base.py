@@ -209,7 +209,7 @@ class Backend(ABC):
         from the parameter count: core.comm.theory. `trainable`: the parameters that get a gradient
         (all of them where None): gradients are reduced, and ZeRO-1/2's updated shards gathered, for
         those alone, where FSDP and ZeRO-3 gather every parameter, frozen ones too (a model with
-        frozen layers: measured so under gloo, runs/reference/cpu-2core-zoo-median-point/frozen_tied).
+        frozen layers: measured so under gloo, cpu-2core-zoo-median-point/frozen_tied of docs/results/zoo_accuracy_2026-12-05.md).
         `buffers`: the model's buffers' bytes by dtype (Workload.buffer_bytes), which DDP broadcasts
         every step. Nothing to communicate by default."""
         return comm.theory("none: one replica, nothing to synchronise", {}, self.env.world_size)

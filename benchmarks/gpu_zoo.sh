@@ -19,7 +19,8 @@
 # the H200's launches of the paper preset took 19 s each (runs/reference/nvidia-h200/plan_regret), a
 # call may last 600 s and the session's device time, the machine's start included, is 15 minutes; a
 # model cut short then costs only itself. The page is built afterwards from the records, here:
-# python benchmarks/zoo_accuracy.py page --runs_dir DIR --out DIR/zoo_accuracy.md.
+# python benchmarks/zoo_accuracy.py page --runs_dir DIR --out DIR/zoo_accuracy.md. What is committed of
+# DIR is its compact form and a README: python -m analysis.compact DIR --out runs/reference/DEVICE-zoo-single-world1.
 set -u
 if [ $# -lt 1 ]; then
   echo "usage: bash benchmarks/gpu_zoo.sh RUNS_DIR [MODEL...]" >&2

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """The zoo's predictions replayed with each configuration's own costs refitted by the code as it is now.
 
-    python benchmarks/own_costs_replay.py runs/reference/cpu-2core-zoo runs/reference/cpu-2core-zoo-race-within
+    python benchmarks/own_costs_replay.py runs/reference/cpu-2core-zoo-world2 runs/reference/cpu-2core-zoo-deepspeed-world1
 
 Each records folder of benchmarks/zoo_accuracy.py keeps the probe runs its plans' own costs were fitted
 from (RUNS_DIR/backend_costs.json: each point's repeats, measured and predicted). This refits them
@@ -18,13 +18,14 @@ candidates (measured: the grid's median) and Spearman's rank correlation, as rec
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from analysis import compact  # noqa: E402 (a records folder read as it is: a folder, or in its compact form)
 
 
 def speed_now(saved: dict) -> float | None:
@@ -55,7 +56,7 @@ def replay(model_dir: Path, costs: dict, three_points: bool = False, unscaled: b
     world = question_of(model_dir).world
     acc = model_accuracy(model_dir, estimate=lambda record: 1)  # the peaks are not asked
     measured = acc["grid_median"]
-    saved = json.loads((model_dir / "plan.json").read_text())
+    saved = compact.read_json(model_dir / "plan.json")
     now = None if unscaled else speed_now(saved)
     n_items: dict[str, tuple[int, int]] = {}
     replayed = []
@@ -96,12 +97,12 @@ def main() -> None:
     args = p.parse_args()
     for runs_dir in args.runs_dirs:
         kept = runs_dir / "backend_costs.json"
-        if not kept.is_file():
+        if not compact.is_file(kept):
             print(f"{runs_dir}: no backend_costs.json, nothing to refit")
             continue
-        costs = json.loads(kept.read_text())
-        for d in sorted(runs_dir.iterdir()):
-            if (d / "plan.json").is_file() and (d / "grid.json").is_file():
+        costs = compact.read_json(kept)
+        for d in compact.iterdir(runs_dir):
+            if compact.is_file(d / "plan.json") and compact.is_file(d / "grid.json"):
                 r = replay(d, costs, args.three_points, args.unscaled, args.repeats)
                 print(f"{runs_dir.name} {d.name}: recorded {r['recorded'][0]:.0%} ({r['recorded'][1]:.2f}), "
                       f"replayed {r['replayed'][0]:.0%} ({r['replayed'][1]:.2f})", flush=True)

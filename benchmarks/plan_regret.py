@@ -37,6 +37,38 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from analysis import compact  # noqa: E402 (a RUNS_DIR read as it is: a folder, or in its compact form)
+
+
+def grid_medians(directory: Path) -> dict[str, float]:
+    """DIR/grid's records: each candidate's median samples/s over its rounds (a failed run left out), by
+    its run name (plan.Candidate.run_name)."""
+    grid: dict[str, list[float]] = {}
+    records = compact.iterdir(directory / "grid") if compact.is_dir(directory / "grid") else []
+    for record in records:
+        if not compact.is_file(record / "summary.json"):
+            continue
+        s = compact.read_json(record / "summary.json")
+        if s.get("status") == "ok" and s.get("samples_per_s"):
+            grid.setdefault(record.name.rsplit("-r", 1)[0], []).append(s["samples_per_s"])
+    return {k: statistics.median(v) for k, v in grid.items()}
+
+
+def run_name(row: dict) -> str:
+    """A plan's candidate row's record name in the grid, less its round."""
+    from analysis import plan
+
+    micro, accum = (int(x) for x in row["micro x accum"].split("x"))
+    return plan.Candidate(row["config"], micro, accum, row["ckpt"], row.get("base")).run_name()
+
+
+def pick_regret(directory: Path) -> float:
+    """1 - the plan's pick's samples/s / the grid's best, by DIR/grid's medians (DIR/plan.json's pick)."""
+    saved = compact.read_json(directory / "plan.json")
+    medians = grid_medians(directory)
+    pick = next(c for c in saved["candidates"] if c.get("command") == saved["pick"])
+    return 1 - medians.get(run_name(pick), 0.0) / max(medians.values())
+
 
 def replay(directory: Path) -> int:
     """--replay DIR: DIR/plan.json refitted by this code (nothing run), against its verified runs and
@@ -44,7 +76,7 @@ def replay(directory: Path) -> int:
     from analysis import plan
 
     try:
-        saved = json.loads((directory / "plan.json").read_text())
+        saved = compact.read_json(directory / "plan.json")
         out = plan.replay(saved)
     except (OSError, ValueError, KeyError) as e:
         print(f"--replay {directory}: cannot replay its plan.json ({e})", file=sys.stderr)
@@ -65,20 +97,15 @@ def replay(directory: Path) -> int:
     worst = max(out["verified"], key=lambda v: abs(v["refit_samples_per_s"] / v["measured_samples_per_s"] - 1))
     print(f"largest error now: {worst['refit_samples_per_s'] / worst['measured_samples_per_s'] - 1:+.1%} "
           f"({flags[worst['command']]})")
-    grid: dict[str, list[float]] = {}
-    for summary in sorted((directory / "grid").glob("*/summary.json")):
-        s = json.loads(summary.read_text())
-        if s.get("status") == "ok" and s.get("samples_per_s"):
-            grid.setdefault(summary.parent.name.rsplit("-r", 1)[0], []).append(s["samples_per_s"])
+    grid = grid_medians(directory)
     if grid:
         print(f"\n{'grid candidate':<80} {'refit now':>9} {'grid':>8} {'error':>7}")
         for r in out["candidates"]:
             if "refit_samples_per_s" not in r:
                 continue
-            micro, accum = (int(x) for x in r["micro x accum"].split("x"))
-            name = plan.Candidate(r["config"], micro, accum, r["ckpt"], r.get("base")).run_name()
+            name = run_name(r)
             if name in grid:
-                g = statistics.median(grid[name])
+                g = grid[name]
                 print(f"{flags[r['command']]:<80} {r['refit_samples_per_s']:9.1f} {g:8.1f} "
                       f"{r['refit_samples_per_s'] / g - 1:+7.1%}")
     return 0

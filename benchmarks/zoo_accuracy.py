@@ -4,7 +4,13 @@ one question measured (the grid, two rounds), the planner's predictions before a
 
     python benchmarks/zoo_accuracy.py grid --runs_dir runs/zoo/cpu-2core --models llama vit cnn_bn gru_lm
     python benchmarks/zoo_accuracy.py plan --runs_dir runs/zoo/cpu-2core --models llama vit cnn_bn gru_lm
-    python benchmarks/zoo_accuracy.py page --runs_dir runs/zoo/cpu-2core [MORE_DIRS] --out docs/results/zoo_accuracy.md
+    python -m analysis.compact runs/zoo/cpu-2core --out runs/reference/cpu-2core-zoo-NAME   # what is kept
+    python benchmarks/zoo_accuracy.py page --runs_dir runs/reference/cpu-2core-zoo-NAME [MORE_DIRS] \
+        --out docs/results/zoo_NAME_DATE.md
+
+RUNS_DIR is scratch (thousands of files: logs, locks, per-step metrics); what is committed is its compact
+form (analysis/compact.py: a README and one records.jsonl), which `page` and every reader here read as
+they read RUNS_DIR.
 
 `grid` and `plan` (benchmarks: on an otherwise idle machine) write, per model, into RUNS_DIR/MODEL:
   grid/       every fitting candidate of the question, --rounds times taking turns, ordinary records
@@ -36,8 +42,9 @@ worst |predicted/measured - 1| of samples/s before and after the refit, Spearman
 of predicted and measured, the race's regret against the grid's best, the share of the grid's steps
 and run time the race used, and the estimator's peak (as it is now) against each grid run's; and
 where `autotune` ran, the autotuner head to head with the race. A folder of grids without plans
-(`grid` alone: measured for the peaks) gets a table of the peaks alone.
-tests/test_zoo_accuracy.py holds the committed page to the committed records.
+(`grid` alone: measured for the peaks) gets a table of the peaks alone. A page is written once and
+dated (docs/results/); it is never written again nor compared with the records: tests/test_reference.py
+holds the committed records to the bounds of runs/reference/index.yaml with the code as it is.
 """
 
 from __future__ import annotations
@@ -50,10 +57,13 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from fnmatch import fnmatch
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from analysis import compact  # noqa: E402 (the records read as they are: a folder, or its compact form)
 
 CONFIGS = ("ddp", "fsdp_configs/full_shard.yaml", "fsdp_configs/fsdp2.yaml", "ds_configs/z1.json",
            "ds_configs/z2.json", "ds_configs/z3.json")
@@ -91,14 +101,14 @@ def question_of(out: Path) -> Question:
     """The question a model's records answer: RUNS_DIR/MODEL/question.json names it (`grid --question`);
     without it, world2 (the first records were made before there was another)."""
     f = out / "question.json"
-    return QUESTIONS[json.loads(f.read_text())["question"]] if f.is_file() else QUESTIONS["world2"]
+    return QUESTIONS[compact.read_json(f)["question"]] if compact.is_file(f) else QUESTIONS["world2"]
 
 
 def question(out: Path) -> list[str]:
     """The question's flags for the model whose grid is in `out`: checkpointing none alone where no grid
     candidate checkpoints (a model without blocks: the planner refuses full/1 for it)."""
     q = question_of(out)
-    grid = json.loads((out / "grid.json").read_text())
+    grid = compact.read_json(out / "grid.json")
     ckpt = q.ckpt if any("--ckpt_interval" in g["flags"] for g in grid) else ("none",)
     return q.argv(ckpt)
 
@@ -279,12 +289,17 @@ def zoo_file_here(config: dict) -> dict:
     return config
 
 
-def record_estimate(record: Path) -> int:
-    """The estimator's peak (bytes) for a run record, from its config.json as the estimator reads any
-    (its zoo model file this checkout's where the recorded path is gone: zoo_file_here)."""
+def estimate_from_config(config: dict) -> int:
+    """The estimator's peak (bytes) for a run's config.json as the estimator reads any (its zoo model
+    file this checkout's where the recorded path is gone: zoo_file_here)."""
     from estimator.estimate import estimate_from_record
 
-    return estimate_from_record(zoo_file_here(json.loads((record / "config.json").read_text()))).total_bytes
+    return estimate_from_record(zoo_file_here(config)).total_bytes
+
+
+def record_estimate(record: Path) -> int:
+    """The estimator's peak (bytes) for a run record (a folder, or a run of a compact folder)."""
+    return estimate_from_config(compact.read_json(record / "config.json"))
 
 
 def peak_errors(directory: Path, estimate=None) -> list[tuple[str, float]]:
@@ -292,7 +307,7 @@ def peak_errors(directory: Path, estimate=None) -> list[tuple[str, float]]:
     `estimate(its record directory)`: by default the estimator as it is now (record_estimate)."""
     estimate = estimate or record_estimate
     return [(g["name"], estimate(directory / "grid" / g["name"]) / g["mem_peak_bytes"] - 1)
-            for g in json.loads((directory / "grid.json").read_text())
+            for g in compact.read_json(directory / "grid.json")
             if g["status"] == "ok" and g["samples_per_s"] and g["mem_peak_bytes"]]
 
 
@@ -309,8 +324,8 @@ def model_accuracy(directory: Path, estimate=None) -> dict:
     """One zoo model's figures from its grid.json, grid records and plan.json; each grid run's peak
     against `estimate(its record directory)`, the estimator as it is now (the plan's own estimates
     are of the estimator as it was when the plan ran)."""
-    grid = json.loads((directory / "grid.json").read_text())
-    saved = json.loads((directory / "plan.json").read_text())
+    grid = compact.read_json(directory / "grid.json")
+    saved = compact.read_json(directory / "plan.json")
     measured: dict[str, list[float]] = {}
     seconds: dict[str, list[float]] = {}
     for g in grid:
@@ -328,9 +343,9 @@ def model_accuracy(directory: Path, estimate=None) -> dict:
              for c in rows]
     before = [abs(p / m - 1) for p, _, m in pairs]
     without = None
-    if (directory / "plan_without_own_costs.json").is_file():
+    if compact.is_file(directory / "plan_without_own_costs.json"):
         bare = {" ".join(c["config_flags"]): c["pred_samples_per_s"]
-                for c in json.loads((directory / "plan_without_own_costs.json").read_text())["candidates"]
+                for c in compact.read_json(directory / "plan_without_own_costs.json")["candidates"]
                 if c.get("fits")}
         errors = [abs(bare[" ".join(c["config_flags"])] / grid_median[" ".join(c["config_flags"])] - 1)
                   for c in rows if " ".join(c["config_flags"]) in bare]
@@ -372,8 +387,8 @@ def race_on_grid(directory: Path, acc: dict, within: float, bounded: bool = True
     from analysis.plan.candidates import GiB
     from analysis.plan.verify import RACE_SHARE, entrants, race
 
-    saved = json.loads((directory / "plan.json").read_text())
-    grid_runs = json.loads((directory / "grid.json").read_text())
+    saved = compact.read_json(directory / "plan.json")
+    grid_runs = compact.read_json(directory / "grid.json")
     by_flags: dict[str, list[dict]] = {}
     for g in sorted(grid_runs, key=lambda g: g["round"]):
         by_flags.setdefault(" ".join(g["flags"]), []).append(g)
@@ -416,16 +431,18 @@ def head_to_head(directory: Path, acc: dict) -> dict:
     grid's best (as they were when `autotune` ran) alike: the median of each (a failed run left out),
     their range and highest peak. Tiny models' steps move far between runs on this machine, so the
     grid's rounds judge, and the final runs show what one more measurement says."""
-    h = json.loads((directory / "autotune.json").read_text())
-    best = json.loads((directory / "autotune" / "results" / "ds_config_optimal.json").read_text())
+    h = compact.read_json(directory / "autotune.json")
+    best = compact.read_json(directory / "autotune" / "results" / "ds_config_optimal.json")
     stage = best["zero_optimization"]["stage"]
     tuner = (f"--deepspeed_config {DEEPSPEED[stage]} --micro_batch {best['train_micro_batch_size_per_gpu']} "
              f"--grad_accum {best['gradient_accumulation_steps']}")
     grid = acc["grid_median"]
     picks = {"autotuner": tuner, "race": acc["pick"], "grid": acc["best"]}
     final = {who: [v for v in runs if v] for who, runs in h["final"].items()}
-    peaks = {who: max((json.loads(f.read_text()).get("mem_peak_bytes") or 0
-                       for f in (directory / "autotune" / "final").glob(f"{who}-r*/summary.json")), default=None)
+    finals = compact.iterdir(directory / "autotune" / "final") if compact.is_dir(directory / "autotune" / "final") else []
+    peaks = {who: max((compact.read_json(f / "summary.json").get("mem_peak_bytes") or 0
+                       for f in finals if fnmatch(f.name, f"{who}-r*") and compact.is_file(f / "summary.json")),
+                      default=None)
              for who in final}
     plan_time = directory / "plan_time.json"
     return {"experiments": h["experiments"], "seconds": h["seconds"], "picks": picks,
@@ -433,7 +450,7 @@ def head_to_head(directory: Path, acc: dict) -> dict:
             "final_median": {who: statistics.median(v) if v else None for who, v in final.items()},
             "final_range": {who: (min(v), max(v)) if v else None for who, v in final.items()},
             "final_peak_bytes": peaks,
-            "plan_seconds": json.loads(plan_time.read_text())["seconds"] if plan_time.is_file() else float("nan")}
+            "plan_seconds": compact.read_json(plan_time)["seconds"] if compact.is_file(plan_time) else float("nan")}
 
 
 def _short(flags: str) -> str:
@@ -454,7 +471,7 @@ def _peaks_table(runs_dir: Path) -> list[str]:
 
     lines = ["| model | shape | runs | peak error, median / worst (runs beyond 10%) | the worst run |",
              "|---|---|---:|---:|---|"]
-    for d in sorted(d for d in runs_dir.iterdir() if (d / "grid.json").is_file()):
+    for d in (d for d in compact.iterdir(runs_dir) if compact.is_file(d / "grid.json")):
         a = peak_accuracy(d)
         lines.append(f"| {d.name} | {ZOO[d.name].shape if d.name in ZOO else ''} | {a['peak_runs']} | "
                      f"{_pct(a['peak_median'])} / {a['peak_worst']:+.1%} ({a['peak_beyond']} of {a['peak_runs']}) | "
@@ -469,20 +486,22 @@ def page(runs_dirs: list[Path]) -> str:
     from analysis.plan.verify import RACE_SHARE, RACE_WITHIN
     from benchmarks.zoo import ZOO
 
-    lines = ["# The planner on the model zoo (issue 40)", "",
+    from core.environment import git_commit
+
+    lines = ["# The planner on the model zoo", "",
              "[Back to the planner](../planner.md)", "",
-             "Generated by `python benchmarks/zoo_accuracy.py page --runs_dir "
+             f"Written {time.strftime('%Y-%m-%d')} at commit {(git_commit().get('commit') or '?')[:8]} by "
+             "`python benchmarks/zoo_accuracy.py page --runs_dir "
              f"{' '.join(_rel(d) for d in runs_dirs)} --out THIS_FILE` from the "
-             "committed records (`grid` and `plan` made them: the question and the commands are in "
-             "benchmarks/zoo_accuracy.py and the records' README; tests/test_zoo_accuracy.py holds this page to "
-             "them). Measured: the median of the grid's two rounds of each candidate. Predicted: the "
+             "records (`grid` and `plan` made them: the question and the commands are in "
+             "benchmarks/zoo_accuracy.py and the records' README), once: it is not written again. Measured: the median of the grid's two rounds of each candidate. Predicted: the "
              "planner's samples/s before any run, without and with each configuration's own costs (measured on "
              "the probe model: `--backend_costs`); refitted: after the race's runs. Error: |predicted / "
              "measured - 1| over the candidates. Regret: 1 - the pick's measured samples/s / the grid's best. "
              "The race's share: its steps against every fitting candidate's once (as long), and its runs' "
              "seconds (launch to end) against one pass of the grid's. Rounds' spread: how far the grid's own "
              "rounds of one candidate lie apart (the faster / the slower - 1, the median over the candidates), "
-             "the measurement's repeatability on this machine. Peak error: the estimator's peak (as it is now, "
+             "the measurement's repeatability on this machine. Peak error: the estimator's peak (at the commit above, "
              "from each record's config.json) against each grid run's measured peak: the median and worst "
              "|estimated / measured - 1| of the runs, and how many lie beyond 10%. Peaks recorded before "
              "2026-11-29 (commit 140ba42) may count a gloo collective's buffers, freed unseen by gloo's worker "
@@ -493,7 +512,7 @@ def page(runs_dirs: list[Path]) -> str:
         lines += ["", f"## {_rel(runs_dir)}", ""]
         if len(readme) > 1:
             lines += [" ".join(readme[1].split()), ""]
-        if not any((d / "plan.json").is_file() for d in runs_dir.iterdir()):
+        if not any(compact.is_file(d / "plan.json") for d in compact.iterdir(runs_dir)):
             lines += _peaks_table(runs_dir)  # measured for the peaks alone: no plan, no race
             continue
         lines += ["| model | shape | candidates | rounds' spread | error without own costs, median / worst (Spearman) | "
@@ -501,8 +520,8 @@ def page(runs_dirs: list[Path]) -> str:
                   "regret of the predicted pick | regret of the race | race's steps / grid's | "
                   "race's run time / grid's | peak error, median / worst (runs beyond 10%) |",
                   "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-        models = [(d, model_accuracy(d)) for d in sorted(runs_dir.iterdir())
-                  if (d / "plan.json").is_file() and (d / "grid.json").is_file()]
+        models = [(d, model_accuracy(d)) for d in compact.iterdir(runs_dir)
+                  if compact.is_file(d / "plan.json") and compact.is_file(d / "grid.json")]
         for d, a in models:
             shape = ZOO[d.name].shape if d.name in ZOO else ""
             w = a["without_own_costs"]
@@ -518,7 +537,7 @@ def page(runs_dirs: list[Path]) -> str:
         for d, a in models:
             lines.append(f"- {d.name}: best `{a['best']}`; predicted `{a['predicted_pick']}`; raced `{a['pick']}`")
         ran = sorted({a["race_within"] for _, a in models})
-        lines += ["", "The race's entry rule on the grid's records (`race_on_grid`: the race's code as it is now, "
+        lines += ["", "The race's entry rule on the grid's records (`race_on_grid`: the race's code at the commit above, "
                   "nothing run; each race run is the candidate's next grid round, charged that run's seconds): every "
                   f"configuration entered (`--race_within 0`, no bound on the runs) against those predicted within "
                   f"{RACE_WITHIN} of the best (`--race_within {RACE_WITHIN}`, the default since 2026-11-28), with the "
@@ -537,7 +556,7 @@ def page(runs_dirs: list[Path]) -> str:
                 f"{_pct(rule['steps_share'])} | {_pct(rule['time_share'])} ({rule['seconds']:.0f} s) | "
                 f"{_pct(rule['regret'])} | "
                 + (f"{rule['left_out_best']:.2f} |" if rule["left_out_best"] is not None else "- |"))
-        tuned = [(d, a, head_to_head(d, a)) for d, a in models if (d / "autotune.json").is_file()]
+        tuned = [(d, a, head_to_head(d, a)) for d, a in models if compact.is_file(d / "autotune.json")]
         if tuned:
             lines += ["", "DeepSpeed's autotuner head to head (`zoo_accuracy.py autotune`): its fast mode over the same "
                       "stages and micro-batches, against the planner's race. Each pick as the grid candidate of its "

@@ -52,7 +52,7 @@ def cpu_name(cpuinfo: str | None = None, ids: bool = True) -> str | None:
     A virtual machine's model name can hide its generation: on 2026-12-03 two virtual machines of the
     development kind both named "AMD EPYC" (the second family 26, a Zen 5) read the planner's
     reference step 1.6-2.8 ms and 0.7-1.1 ms, and rounded the reference run's third loss apart
-    (runs/reference/cpu-2core-zoo-two-reads). (py-cpuinfo, which DeepSpeed brings, says the same by
+    (cpu-2core-zoo-two-reads of docs/results/zoo_accuracy_2026-12-05.md). (py-cpuinfo, which DeepSpeed brings, says the same by
     starting an interpreter: 1.2 s of CPU, tests/forkserver.py.)"""
     if cpuinfo is None:
         try:

@@ -139,7 +139,8 @@ def test_a_block_a_collective_held_ends_at_its_last_use_when_nobody_saw_it_freed
     assert not other.collective and other.end == reused_at
 
 
-FROZEN = REPO / "runs" / "reference" / "cpu-2core-zoo-median-point" / "frozen_tied"
+WORLD2 = REPO / "runs" / "reference" / "cpu-2core-zoo-world2"  # the zoo's world2 grids (a compact folder)
+FROZEN = WORLD2 / "frozen_tied"
 
 
 def test_a_frozen_layers_gradients_are_not_in_the_theory_its_gathers_are():
@@ -149,12 +150,11 @@ def test_a_frozen_layers_gradients_are_not_in_the_theory_its_gathers_are():
     the trainable parameters alone, as comm_theory counts them with `trainable`; FSDP and ZeRO-3
     gather every parameter. Counted on all 18432, DDP's all-reduce was priced 1.8 times what it moved
     (73728 bytes against 40960) and, cut into its buckets, two calls where it made one."""
-    import json
-
+    from analysis import compact
     from benchmarks.zoo import ZOO
     from training.describe import resolve_flags
 
-    grid = [g for g in json.loads((FROZEN / "grid.json").read_text()) if g["status"] == "ok"]
+    grid = [g for g in compact.read_json(FROZEN / "grid.json") if g["status"] == "ok"]
     assert len(grid) == 48
     seen = set()
     for g in grid:
@@ -162,7 +162,7 @@ def test_a_frozen_layers_gradients_are_not_in_the_theory_its_gathers_are():
         assert (setup.n_params, setup.workload.n_trainable) == (18432, 10240)
         theory = setup.resolved.build(setup.env).comm_theory(setup.n_params, setup.workload.n_trainable)["by_kind"]
         measured = {k: v["bytes"] for k, v in
-                    json.loads((FROZEN / "grid" / g["name"] / "summary.json").read_text())["comm"]["collectives"].items()}
+                    compact.read_json(FROZEN / "grid" / g["name"] / "summary.json")["comm"]["collectives"].items()}
         backend = g["name"].split("-")[0]
         reduced = "all_reduce" if backend in ("ddp", "z1", "z2") else "reduce_scatter"  # DeepSpeed 0.19's ZeRO-1/2 all-reduce
         expected = theory.get("reduce_scatter", theory.get("all_reduce"))["bytes"]
@@ -176,9 +176,6 @@ def test_a_frozen_layers_gradients_are_not_in_the_theory_its_gathers_are():
     assert seen == {"ddp", "full_shard", "fsdp2", "z1", "z2", "z3"}
 
 
-ZEN5 = REPO / "runs" / "reference" / "cpu-2core-zoo-zen5-probed"
-
-
 def test_ddp_broadcasts_the_models_buffers_every_step_as_the_theory_prices_it():
     """DistributedDataParallel broadcasts the model's buffers from rank 0 before each step's first
     forward (broadcast_buffers, on by default), one call per dtype: measured under gloo at world 2 on
@@ -186,8 +183,7 @@ def test_ddp_broadcasts_the_models_buffers_every_step_as_the_theory_prices_it():
     llama's rotary table and bert's position ids one, models without buffers none; FSDP2 and ZeRO none.
     Priced without them, cnn_bn's DDP 8 x 1 waited 1.9 ms a step for one all-reduce where it made three
     calls of ~0.9 ms latency each, and was predicted 95% too fast."""
-    import json
-
+    from analysis import compact
     from analysis.project import price_comm
     from benchmarks.zoo import ZOO
     from training.describe import resolve_flags
@@ -195,15 +191,15 @@ def test_ddp_broadcasts_the_models_buffers_every_step_as_the_theory_prices_it():
     seen = {}
     for model in ("cnn_bn", "llama", "bert", "gptlite", "gru_lm"):
         for run in ("ddp-mb8x1-none-r0", "ddp-mb4x2-none-r0", "z2-mb8x1-none-r0", "fsdp2-mb8x1-none-r0"):
-            record = ZEN5 / model / "grid" / run
-            if not record.is_dir():  # the GRU has no repeated block: no FSDP2
+            record = WORLD2 / model / "grid" / run
+            if not compact.is_dir(record):  # the GRU has no repeated block: no FSDP2
                 continue
-            g = json.loads((record / "config.json").read_text())
-            grid = {x["name"]: x["flags"] for x in json.loads((ZEN5 / model / "grid.json").read_text())}
+            g = compact.read_json(record / "config.json")
+            grid = {x["name"]: x["flags"] for x in compact.read_json(WORLD2 / model / "grid.json")}
             setup = resolve_flags([*ZOO[model].flags, *grid[run]], 2, 2)
             assert g["world_size"] == 2
             traffic, _, _ = price_comm(setup, 2, 2, (1.0, 1000.0), (1.0, 1000.0), 25.0)
-            measured = json.loads((record / "summary.json").read_text())["comm"]["collectives"].get("broadcast")
+            measured = compact.read_json(record / "summary.json")["comm"]["collectives"].get("broadcast")
             priced = traffic.get("broadcast")
             if measured is None:
                 assert priced is None, (model, run)

@@ -122,45 +122,6 @@ def test_estimate_against_every_backend_of_the_quick_matrix(launches, request):
     assert not bad, "\n".join(f"{n}: model states {s:+.1%}, peak {p:+.1%}" for n, s, p in bad)
 
 
-GPU_REFERENCE = REPO / "runs" / "reference"
-# A compiled block saves for backward what inductor's partitioner picks, not what eager saves, and
-# the estimate counts eager's: on the H200 (runs/reference/nvidia-h200/gpu_best_mb64) the paper preset
-# at micro-batch 64 compiled was estimated 6.9% over its peak under autocast (single) and 10.4% under
-# it with FSDP2's bf16 parameters (about one more fp32 tensor of the residual's size kept per block).
-COMPILED_PEAK_TOLERANCE = 0.15
-# DeepSpeed's DeepCompile (ds_configs/z3_deepcompile.json) schedules ZeRO-3's gathers and releases in its
-# compiled graph, which the estimate does not model, and its record's allocator peak is not what the
-# other records' is: on the H200 (runs/reference/nvidia-h200/gpu_best_mfu, micro-batch 8) 2.0 GiB,
-# below its own measured activation peak (4.4 GiB) and against 6.2 GiB for eager ZeRO-3 on the same
-# machine. Not judged here.
-NOT_ESTIMATED = ("config.backend.deepcompile",)
-
-
-def test_estimate_against_the_gpu_reference_runs():
-    """The committed CUDA records (runs/reference/<device>/): the estimated peak within 10% of the
-    allocator's measured peak for every run, and above the device's memory for every run that ran
-    out of it."""
-    import re
-
-    runs = load_runs(GPU_REFERENCE)
-    runs = runs[runs["config.environment.device"].astype(str).str.startswith("cuda")]
-    assert len(runs) >= 40, f"expected the committed GPU reference records under {GPU_REFERENCE}"
-    bad = []
-    for _, run in runs.iterrows():
-        if any(run.get(column) is True for column in NOT_ESTIMATED):
-            continue
-        est = estimate_run(run)
-        if run["status"] == "ok":
-            error = est.total_bytes / run["mem_peak_bytes"] - 1
-            if abs(error) > (COMPILED_PEAK_TOLERANCE if run.get("compile", "none") != "none" else 0.10):
-                bad.append(f"{run['run_dir']}: peak {error:+.1%}")
-        elif run["status"] == "oom":
-            capacity = float(re.search(r"total capacity of ([\d.]+) GiB", run["error"]).group(1)) * 2**30
-            if est.total_bytes <= capacity:
-                bad.append(f"{run['run_dir']}: ran out of memory, estimated {est.total_bytes / 2**30:.1f} GiB")
-    assert not bad, "\n".join(bad)
-
-
 def _estimate_cli(capsys, *argv: str) -> tuple[int, dict | str]:
     from analysis.estimate import main
 
@@ -287,7 +248,7 @@ def test_a_model_without_blocks_peaks_in_its_heads_backward():
     """The zoo's GRU has no blocks: everything it saves is the head's, and its peak is the head's
     backward, traced: what is alive at once there (the head's saved tensors, the backward's buffers),
     with one of its largest saved tensor allowed for the kernels' own buffers (without that moment its
-    DDP peaks were estimated 8-12% under: runs/reference/cpu-2core-zoo)."""
+    DDP peaks were estimated 8-12% under: the zoo's first records, docs/results/zoo_accuracy_2026-12-05.md)."""
     from benchmarks.zoo import ZOO, workload
     from estimator.traced_model import TracedModel
 
@@ -306,7 +267,7 @@ def test_a_model_without_blocks_peaks_in_its_heads_backward():
 def test_frozen_parameters_hold_no_gradient_and_no_optimizer_state():
     """A frozen parameter (requires_grad False) gets no gradient and AdamW keeps no state for it: the
     zoo's frozen_tied model (its first block frozen) counts its trainable parameters' (counting all,
-    its DDP peaks were estimated 18-33% high: runs/reference/cpu-2core-zoo)."""
+    its DDP peaks were estimated 18-33% high: the zoo's first records, docs/results/zoo_accuracy_2026-12-05.md)."""
     from benchmarks.zoo import ZOO, workload
     from estimator.traced_model import TracedModel
 
@@ -325,7 +286,7 @@ def test_fsdp_accumulation_keeps_each_units_gradient_whole_until_the_last_micro_
     """Under FSDP's no_sync the micro-batches before the last keep every unit's gradient whole: the
     last one's backward starts with all of them, and in block i still holds the whole gradients of
     i and the blocks below (measured on the zoo: counting shards alone put FSDP2 13-22% under,
-    runs/reference/cpu-2core-zoo)."""
+    the zoo's first records, docs/results/zoo_accuracy_2026-12-05.md)."""
     cfg = preset("small", vocab_size=65)
     for backend in ("fsdp2", "fsdp"):
         one = estimate(cfg, backend, world=2, micro_batch=8)

@@ -5,23 +5,24 @@ fake_world to the same on a checkpoint directory a real run wrote."""
 
 import hashlib
 import json
-import shutil
 
 import pytest
 import yaml
 
+from analysis import compact
 from conftest import REPO, in_process
 from core.owned import is_checkpoint_dir, is_record, owner_of
 
+# A real run's record, written out of its compact folder (analysis/compact.py) as it was on disk.
 REFERENCE = REPO / "runs" / "reference" / "nvidia-h100-80gb-hbm3" / "gpu_reference" / "single-w1-paper-mb8-bf16-ckpt0"
 
 
 @pytest.fixture
 def owned(tmp_path):
-    """A record (a real one, copied) and a checkpoint directory in training/checkpoint.py's layout."""
+    """A record (a real one, written out) and a checkpoint directory in training/checkpoint.py's layout."""
     runs = tmp_path / "runs"
     record = runs / "r"
-    shutil.copytree(REFERENCE, record)
+    compact.unpack(REFERENCE, record)
     ck = tmp_path / "CK"
     step = ck / "step_00000004"
     step.mkdir(parents=True)

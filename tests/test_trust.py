@@ -6,13 +6,13 @@ bad arguments with one line and exit code 2; a run's failure is worded so that i
 """
 
 import json
-import shutil
 import subprocess
 import sys
 
 import pytest
 import torch
 
+from analysis import compact
 from conftest import REPO, TRAIN, base_env
 from core.dist import DistEnv
 from core.records import atomic_write_json
@@ -20,7 +20,7 @@ from core.summary import RunSummary
 from gptlite.errors import ConfigError
 from training.run import describe_error, is_oom
 
-REFERENCE = REPO / "runs" / "reference" / "nvidia-h100-80gb-hbm3" / "gpu_reference"
+REFERENCE = REPO / "runs" / "reference" / "nvidia-h100-80gb-hbm3"  # a compact folder (analysis/compact.py)
 
 
 def _tool(*args, timeout=300):
@@ -31,8 +31,8 @@ def _tool(*args, timeout=300):
 @pytest.fixture
 def records_with_a_damaged_one(tmp_path):
     runs = tmp_path / "runs"
-    for name in ("single-w1-paper-mb8-bf16-ckpt0", "ddp-w1-paper-mb8-bf16-ckpt0"):
-        shutil.copytree(REFERENCE / name, runs / name)
+    for name in ("single-w1-paper-mb8-bf16-ckpt0", "ddp-w1-paper-mb8-bf16-ckpt0"):  # real records, on disk
+        compact.unpack(REFERENCE / "gpu_reference" / name, runs / name)
     (runs / "broken").mkdir()
     (runs / "broken" / "summary.json").write_text('{"status": "ok", "run_na')  # cut off mid-write
     return runs

@@ -25,6 +25,7 @@ TOOLS = [
     ("python -m analysis.report", "analysis.report"),
     ("python -m analysis.claims", "analysis.claims"),
     ("python -m analysis.table", "analysis.table"),
+    ("python -m analysis.compact", "analysis.compact"),
     ("python -m analysis.estimate", "analysis.estimate"),
     ("python -m analysis.project", "analysis.project"),
     ("python -m analysis.plan", "analysis.plan"),

@@ -143,7 +143,7 @@ def main(argv=None) -> int:
                         f"the next best-ranked candidates join up to {RACE_LEAST}). On the model zoo no "
                         "configuration predicted below 0.6 of the leader measured within 5%% of the best (at most "
                         "0.85 of it), and "
-                        "racing fewer saves a launch per configuration left out (docs/results/zoo_accuracy.md)")
+                        "racing fewer saves a launch per configuration left out (docs/results/zoo_accuracy_2026-12-05.md)")
     p.add_argument("--verify_steps", type=int, default=8, help="steps of each verifying run, and of a race's first "
                    "round (2 warm-up steps and the last, profiled for memory, are not timed)")
     p.add_argument("--verify_rounds", type=int, default=1, metavar="R",

@@ -46,7 +46,7 @@ POINTS = ((2, 8, 1), (12, 8, 1), (12, 4, 2))
 # from the three points alone, the zoo's larger models ran their sharded configurations slower than
 # priced (seen 2026-11-29 on a grid whose records were lost with its session: FSDP1 FULL_SHARD's own
 # cost 26.9 ms a step on the mixture of experts, 239k parameters in 21 tensors, against 12.1 priced,
-# and 9.6 against 12.1 on frozen_tied, 10k in 3; measured again: runs/reference/cpu-2core-zoo-wide-point).
+# and 9.6 against 12.1 on frozen_tied, 10k in 3; measured again: cpu-2core-zoo-wide-point of docs/results/zoo_accuracy_2026-12-05.md).
 WIDE_WIDTH = 128
 WIDE = (12, 8, 1, WIDE_WIDTH)
 PROBE_POINTS = (*POINTS, WIDE)  # what measure() runs
@@ -56,20 +56,20 @@ STEPS = 24  # 2 warm-up, the last profiled for memory: 21 timed
 # rounds (benchmarks/zoo_accuracy.py), and a point's fastest run prices the configuration at the
 # machine's best moment. From 2026-11-28 to 2026-12-02 the step was the fastest (after a median of two
 # repeats, the mean of two, put 28 ms on every ZeRO-3 step: of its runs of 2 blocks, 8 x 1, one 31 ms
-# and the other 65, runs/reference/cpu-2core-zoo-race-within/backend_costs.json; and of FSDP2's three
+# and the other 65, cpu-2core-zoo-race-within/backend_costs.json of docs/results/zoo_accuracy_2026-12-05.md; and of FSDP2's three
 # at 12 blocks, 4 x 2, 170, 328 and 676 ms, the median put 111 ms on every micro-step,
-# runs/reference/cpu-2core-zoo-link-kept/backend_costs.json). With the fastest, every configuration of
-# every zoo model came out predicted too fast (runs/reference/cpu-2core-zoo-ranks-in-step-kept: signed
+# cpu-2core-zoo-link-kept/backend_costs.json of docs/results/zoo_accuracy_2026-12-05.md). With the fastest, every configuration of
+# every zoo model came out predicted too fast (cpu-2core-zoo-ranks-in-step-kept of docs/results/zoo_accuracy_2026-12-05.md: signed
 # median errors up to +69% on ZeRO-3); refitted from the medians of those folders' kept runs
 # (benchmarks/own_costs_replay.py --repeats median) the errors fell on 35 of 62 questions and rose on
 # 25, which a rule judged on its own questions cannot settle: it was switched and judged on a fresh
-# evening's grid (runs/reference/cpu-2core-zoo-median-point).
+# evening's grid (cpu-2core-zoo-median-point of docs/results/zoo_accuracy_2026-12-05.md).
 POINT_RULE = "median"
 REPEATS = 3
 # The machine's speed when the costs were measured and when a plan prices them: the probe model (12
 # blocks) forward and backward at micro-batch 8 in one process, timed REFERENCE_CALLS times after a
 # warm-up, their median (reference_seconds). A 2-core VM's speed drifts: the zoo's calibrations read
-# it 1.7-1.8x faster 35 minutes apart (runs/reference/cpu-2core-zoo-link-kept-fastest), and costs
+# it 1.7-1.8x faster 35 minutes apart (cpu-2core-zoo-link-kept-fastest of docs/results/zoo_accuracy_2026-12-05.md), and costs
 # measured at one speed priced at another put every plan's own costs off by as much.
 # The calls are timed in REFERENCE_BATCHES batches a REFERENCE_GAP_S apart, and the fastest batch's
 # median kept (steady_seconds): one batch lasts about 50 ms on the 2-core CPU, and anything else
@@ -204,7 +204,7 @@ def items(setup, backend: str) -> tuple[str, float]:
     (it has no gradient to reduce), so it counts as FROZEN_UNIT of a unit (frozen_units). The probe model's units all
     train, so its per-unit price is of the three. Replayed on the ten committed evenings' frozen_tied
     grids (benchmarks/own_costs_replay.py; nothing run, no other model's prediction changes), the
-    median error fell on all ten, by 0.6 to 2.9 points (runs/reference/cpu-2core-zoo-race-share: 25.7% to 23.1%)."""
+    median error fell on all ten, by 0.6 to 2.9 points (cpu-2core-zoo-race-share of docs/results/zoo_accuracy_2026-12-05.md: 25.7% to 23.1%)."""
     if backend in ("fsdp", "fsdp2"):
         units, frozen = frozen_units(setup.workload.meta(), setup.cfg.block_class)
         return "FSDP unit", units - frozen * (1 - FROZEN_UNIT)
@@ -249,7 +249,7 @@ def fit(residuals: dict[tuple, float], n: dict, params: dict | None = None) -> d
     best (least squares, scipy.optimize.nnls). As many points as costs: the exact solution where it has
     no negative cost. Where it has, the costs were fitted one after another before (2026-12-02), each
     from its own pair of points, a negative one set to 0 and the next taking the rest: ZeRO-2's probe on
-    the 2-core CPU (runs/reference/cpu-2core-zoo-wide-point) left 7.0 ms at 12 blocks 8 x 1 and 21.8 at
+    the 2-core CPU (cpu-2core-zoo-wide-point of docs/results/zoo_accuracy_2026-12-05.md) left 7.0 ms at 12 blocks 8 x 1 and 21.8 at
     4 x 2, so its micro-step got 12.9 ms, its step -7.8 set to 0, and every 8 x 1 ZeRO-2 candidate was
     priced 14.8 ms where its probe had left 7.0 (least squares: 9.7 ms at 12 blocks 8 x 1, 19.5 at 4 x 2)."""
     import numpy as np

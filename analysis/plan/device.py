@@ -120,7 +120,7 @@ def loop_step_times(train_argv: list[str], micro: int, steps: int = LOOP_STEPS) 
     zeroes them, moves the learning rate and times itself: on the 2-core CPU (2026-11-28, the zoo's
     ViT at micro-batch 8, one thread) train.py's step took 15.0 ms where the calibration's forward,
     backward and optimizer step summed to 6.4 (py-spy of the run: forward 30%, backward 25%, optimizer
-    and clipping 31%, the batch 8%), and every plan of runs/reference/cpu-2core-zoo-plan-in-window
+    and clipping 31%, the batch 8%), and every plan of cpu-2core-zoo-plan-in-window of docs/results/zoo_accuracy_2026-12-05.md
     predicted its model's steps faster than they ran (+7% to +43%)."""
     import os
     import signal
@@ -237,7 +237,7 @@ def calibration_points(micro_batches: list[int], gpu: bool) -> tuple[int, int]:
 # The link between local processes, as a training step meets it: on the 2-core CPU one all_reduce of
 # 1 KB between two processes took 0.13 to 8 ms (200 calls, 2026-11-28: median 0.25-0.76 ms, mean
 # 0.86-1.9 ms, three launches), so a probe of five calls read anything from 291 to 2381 us per ring
-# step across the eight plans of runs/reference/cpu-2core-zoo-race-within, and one plan priced every
+# step across the eight plans of cpu-2core-zoo-race-within of docs/results/zoo_accuracy_2026-12-05.md, and one plan priced every
 # DDP step of its model 9.5 ms of waiting where its runs left 1.3. Each launch times many calls and
 # takes their mean (what a step pays on average); the median of the launches is kept.
 LINK_CALLS = (50, 8)  # timed per launch: the small message, the large one
@@ -342,7 +342,7 @@ def calibrate_together(train_argv: list[str], ranks: int, points: tuple[int, int
     backward at micro-batch 8, two launches each, alone then two at once) the zoo's ViT took 4.2 ms
     alone and 5.1 together, GPT-lite 21.5 and 24.1, the mixture of experts 15.2 and 17.9,
     frozen_tied 0.63 and 1.23; and against the grid measured in the same window
-    (runs/reference/cpu-2core-zoo-plan-in-window) the plans calibrated alone predicted ViT's DDP 8 x 1
+    (cpu-2core-zoo-plan-in-window of docs/results/zoo_accuracy_2026-12-05.md) the plans calibrated alone predicted ViT's DDP 8 x 1
     at 12.4 ms a step where it ran 17.4."""
     import torch.multiprocessing as mp
 

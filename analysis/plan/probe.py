@@ -74,7 +74,7 @@ def costs_for(configs: list[str], world: int, device, measure_missing: bool, pro
     reference step read here and `speed_before` (the plan's read before its calibration), the faster,
     as a probe keeps the faster of its reads before and after its runs. One read of about a second is
     not the machine's speed every time: on 2026-12-02 the first plan of each of two evenings read 2.69
-    and 2.78 ms where the plans after read 1.64-1.92 (runs/reference/cpu-2core-zoo-median-point, -trainable-comm),
+    and 2.78 ms where the plans after read 1.64-1.92 (cpu-2core-zoo-median-point of docs/results/zoo_accuracy_2026-12-05.md, -trainable-comm),
     and the second's calibration, timed just before in the same plan, was as fast as the evening's
     before (its micro-step 0.68 ms against 0.72): its own costs priced 1.6x too high. The cache is
     rewritten whole, by a rename. `single` has no costs of its own to measure: its step, train.py's loop

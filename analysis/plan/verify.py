@@ -121,12 +121,12 @@ def entrants(rows: list[dict], per_family: int = 1, within: float = 0.0, least: 
     micro-batches and checkpointing, which the calibrated compute ranks within it.
     `within` (0 to 1): only the configurations whose best prediction is at least `within` x the best
     candidate's; 0 enters every one. The model's errors are large, but not that large across a whole
-    configuration: on the zoo's 22 model questions (runs/reference/cpu-2core-zoo*) no configuration predicted
+    configuration: on the zoo's 22 model questions (cpu-2core-zoo* of docs/results/zoo_accuracy_2026-12-05.md) no configuration predicted
     below 0.6 of the leader measured within 5% of the grid's best (at most 0.73 of it on the first 18,
-    0.85 on the four whose own costs a slow probe run skewed; docs/results/zoo_accuracy.md).
+    0.85 on the four whose own costs a slow probe run skewed; docs/results/zoo_accuracy_2026-12-05.md).
     `least` (default RACE_LEAST): where fewer are entered, the next best-ranked fitting candidates
     join, in the order ranked, up to that many. A race of one is no race: on the zoo's frozen_tied
-    (2026-12-03, runs/reference/cpu-2core-zoo-zen5-probed) only DDP was within, its best-ranked
+    (2026-12-03, cpu-2core-zoo-zen5-probed of docs/results/zoo_accuracy_2026-12-05.md) only DDP was within, its best-ranked
     candidate (8 x 1) ran once and was picked, 14.5% behind DDP 4 x 2 by the grid's medians, the
     plan's second."""
     if not 0.0 <= within <= 1.0:
