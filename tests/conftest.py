@@ -283,6 +283,7 @@ def record(directory: Path) -> Run:
 def matrix_run(runs: Path, label: str, ckpt: int = 0) -> Run:
     """The quick matrix's record (launches "matrix") of a configuration label (single, ddp,
     fsdp.full_shard, deepspeed.z3, ...), checkpointing off or every block."""
-    world = 1 if label == "single" else 2
+    # single stands in for the 2 ranks: one process, micro-batch 4 accumulated twice (training/sweep.py)
+    shape = "w1-tiny-mb4x2" if label == "single" else "w2-tiny-mb4"
     suffix = "-ckpt1-torch_nonreentrant" if ckpt else "-ckpt0"
-    return record(runs / f"{label}-w{world}-tiny-mb4-fp32{suffix}").check_ok()
+    return record(runs / f"{label}-{shape}-fp32{suffix}").check_ok()

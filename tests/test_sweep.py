@@ -55,13 +55,31 @@ def test_expansion_rules(tmp_path):
     names = {r.name for r in runs}
     # single runs in one process; ckpt_impl only matters with checkpointing; deepspeed's impls
     # only under DeepSpeed.
-    assert "single-w1-tiny-mb8-fp32-ckpt0" in names and not any(n.startswith("single-w2") for n in names)
+    assert "single-w1-tiny-mb8x2-fp32-ckpt0" in names and not any(n.startswith("single-w2") for n in names)
     assert sum(n.endswith("ckpt0") for n in names) == 4
     assert "deepspeed.z3-w2-tiny-mb8-fp32-ckpt2-deepspeed" in names
     assert not any(n.startswith("ddp") and n.endswith("-deepspeed") for n in names)
     assert len(runs) == 4 + 4 + 1 and len(skipped) == 3
     command = next(r for r in runs if r.backend == "deepspeed").command(spec.directory)
     assert command[0].endswith("deepspeed") and "--num_gpus" in command and "--master_port" in command
+
+
+def test_single_trains_on_the_global_batch_of_the_ranks_it_is_compared_to(tmp_path):
+    """One process accumulates over the matrix's ranks (a spec's own grad_accum too): the same global batch,
+    so the same samples step by step, as the runs of that world size; at world 1 it runs as given."""
+    spec = load_spec(_spec(tmp_path, matrix={"backend": ["single", "ddp"], "world_size": [1, 2, 4]},
+                           train_args={"grad_accum": 2}))
+    runs = {r.name: r for r in expand(spec)[0]}
+    global_batch = {name: r.world_size * dict(r.flags)["micro_batch"] * dict(r.flags)["grad_accum"]
+                    for name, r in runs.items()}
+    assert global_batch == {"single-w1-tiny-mb8-fp32-ckpt0": 16, "single-w1-tiny-mb8x4-fp32-ckpt0": 32,
+                            "single-w1-tiny-mb8x8-fp32-ckpt0": 64, "ddp-w1-tiny-mb8-fp32-ckpt0": 16,
+                            "ddp-w2-tiny-mb8-fp32-ckpt0": 32, "ddp-w4-tiny-mb8-fp32-ckpt0": 64}
+    assert all(r.world_size == 1 for name, r in runs.items() if name.startswith("single"))
+    argv = runs["single-w1-tiny-mb8x4-fp32-ckpt0"].argv(tmp_path)
+    assert argv.count("--grad_accum") == 1 and argv[argv.index("--grad_accum") + 1] == "4"
+    # The largest-batch search groups each single run apart (its key says the accumulation).
+    assert len({r.config_key for r in runs.values()}) == len(runs)
 
 
 def test_activation_offload_dimension(tmp_path):
@@ -138,7 +156,7 @@ def test_a_sweep_records_a_failure_goes_on_and_a_rerun_skips_what_is_done(tmp_pa
     runs = tmp_path / "runs"
     summaries = {p.parent.name: json.loads(p.read_text()) for p in runs.glob("*/summary.json")}
     assert {name: s["status"] for name, s in summaries.items()} == {
-        "single-w1-tiny-mb2-fp32-ckpt0": "ok", "ddp-w2-tiny-mb2-fp32-ckpt0": "failed",
+        "single-w1-tiny-mb2x2-fp32-ckpt0": "ok", "ddp-w2-tiny-mb2-fp32-ckpt0": "failed",
         "fsdp.full_shard-w2-tiny-mb2-fp32-ckpt0": "ok"}
     assert "injected fault" in summaries["ddp-w2-tiny-mb2-fp32-ckpt0"]["error"]
     assert "1 failed, 2 ok" in first.stdout
@@ -204,7 +222,7 @@ def test_a_changed_spec_never_reuses_or_overwrites_a_record(tmp_path, stubbed):
                 train_args={"warmup_steps": 0, "mem_profile_steps": 0, "eval_batches": 1})
     first = _sweep_here(_spec(tmp_path, steps=2, **args))
     assert first.returncode == 0, first.stderr
-    summary = tmp_path / "runs" / "single-w1-tiny-mb2-fp32-ckpt0" / "summary.json"
+    summary = tmp_path / "runs" / "single-w1-tiny-mb2x2-fp32-ckpt0" / "summary.json"
     before = summary.read_bytes()
     changed = _sweep_here(_spec(tmp_path, steps=3, **args))
     assert changed.returncode == 2 and "recorded with other settings" in changed.stderr

@@ -346,8 +346,13 @@ def expand(spec: SweepSpec) -> tuple[list[PlannedRun], list[str]]:
         gptlite = model.name == "gptlite"
         if not gptlite and preset != m.preset[0]:
             continue  # the presets size GPT-lite; another model runs once, with the first
+        ranks = world
         if backend == "single":
             world = 1  # one process by definition
+        # `single` stands in for the matrix's `ranks` ranks: it accumulates over them, so that it trains on the
+        # same global batch, and so the same samples step by step (gptlite/data.py), as the runs it is compared to.
+        accum = int(spec.train_args.get("grad_accum", 1)) * (ranks if backend == "single" else 1)
+        stands_in = backend == "single" and ranks > 1
         auto = str(policy).startswith("auto:")
         if auto and (interval or impl != m.ckpt_impl[0] or offload != m.activation_offload[0]):
             continue  # auto chooses every block itself (ckpt_interval 0), and takes no impl or offload: once
@@ -381,13 +386,15 @@ def expand(spec: SweepSpec) -> tuple[list[PlannedRun], list[str]]:
             size = preset if (model.label, model.args) == ("gptlite", None) else f"{model.label}.{preset}"
         else:
             size = model.label
-        key = f"{label}-w{world}-{size}-{precision}-{ckpt}"
-        name = f"{label}-w{world}-{size}-mb{micro}-{precision}-{ckpt}"
+        batch = f"mb{micro}x{accum}" if stands_in else f"mb{micro}"
+        key = f"{label}-w{world}-{size}-{precision}-{ckpt}" + (f"-accum{accum}" if stands_in else "")
+        name = f"{label}-w{world}-{size}-{batch}-{precision}-{ckpt}"
         flags = {**model_flags(model), "preset": preset, "micro_batch": micro, "precision": precision,
                  "steps": spec.steps, "ckpt_interval": interval, **({"ckpt_impl": impl} if interval else {}),
                  **(policy_flags(policy) if policy != "full" else {}),
                  **offload_flags(offload),
-                 **({"compile": True, "compile_backend": compiled} if compiled != "none" else {}), **spec.train_args}
+                 **({"compile": True, "compile_backend": compiled} if compiled != "none" else {}), **spec.train_args,
+                 **({"grad_accum": accum} if stands_in else {})}
         if config_file and backend == "deepspeed":
             from backends import deepspeed_config, deepspeed_plan
 
