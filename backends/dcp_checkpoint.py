@@ -31,6 +31,6 @@ class DCPCheckpointMixin:
         dcp.load(state, checkpoint_id=str(directory / "dcp"))
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optimizer"])
-        extra = torch.load(directory / "extra.pt", map_location=self.env.device)
+        extra = torch.load(directory / "extra.pt", map_location=self.env.device, weights_only=True)
         self.scheduler.load_state_dict(extra["scheduler"])
         self.scaler.load_state_dict(extra["scaler"])

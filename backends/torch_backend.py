@@ -141,7 +141,7 @@ class TorchBackend(Backend):
                        directory / "state.pt")
 
     def load_checkpoint(self, directory: Path) -> None:
-        state = torch.load(directory / "state.pt", map_location=self.env.device)
+        state = torch.load(directory / "state.pt", map_location=self.env.device, weights_only=True)
         self.unwrapped().load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])

@@ -173,9 +173,13 @@ class RunConfig:
     # Data and batch.
     data: str | None = _flag(
         "UTF-8 text file to train on (e.g. tiny-shakespeare's input.txt); for an image model, a CIFAR-10 "
-        "directory (cifar-10-batches-py). Default: the embedded generated corpus, or synthetic "
-        "CIFAR-10-shaped images.", None, metavar="PATH",
+        "directory (cifar-10-batches-bin, or with --trust_data cifar-10-batches-py). Default: the embedded "
+        "generated corpus, or synthetic CIFAR-10-shaped images.", None, metavar="PATH",
     )
+    trust_data: bool = _flag(
+        "Read CIFAR-10's python version (cifar-10-batches-py) from --data: its batches are pickles, which can "
+        "run code; with this flag they are read accepting arrays, lists and bytes only. The binary version "
+        "(cifar-10-batches-bin) needs no flag.", False)
     steps: int = _flag("Optimizer steps to run.", 50)
     micro_batch: int | None = _flag(
         f"Samples per rank per micro-step. Default: the DeepSpeed config's, else {DEFAULT_MICRO_BATCH}.", None)
@@ -260,6 +264,11 @@ class RunConfig:
         "Start from a consolidated fp32 state dict (python -m training.export), e.g. one written by "
         "another backend: the weights and the step position, with a fresh optimizer.", None,
         group="checkpoints", metavar="FILE")
+    trust_checkpoint: bool = _flag(
+        "Load a checkpoint (--resume) or an export (--init_from) that has no manifest signed by you: another "
+        "user's or machine's, or one from before checkpoints were signed (docs/checkpoints.md). Torch files are "
+        "still read weights-only; DCP's metadata and DeepSpeed's files are pickles, which can run code.",
+        False, group="checkpoints")
     # Where things go and how much is said.
     runs_dir: str = _flag("Directory for run records.", "runs", group="output", metavar="DIR")
     run_name: str | None = _flag(
@@ -472,7 +481,8 @@ class RunConfig:
         return ModelRequest(self.model, parse_model_args(self.model_args), self.data,
                             seq_len=self.model_config().block_size, block_size_given=self.block_size is not None,
                             dropout=self.dropout if self.model != "gptlite" else None,
-                            gptlite_config=lambda vocab_size: self.model_config(vocab_size=vocab_size))
+                            gptlite_config=lambda vocab_size: self.model_config(vocab_size=vocab_size),
+                            trust_data=self.trust_data)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -139,7 +139,7 @@ def load(request: ModelRequest) -> Workload:
     else:
         from models.vision import image_data
 
-        data = image_data(request.data)
+        data = image_data(request.data, request.trust_data)
         config = build_config(request, task, None)
         auto, call, tokens = transformers.AutoModelForImageClassification, _classifier_logits, None
 

@@ -105,6 +105,7 @@ class ModelRequest:
     dropout: float | None = None  # --dropout: every dropout probability of an HF config
     # GPT-lite's config for a vocabulary size (the preset with its overrides): gptlite only.
     gptlite_config: Callable | None = None
+    trust_data: bool = False  # --trust_data: --data may be read from pickles (CIFAR-10's python version)
 
     @property
     def kind(self) -> str:

@@ -7,7 +7,8 @@ table says who depends on what; tests/test_launch_table.py holds every reader to
 A launch that failed fails every test that reads it, with its output.
 
 Kinds:
-    train   train.py under a launcher (python, torchrun, deepspeed): a Run (conftest.Run)
+    train   train.py under a launcher (python, torchrun, deepspeed): a Run (conftest.Run); "{DIR}" in
+            its args and env is the launch's own directory (its record is {DIR}/<name>)
     sweep   sweep.py on a spec built from a shipped one: the directory of its records
     probe   tests/ckpt_probe.py under torchrun, every group of PROBE_GROUPS in one launch: each rank's
             results ({group label: {case: result}})
@@ -136,6 +137,10 @@ PROBE_GROUPS = [
 
 
 # ------------------------------------------------------------------ the table
+TRUST_READERS = ("test_checkpoint_trust::test_a_damaged_checkpoint_is_refused_before_any_rank_starts",
+                 "test_checkpoint_trust::test_a_checkpoint_carrying_code_runs_none_of_it")
+SAVED = ("--save_every", "2", "--save_dir", "{DIR}/save")
+SAVED_KEY = (("GPTLITE_CHECKPOINT_KEY", "{DIR}/checkpoint.key"),)
 LAUNCHES: dict[str, Launch] = {
     "reference": Launch(
         "the one-process reference: micro-batch 8, global batch 8, the last step profiled", "train",
@@ -183,6 +188,16 @@ LAUNCHES: dict[str, Launch] = {
                               readers=("test_deepspeed::ds_runs",), launcher="torchrun",
                               args=_two_ranks("--deepspeed_config", "ds_configs/z3_infinity.json", micro=2, accum=2),
                               timeout=DS_TIMEOUT_S),
+    # Finished runs with checkpoints after steps 1 and 3 (the latest), signed with a key of their own
+    # ({DIR}: the launch's directory), which resumes are tried against, damaged or carrying code.
+    "fsdp2-saved": Launch("FSDP2, 2 ranks, checkpoints after steps 1 and 3", "train",
+                          readers=TRUST_READERS, launcher="torchrun",
+                          args=_two_ranks("--fsdp_config", "fsdp_configs/fsdp2.yaml", *SAVED, micro=2, steps=4),
+                          env=SAVED_KEY),
+    "z3-saved": Launch("ZeRO-3, 2 ranks, checkpoints after steps 1 and 3", "train", readers=TRUST_READERS,
+                       launcher="deepspeed", args=_two_ranks("--deepspeed_config", "ds_configs/z3.json", *SAVED,
+                                                             micro=2, steps=4),
+                       env=SAVED_KEY, timeout=DS_TIMEOUT_S),
     "probe": Launch("tests/ckpt_probe.py: every group of PROBE_GROUPS, 2 ranks", "probe",
                     readers=("test_activation_checkpointing::test_checkpointing_leaves_losses_and_gradients_unchanged",
                              "test_activation_checkpointing::test_printed_model_shows_checkpoint_wrappers_where_chosen",
@@ -250,9 +265,10 @@ class Launched:
         from conftest import launch as start, train
 
         directory = self.root / name
-        env = dict(launch.env)
+        env = {key: value.replace("{DIR}", str(directory)) for key, value in launch.env}
         if launch.kind == "train":
-            return train(directory, name, *launch.args, launcher=launch.launcher, timeout=launch.timeout,
+            args = [arg.replace("{DIR}", str(directory)) for arg in launch.args]
+            return train(directory, name, *args, launcher=launch.launcher, timeout=launch.timeout,
                          env=env, real=launch.real).check_ok()
         if launch.kind == "sweep":
             path = directory / "spec.yaml"

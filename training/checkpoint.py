@@ -10,12 +10,14 @@
                               LR schedule, grad scaler), "dcp" (torch.distributed.checkpoint,
                               sharded, plus extra.pt) or "deepspeed" (engine.save_checkpoint)
         rng/rank<k>.pt        each rank's torch RNG states (dropout)
+        manifest.json         every file's size and SHA-256, signed with this user's key
+                              (training/manifest.py): checked before anything in it is loaded
       latest                  the name of the newest complete checkpoint
 
 The data position needs no saving: the batch of a step is a pure function of (seed, step).
 A checkpoint is written into `.step_<N>.partial/` and renamed into place once every rank has
-finished writing it, then `latest` is replaced; a run killed while saving leaves the previous
-checkpoint as the latest.
+finished writing it (its manifest written last, inside it, so that the two appear together),
+then `latest` is replaced; a run killed while saving leaves the previous checkpoint as the latest.
 
 A checkpoint directory belongs to one run (a record and its resumed attempts, by the run id in
 its config.json): training/preflight.py refuses any other run into it before anything starts,
@@ -35,6 +37,8 @@ import torch.distributed as dist
 
 from core.owned import LATEST, LOCK, OWNER, STEP_PREFIX  # the layout (core/owned.py): checkpoint.LATEST, ...
 from core.records import atomic_write_json, atomic_write_text
+from gptlite.errors import ConfigError
+from training import manifest
 
 
 
@@ -66,10 +70,8 @@ def latest(save_dir: str | Path) -> tuple[Path, dict] | None:
     if not pointer.is_file():
         return None
     directory = Path(save_dir) / pointer.read_text().strip()
-    meta = directory / "meta.json"
-    if not meta.is_file():
-        return None
-    return directory, json.loads(meta.read_text())
+    meta = read_meta(directory)
+    return None if meta is None else (directory, meta)
 
 
 def param_shapes(model: torch.nn.Module) -> dict[str, list[int]]:
@@ -90,7 +92,8 @@ def plain_name(name: str) -> str:
 def written_shapes(directory: Path, meta: dict) -> dict[str, list[int]] | None:
     """The parameter names and shapes a checkpoint holds: recorded in its meta.json, or for a
     checkpoint from before they were, read from the "torch" and "dcp" formats' own files (without
-    loading the tensors); None where neither can say (DeepSpeed's engine format)."""
+    loading the tensors); None where neither can say (DeepSpeed's engine format). DCP's metadata is
+    a pickle: only for a checkpoint its manifest verified, or one the user trusts."""
     if isinstance(meta.get("params"), dict):
         return meta["params"]
     try:
@@ -136,6 +139,31 @@ def read_meta(directory: Path) -> dict | None:
     except (OSError, ValueError):
         return None
     return meta if isinstance(meta, dict) else None
+
+
+FORMATS = ("torch", "dcp", "deepspeed")
+
+
+def checked_meta(directory: Path, where: str) -> dict:
+    """The checkpoint's meta.json, with the fields every reader relies on checked; ConfigError (one
+    line, starting with `where`, naming the field) for one that is not what save() writes."""
+    path = directory / "meta.json"
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{where}: {path} is not readable JSON ({type(e).__name__}; a missing or damaged "
+                          "checkpoint)") from None
+    if not isinstance(meta, dict):
+        raise ConfigError(f"{where}: {path} holds a {type(meta).__name__}; a checkpoint's meta.json is an object "
+                          "(step, format, backend, ...)")
+    if not isinstance(meta.get("step"), int) or isinstance(meta.get("step"), bool) or meta["step"] < 0:
+        raise ConfigError(f"{where}: {path}: step must be an integer >= 0 (got {meta.get('step')!r})")
+    if meta.get("format") not in FORMATS:
+        raise ConfigError(f"{where}: {path}: format must be one of {', '.join(FORMATS)} (got {meta.get('format')!r})")
+    for key in ("model", "params"):  # absent from checkpoints older than these fields
+        if key in meta and not isinstance(meta[key], dict):
+            raise ConfigError(f"{where}: {path}: {key} must be an object (got {type(meta[key]).__name__})")
+    return meta
 
 
 def written_by(directory: Path, run_id: str, run_name: str | None) -> bool:
@@ -229,6 +257,7 @@ def _save(backend, save_dir: Path, step: int, rank: int, meta: dict, keep: int, 
         if (owner(save_dir) or {}).get("run_id") != run_id:  # claimed with its first checkpoint
             atomic_write_json(save_dir / OWNER, {"run_id": run_id, "record": meta["record"]})
         atomic_write_json(partial / "meta.json", {"step": step, "format": backend.checkpoint_format, **meta})
+        manifest.write(partial)  # every rank's files are complete (the barrier): signed, then put in place
         if final.exists():
             if not written_by(final, run_id, run_name):  # preflight keeps other runs out: never replace theirs
                 raise RuntimeError(f"{final} was written by another run; not replacing it")
@@ -256,4 +285,4 @@ def load(backend, directory: Path, rank: int) -> None:
     backend.load_checkpoint(directory / "model")
     rng = directory / "rng" / f"rank{rank}.pt"
     if rng.exists():  # absent when the world size changed; the RNG then starts from the seed
-        set_rng_state(torch.load(rng))
+        set_rng_state(torch.load(rng, weights_only=True))

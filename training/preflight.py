@@ -5,6 +5,10 @@ model; `--resume` must find a checkpoint it can continue (complete, of this back
 world) or, without one, must not be about to destroy a record it cannot continue; a record
 has one writer at a time; and a checkpoint directory belongs to one run, written by one process
 at a time. Every problem is a ConfigError (one line, exit code 2, nothing written).
+
+A checkpoint or an export is read only after its signed manifest (training/manifest.py) says this
+user's suite wrote it as it is, or the user trusts it (--trust_checkpoint). Every rank checks it (and
+so refuses it as rank 0 does); its files are hashed once per machine.
 """
 
 from __future__ import annotations
@@ -18,9 +22,9 @@ from pathlib import Path
 import torch
 
 from core.owned import check_out, is_record
-from core.records import read_json, read_summary
+from core.records import read_summary
 from gptlite.errors import ConfigError
-from training import checkpoint
+from training import checkpoint, manifest
 from training.locks import FileLock, LockHeld
 
 
@@ -54,9 +58,11 @@ def writable_out(flag: str, path: str, writes: str | None = None) -> None:
     writable_dir(flag, path)
 
 
-def init_weights(path: str, workload) -> dict:
-    """The export in `path` (python -m training.export), checked against this run's model."""
-    try:
+def init_weights(path: str, workload, trust: bool = False) -> dict:
+    """The export in `path` (python -m training.export), its signature checked (`trust`:
+    --trust_checkpoint), and checked against this run's model."""
+    manifest.verify(Path(path).parent, f"init_from: {path}", trust, only=Path(path).name)
+    try:  # weights-only, signed or trusted
         exported = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - not a torch file, truncated, or pickled code: all bad input
         raise ConfigError(f"init_from: {path} is not a file written by python -m training.export "
@@ -78,6 +84,7 @@ class Resume:
     directory: Path
     meta: dict
     shapes_checked: bool = True  # False: a checkpoint whose parameter shapes could not be read up front
+    verified: bool = True  # False: loaded on --trust_checkpoint, without a manifest signed by this user
 
     @property
     def start_step(self) -> int:
@@ -89,7 +96,7 @@ def resume_point(cfg, world_size: int, global_batch: int, workload, record_dir: 
     """Where `--resume` continues from: a checkpoint it can continue, or None to start afresh
     (only when no record would be lost: none exists, or it is the same run's unfinished attempt
     that died before its first checkpoint)."""
-    found = inspect(Path(cfg.save_dir))
+    found = inspect(Path(cfg.save_dir), cfg.trust_checkpoint)
     summary = read_summary(record_dir / "summary.json") if record_dir is not None else None
     if found is None:
         if summary is None:
@@ -140,11 +147,12 @@ def resume_point(cfg, world_size: int, global_batch: int, workload, record_dir: 
         state = " (its record is finished)" if summary is not None and summary.status == "ok" else ""
         raise ConfigError(f"{where} is at step {meta['step']}: with --steps {cfg.steps} there is nothing left to "
                           f"train{state}; ask for more --steps")
-    return Resume(found.directory, meta, shapes_checked=shapes is not None)
+    return Resume(found.directory, meta, shapes_checked=shapes is not None, verified=found.verified)
 
 
-def inspect(save_dir: Path) -> Resume | None:
-    """The latest complete checkpoint under `save_dir`, checked readable; None if there is none."""
+def inspect(save_dir: Path, trust: bool = False) -> Resume | None:
+    """The latest complete checkpoint under `save_dir`, checked against its manifest (`trust`:
+    --trust_checkpoint) and readable; None if there is none."""
     if not save_dir.exists():
         return None
     if not save_dir.is_dir():
@@ -157,18 +165,18 @@ def inspect(save_dir: Path) -> Resume | None:
                               "file naming the complete one; restore it or pass the directory to training.export")
         return None
     directory = save_dir / pointer.read_text().strip()
-    try:
-        meta = read_json(directory / "meta.json")
-        if not isinstance(meta, dict) or not isinstance(meta.get("step"), int):
-            raise ValueError("no step")
-    except (OSError, ValueError):
+    if not (directory / "meta.json").is_file():
         raise ConfigError(f"resume: '{checkpoint.LATEST}' in {save_dir} names {directory.name}, which has no "
-                          "readable meta.json (a missing or damaged checkpoint)") from None
-    for f in sorted(directory.rglob("*.pt")):
-        if not _complete_torch_file(f):
-            raise ConfigError(f"resume: the checkpoint {directory} is damaged: {f.relative_to(directory)} is truncated "
-                              "or not a torch file")
-    return Resume(directory, meta)
+                          "readable meta.json (a missing or damaged checkpoint)")
+    where = f"resume: the checkpoint {directory}"
+    # Before anything in it is read beyond JSON: signed by this user, every file as written.
+    verified = manifest.verify(directory, where, trust)
+    meta = checkpoint.checked_meta(directory, where)
+    if not verified:  # trusted without a manifest: at least whole torch files
+        for f in sorted(directory.rglob("*.pt")):
+            if not _complete_torch_file(f):
+                raise ConfigError(f"{where} is damaged: {f.relative_to(directory)} is truncated or not a torch file")
+    return Resume(directory, meta, verified=verified)
 
 
 def _complete_torch_file(path: Path) -> bool:
@@ -236,19 +244,24 @@ def own_save_dir(save_dir: str, run_id: str, run_name: str | None, record_dir: P
         raise ConfigError(f"save_dir: {save_dir} holds the checkpoints of {whose}; one run per checkpoint directory: "
                           f"{how}")
     # Checkpoints from before directories had owners name their run by its record's name only.
-    names = sorted({str((checkpoint.read_meta(p) or {}).get("run_name")) for p in found})
+    metas = [checkpoint.read_meta(p) or {} for p in found]
+    names = sorted({meta["run_name"] for meta in metas if isinstance(meta.get("run_name"), str)})
     resumed = checkpoint.latest(save_dir)
     if record_dir is not None and resumed is not None and resumed[1].get("run_name") == run_name \
             and (record_dir / "config.json").exists():
         return  # this record's own checkpoints, resumed: the first checkpoint it writes claims the directory
+    if not names:
+        raise ConfigError(f"save_dir: {save_dir} holds checkpoints ({found[-1].name}) whose meta.json names no run "
+                          f"(damaged, or written by another tool); one run per checkpoint directory: {how}")
     raise ConfigError(f"save_dir: {save_dir} holds checkpoints of the run {', '.join(names)} ({found[-1].name}); "
                       f"one run per checkpoint directory: --resume --run_name {names[-1]} continues it, or {how}")
 
 
 # RunConfig fields that do not define a run: where it is recorded, how much it says, how long it
-# waits for a collective, when it saves, and --steps (a resume may ask for more).
+# waits for a collective, when it saves, whether its inputs are trusted, and --steps (a resume may
+# ask for more).
 NOT_THE_RUN = ("steps", "resume", "overwrite", "quiet", "log_every", "dry_run", "local_rank", "runs_dir", "run_name",
-               "dist_timeout_s", "save_dir", "save_every", "keep_checkpoints")
+               "dist_timeout_s", "save_dir", "save_every", "keep_checkpoints", "trust_checkpoint", "trust_data")
 
 
 # What a resume from a checkpoint may change besides: how the global batch is split (a "torch"

@@ -42,7 +42,7 @@ import models
 from gptlite.data import DataError
 from gptlite.errors import ConfigError
 from models import Workload
-from training import checkpoint, memory_check, preflight, trackers
+from training import checkpoint, manifest, memory_check, preflight, trackers
 from training.cli import report_bad_input, tell_torch_elastic
 from training.locks import RecordLock
 from training.loop import StepLoop
@@ -166,7 +166,7 @@ def resolve(cfg: RunConfig, env: DistEnv | None = None, resolved: Resolved | Non
         preflight.writable_dir("save_dir", cfg.save_dir)
         preflight.outside_records(cfg.save_dir, record_dir)
     if cfg.init_from:
-        setup.init = preflight.init_weights(cfg.init_from, workload)
+        setup.init = preflight.init_weights(cfg.init_from, workload, cfg.trust_checkpoint)
         if setup.init["step"] + 1 >= cfg.steps:
             raise ConfigError(f"init_from: {cfg.init_from} ends at step {setup.init['step']}; with --steps "
                               f"{cfg.steps} there is nothing left to train; ask for more --steps")
@@ -177,6 +177,10 @@ def resolve(cfg: RunConfig, env: DistEnv | None = None, resolved: Resolved | Non
         if setup.resume is not None and not setup.resume.shapes_checked and env.is_main:
             print(f"note: {setup.resume.directory} was written before checkpoints recorded their parameter shapes "
                   "and its format does not say them: they are compared only as it loads", file=sys.stderr)
+        if setup.resume is not None and not setup.resume.verified and env.is_main:  # --trust_checkpoint
+            note = manifest.trusted_note(setup.resume.directory, setup.resume.meta["format"])
+            if note:
+                print(note, file=sys.stderr)
     if record_dir is not None and record_dir.is_dir() and setup.resume is None and (cfg.overwrite or cfg.resume):
         preflight.replaceable(record_dir)
     if env.is_main:  # last: every other check has passed
@@ -187,6 +191,8 @@ def resolve(cfg: RunConfig, env: DistEnv | None = None, resolved: Resolved | Non
                 # Decided holding the directory's lock, so no other run can claim it meanwhile.
                 setup.save_lock = preflight.SaveDirLock(cfg.save_dir)
                 preflight.own_save_dir(cfg.save_dir, setup.run_id, cfg.run_name, record_dir)
+            if cfg.save_every:
+                manifest.signing_key()  # made (or found unusable) now, not at the first save
             for path in preflight.nvme_paths(resolved.plan):
                 setup.nvme_locks.append(preflight.NVMeLock(path))
         except ConfigError:
