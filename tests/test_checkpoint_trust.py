@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from conftest import REPO, TRAIN, in_process, launch
+from gptlite.errors import ConfigError
 from training import manifest
 
 KEY_ENV = manifest.KEY_ENV
@@ -189,6 +190,16 @@ def test_a_checkpoint_is_saved_with_its_manifest_inside_it(tmp_path):
         "meta.json", "model/state.pt", "rng/rank0.pt"]
     assert manifest.verify(step, "here") is True
     assert not list(save_dir.glob(".*partial"))  # renamed into place with it
+    # The owner file keeps the same signed manifest, and the checkpoint is held to it: a step whose
+    # manifest.json was re-signed after its files changed (this user's key, so the signature holds) is
+    # refused for not being the manifest written at save time.
+    kept = json.loads((save_dir / "owner.json").read_text())["checkpoints"]
+    assert kept == {"step_00000004": json.loads((step / "manifest.json").read_text())}
+    with open(step / "meta.json", "a") as f:
+        f.write(" ")
+    manifest.write(step)
+    with pytest.raises(ConfigError, match="not the one .*owner.json recorded"):
+        manifest.verify(step, "here")
 
 
 # ------------------------------------------------------------------ checkpoints carrying code

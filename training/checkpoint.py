@@ -1,7 +1,8 @@
 """Training checkpoints: everything needed for a resumed run to continue exactly.
 
     save_dir/
-      owner.json              the run these checkpoints belong to: its id and record
+      owner.json              the run these checkpoints belong to: its id and record, and each
+                              kept checkpoint's signed manifest (training/manifest.py)
       owner.lock              held by the run writing into the directory (training/preflight.py)
       step_00000009/          the state after optimizer step 9 (a resumed run starts at step 10)
         meta.json             step, backend, format, world size, run (its id, record and name),
@@ -266,8 +267,20 @@ def _save(backend, save_dir: Path, step: int, rank: int, meta: dict, keep: int, 
         atomic_write_text(save_dir / LATEST, final.name + "\n")
         if keep:
             _rotate(save_dir, final, keep, run_id, run_name)
+        _record_manifest(save_dir, run_id, meta["record"], final.name, final / manifest.MANIFEST)
     _barrier()
     return final
+
+
+def _record_manifest(save_dir: Path, run_id: str, record: str, name: str, signed: Path) -> None:
+    """The owner file keeps the signed manifest of each checkpoint of its run that is still there (rotated
+    ones dropped): manifest.verify holds a checkpoint's own manifest.json to this copy, so neither can be
+    replaced alone."""
+    found = owner(save_dir) or {}
+    kept = found.get("checkpoints") if found.get("run_id") == run_id and isinstance(found.get("checkpoints"), dict) else {}
+    kept = {step: body for step, body in kept.items() if (save_dir / step).is_dir()}
+    kept[name] = json.loads(signed.read_text())
+    atomic_write_json(save_dir / OWNER, {"run_id": run_id, "record": record, "checkpoints": kept})
 
 
 def _rotate(save_dir: Path, newest: Path, keep: int, run_id: str, run_name: str | None) -> None:

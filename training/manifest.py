@@ -8,6 +8,8 @@ and each export (training/export.py) is written with manifest.json beside its fi
     {"version": 1, "files": {"model/state.pt": {"size": 1234, "sha256": "..."}, ...},
      "key_id": "...", "written_by": "user@host", "hmac": "..."}
 
+and a checkpoint's manifest is kept in its --save_dir's owner.json too, which verify holds it to.
+
 `hmac` is HMAC-SHA256 over the rest, under a key only you can read: a list of hashes alone could be
 rewritten by whoever rewrote the files. Before anything is unpickled (a resume, an export,
 --init_from), `verify` checks the signature, then that the directory holds exactly those files with
@@ -39,6 +41,7 @@ import stat
 import tempfile
 from pathlib import Path
 
+from core.owned import OWNER
 from core.records import atomic_write_json
 from gptlite.errors import ConfigError
 
@@ -197,8 +200,23 @@ def verify(directory: Path, where: str, trust: bool = False, only: str | None = 
         raise ConfigError(f"{where} was signed{by} with another key than yours ({key_path()}): a checkpoint of another "
                           f"user or machine, or a manifest rewritten by hand; {trust_it} (on several nodes, each needs "
                           f"the key that signed it: {KEY_ENV})")
+    recorded = _owner_copy(directory)
+    if recorded is not None and recorded != body:
+        raise ConfigError(f"{where} is damaged: its {MANIFEST} is not the one {directory.parent / OWNER} recorded when "
+                          "it was saved; nothing was loaded")
     _check_files(directory, body["files"], where, only)
     return signed
+
+
+def _owner_copy(directory: Path) -> dict | None:
+    """The manifest the --save_dir's owner file recorded for checkpoint `directory` when it was saved
+    (training/checkpoint.py), or None where there is no such record (an export, a step copied alone)."""
+    try:
+        found = json.loads((directory.parent / OWNER).read_text())
+    except (OSError, ValueError):
+        return None
+    kept = found.get("checkpoints") if isinstance(found, dict) else None
+    return kept.get(directory.name) if isinstance(kept, dict) else None
 
 
 def _check_files(directory: Path, files: dict, where: str, only: str | None) -> None:
