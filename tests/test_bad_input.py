@@ -494,6 +494,54 @@ def test_a_config_nested_too_deeply_is_said_once_under_deepspeed_and_accelerate_
     assert not runs.exists()
 
 
+def _record(runs, metrics: str) -> None:
+    """A run's record (a failed run: no estimate to make) whose metrics.jsonl holds `metrics`."""
+    from core.summary import RunSummary
+
+    record = runs / "r1"
+    record.mkdir(parents=True)
+    (record / "summary.json").write_text(json.dumps(RunSummary(run_name="r1", status="failed", backend="single",
+                                                               world_size=1, error="x").to_dict()))
+    (record / "metrics.jsonl").write_text(metrics)
+
+
+@pytest.mark.parametrize("metrics, message", [
+    ('{"step": 0, "loss": 4.1}\n{"step": 1, "loss": \n', "metrics.jsonl line 2: not JSON (Expecting value)"),
+    ('{"step": 0, "loss": 4.1}\n[1, 2]\n', "metrics.jsonl line 2: a JSON list, not an object"),
+    ("[" * DEEP + "]" * DEEP + "\n", "metrics.jsonl line 1: not JSON (nested too deeply)"),
+])
+def test_a_report_on_a_malformed_metrics_line_is_one_line_and_writes_nothing(tmp_path, capsys, metrics, message):
+    from analysis import report
+
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    _record(runs, metrics)
+    with pytest.raises(SystemExit) as refused:
+        report.main([str(runs), "--out", str(out)])
+    assert refused.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("python -m analysis.report: error: ") and message in lines[0], lines
+    assert "each line of metrics.jsonl is one JSON object" in lines[0]
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("plan_json, message", [
+    ("[1, 2]", "plan.json: a JSON list; a plan is the object analysis.plan --verify K --json writes"),
+    ('{"candidates": 3}', "plan.json: its candidates or verified is not a list of objects"),
+    ("[" * DEEP + "]" * DEEP, "plan.json: nested too deeply to be a plan"),
+    ('{"candidates": [', "plan.json: not JSON (line 1, column 17"),
+])
+def test_a_replay_of_what_is_not_a_plan_is_one_line(tmp_path, capsys, plan_json, message):
+    """benchmarks/plan_regret.py --replay DIR on a DIR/plan.json that is not analysis.plan's object."""
+    from benchmarks import plan_regret
+
+    (tmp_path / "plan.json").write_text(plan_json)
+    assert plan_regret.main(["--replay", str(tmp_path)]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("plan_regret.py: error: --replay ") and message in lines[0], lines
+    assert captured.out == ""
+
+
 @pytest.mark.parametrize("tool", ["report", "claims", "table"])
 def test_a_report_on_no_records_is_one_line_and_writes_nothing(tmp_path, capsys, tool):
     """analysis.report, .claims and .table on a directory holding no run record: the one line naming
