@@ -96,7 +96,7 @@ def _main(args) -> int:
         if args.tracker:
             from core.config import tracker_names
 
-            spec.train_args["tracker"] = tracker_names([spec.train_args.get("tracker") or "", *args.tracker])
+            spec.train_args["tracker"] = tracker_names([*filter(None, [spec.train_args.get("tracker")]), *args.tracker])
         runs, skipped = expand(spec)
         if args.mem_budget_gb is not None and not args.max_batch:
             raise ConfigError("--mem_budget_gb is --max_batch's budget: give --max_batch too")

@@ -55,8 +55,8 @@ def memory_limit(runs_dir: Path, runs: pd.DataFrame) -> float | None:
 def write_report(runs_dir: str | Path, out: str | Path) -> Path:
     runs_dir, out = Path(runs_dir), Path(out)
     runs = with_estimates(require_records(load_runs(runs_dir), runs_dir))  # before anything is written
-    out.mkdir(parents=True, exist_ok=True)
     metrics = load_metrics(runs_dir)
+    out.mkdir(parents=True, exist_ok=True)
     # With several models, the figures name each configuration with its model.
     drawn = runs.assign(label=runs["model"] + " " + runs["label"]) \
         if runs["model"].nunique() > 1 else runs

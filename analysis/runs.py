@@ -129,7 +129,8 @@ def load_runs(path: str | Path) -> pd.DataFrame:
             config_path = run_dir / "config.json"
             if is_file(config_path):
                 _flatten("config", read_json(config_path), row)
-        except (OSError, ValueError, TypeError, AttributeError) as e:  # a damaged record: say so, keep going
+        except (OSError, ValueError, TypeError, AttributeError, RecursionError) as e:
+            # a damaged record (RecursionError: JSON nested too deeply to read): say so, keep going
             print(f"skipped {run_dir}: not a readable run record ({type(e).__name__})", file=sys.stderr)
             continue
         if row["status"] == "running":  # shown, never written: the record stays as its run left it
@@ -147,14 +148,36 @@ def load_runs(path: str | Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _metric_lines(path: Path) -> list[dict]:
+    """The lines of a run's metrics.jsonl, each a JSON object; ConfigError naming the file and the line
+    where one is not (the records' files are replaced whole, core/records.py: a damaged line is not a
+    write cut short, and the report would draw what it could not read)."""
+    lines = []
+    for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except (ValueError, RecursionError) as e:
+            problem = e.msg if isinstance(e, json.JSONDecodeError) else "nested too deeply"
+            raise ConfigError(f"{path} line {number}: not JSON ({problem}); each line of metrics.jsonl is one JSON "
+                              "object, a step's metrics as train.py writes them") from None
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path} line {number}: a JSON {type(value).__name__}, not an object; each line of "
+                              "metrics.jsonl is one JSON object, a step's metrics as train.py writes them")
+        lines.append(value)
+    return lines
+
+
 def load_metrics(path: str | Path) -> pd.DataFrame:
-    """Every logged step of every run under `path`, with its run_name (a compact folder keeps none)."""
+    """Every logged step of every run under `path`, with its run_name (a compact folder keeps none);
+    ConfigError (one line naming the file and the line) where a run's metrics.jsonl holds a line that
+    is not a JSON object."""
     frames = []
     for run_dir in run_dirs(path):
         metrics = run_dir / "metrics.jsonl"
         if metrics.exists():
-            lines = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-            frame = pd.DataFrame(lines)
+            frame = pd.DataFrame(_metric_lines(metrics))
             frame.insert(0, "run_name", run_dir.name)
             frames.append(frame)
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()

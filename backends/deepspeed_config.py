@@ -21,6 +21,7 @@ import re
 from pathlib import Path
 
 from gptlite.errors import ConfigError
+from core.configfile import NESTING_ALLOWED, check_json_nesting
 
 # Top-level keys DeepSpeed 0.19 reads (each appears in its source; tests check that it still does).
 KNOWN_TOP_LEVEL_KEYS = (
@@ -107,7 +108,11 @@ def read(path: str) -> dict:
         if not os.path.isfile(path):  # never raises (a name too long for the filesystem is not found)
             raise ConfigError(f"--deepspeed_config: file not found (nor a base64-encoded JSON config): {path}")
     try:
-        data = hjson.loads(Path(path).read_text() if text is None else text, object_pairs_hook=_refuse_duplicates)
+        text = Path(path).read_text() if text is None else text
+        check_json_nesting(text, where)  # before hjson's decoder recurses into it
+        data = hjson.loads(text, object_pairs_hook=_refuse_duplicates)
+    except RecursionError:  # nested deeper than the count saw (brackets in unquoted hjson strings)
+        raise ConfigError(f"{where}: nested too deeply: {NESTING_ALLOWED}") from None
     except _DuplicateKey as e:
         raise ConfigError(f"{where}: duplicate key '{e}' (DeepSpeed refuses duplicates)") from None
     except hjson.HjsonDecodeError as e:

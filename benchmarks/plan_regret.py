@@ -75,11 +75,22 @@ def replay(directory: Path) -> int:
     DIR/grid's records."""
     from analysis import plan
 
+    path = directory / "plan.json"
     try:
-        saved = compact.read_json(directory / "plan.json")
+        saved = compact.read_json(path)
         out = plan.replay(saved)
-    except (OSError, ValueError, KeyError) as e:
-        print(f"--replay {directory}: cannot replay its plan.json ({e})", file=sys.stderr)
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
+        if isinstance(e, OSError):
+            problem = f"cannot read it ({e.strerror or e})"
+        elif isinstance(e, json.JSONDecodeError):
+            problem = f"not JSON (line {e.lineno}, column {e.colno}: {e.msg})"
+        elif isinstance(e, RecursionError):
+            problem = "nested too deeply to be a plan"
+        elif isinstance(e, ValueError):  # plan.replay's own word on what it holds
+            problem = str(e)
+        else:  # a key missing or of another type, in what is otherwise a plan
+            problem = f"not a plan analysis.plan --verify K --json wrote ({type(e).__name__}: {e})"
+        print(f"plan_regret.py: error: --replay {path}: {problem}", file=sys.stderr)
         return 2
     fitted, then = out["refit"], out["refit_as_ran"] or {}
     print(f"refit now: compute x {fitted['compute_factor']:.3g}, micro-steps' fixed cost x "
@@ -111,11 +122,14 @@ def replay(directory: Path) -> int:
     return 0
 
 
-def main() -> None:
-    if sys.argv[1:2] == ["--replay"]:
-        if len(sys.argv) != 3:
-            sys.exit("usage: benchmarks/plan_regret.py --replay DIR (a plan_regret RUNS_DIR: its plan.json, grid/)")
-        sys.exit(replay(Path(sys.argv[2])))
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--replay"]:
+        if len(argv) != 2:
+            print("usage: benchmarks/plan_regret.py --replay DIR (a plan_regret RUNS_DIR: its plan.json, grid/)",
+                  file=sys.stderr)
+            return 2
+        return replay(Path(argv[1]))
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n".join(__doc__.splitlines()[2:]))
     p.add_argument("--replay", metavar="DIR", help="refit DIR/plan.json by this code, nothing run (alone: see below)")
@@ -136,7 +150,7 @@ def main() -> None:
                    help="measure the grid and stop; a later run with the same RUNS_DIR keeps its records (a lent "
                         "GPU's call limit can split the two)")
     p.add_argument("train_argv", nargs="*", help="train.py's model flags, after --")
-    args = p.parse_args()
+    args = p.parse_args(argv)
 
     from analysis import plan
     from training.runner import Runner
@@ -173,7 +187,7 @@ def main() -> None:
                 measured.setdefault(key, []).append(outcome.summary.samples_per_s)
                 peaks[key] = max(peaks.get(key, 0.0), (outcome.summary.mem_peak_bytes or 0) / 2**30)
     if args.grid_only:
-        return
+        return 0
     proc = subprocess.run([sys.executable, "-m", "analysis.plan", *question, "--verify", str(args.verify),
                            "--verify_rounds", str(args.verify_rounds), *(["--counted"] if args.counted else []),
                            "--verify_steps", str(args.steps), "--runs_dir", str(runs / "verify"), "--json",
@@ -206,7 +220,8 @@ def main() -> None:
     over = [v for v in out.get("verified", []) if (v.get("measured_peak_gb") or 0) > args.mem_budget_gb]
     print(f"verified runs over the budget: {len(over)}; grid runs over the budget: "
           f"{sum(peak > args.mem_budget_gb for peak in peaks.values())}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

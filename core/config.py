@@ -12,6 +12,7 @@ decides (its config file, its options, the defaults it fills in) is checked by t
 from __future__ import annotations
 
 import math
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import MISSING, asdict, dataclass, field, fields
 
@@ -48,13 +49,28 @@ def tracker_names(value) -> str | None:
     if value is None:
         return None
     items = value if isinstance(value, (list, tuple)) else [value]
-    names = [n.strip() for item in items for n in str(item).split(",") if n.strip()]
-    if not names:
-        raise ConfigError(f"tracker must be one of {', '.join(TRACKERS)} (got an empty name)")
-    for name in names:
-        if name not in TRACKERS:
-            raise ConfigError(f"tracker must be one of {', '.join(TRACKERS)} (got {name!r})")
+    names = []
+    for item in map(str, items):
+        for name in (n.strip() for n in item.split(",")):
+            if not name:  # "csv," is a typo, not a list of one: what was meant after the comma is not known
+                got = f" in {item!r}" if item.strip() else ""
+                raise ConfigError(f"tracker must be one of {', '.join(TRACKERS)} (got an empty name{got})")
+            if name not in TRACKERS:
+                raise ConfigError(f"tracker must be one of {', '.join(TRACKERS)} (got {name!r})")
+            names.append(name)
     return ",".join(dict.fromkeys(names)) or None
+
+
+def check_plain_name(field: str, name: str) -> None:
+    """A name that becomes a directory (a run's record, a sweep's folder) and is printed in logs,
+    tables and reports: not empty, no '/', not hidden, not too long, and no control characters (a
+    newline breaks every line that names it; an escape sequence or a right-to-left override is
+    acted on by the terminal that lists it)."""
+    control = next((c for c in name if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp")), None)
+    if not name or "/" in name or name.startswith(".") or len(name) > MAX_RUN_NAME or control is not None:
+        raise ConfigError(f"{field} must be a plain directory name of at most {MAX_RUN_NAME} characters, not "
+                          "starting with '.', without '/' or control characters "
+                          f"(got {_shorten(name)!r}{f': U+{ord(control):04X}' if control else ''})")
 
 
 def _flag(help: str, default=MISSING, *, choices=None, group: str = "training", **kw):
@@ -449,10 +465,8 @@ class RunConfig:
             raise ConfigError(f"dist_timeout_s must be > 0 (got {self.dist_timeout_s})")
         if self.seed > MAX_SEED:
             raise ConfigError(f"seed must be in [0, {MAX_SEED}] (got {self.seed})")
-        if self.run_name is not None and (not self.run_name or "/" in self.run_name or "\0" in self.run_name
-                                          or self.run_name.startswith(".") or len(self.run_name) > MAX_RUN_NAME):
-            raise ConfigError(f"run_name must be a plain directory name of at most {MAX_RUN_NAME} characters, not "
-                              f"starting with '.' (got {_shorten(self.run_name)!r})")
+        if self.run_name is not None:
+            check_plain_name("run_name", self.run_name)
         self.model_config()  # checks the model overrides (n_embd divisible by n_head, ...)
         check_name(self.model)
         parse_model_args(self.model_args)

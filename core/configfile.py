@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import types
 import typing
 from pathlib import Path
@@ -19,15 +20,57 @@ import yaml
 
 from gptlite.errors import ConfigError
 
+# Mappings and lists within each other: the deepest file shipped here nests six levels
+# (sweeps/models_quick.yaml); one nested deeper than this is refused as it is read. PyYAML's composer
+# and hjson's decoder (DeepSpeed's parser) recurse once per level, and a file 100,000 levels deep
+# ended in a RecursionError traceback.
+MAX_NESTING = 32
+
 
 def load_yaml(path: str | Path, cls, flag: str):
     """The dataclass `cls` built from the YAML mapping in `path`."""
     return from_dict(cls, read_yaml(path, flag), where=f"{flag} {path}")
 
 
+class _TooDeep(yaml.YAMLError):
+    def __init__(self, mark, cycle: bool = False):
+        super().__init__()
+        self.mark, self.cycle = mark, cycle
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
     """yaml.safe_load's loader, refusing a key given twice in one mapping (PyYAML keeps the last,
-    silently; DeepSpeed's JSON configs refuse duplicates too, backends/deepspeed_config.py)."""
+    silently; DeepSpeed's JSON configs refuse duplicates too, backends/deepspeed_config.py), and a
+    document nested more than MAX_NESTING levels deep: counted as it is composed, before the composer
+    recurses that deep, and through aliases (an alias nests its anchor's node where it stands, and an
+    alias inside its own anchor nests it for ever)."""
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self._depth = 0
+        self._heights: dict[int, int] = {}  # each composed node's levels of sequences and mappings
+
+    def compose_node(self, parent, index):
+        mark = self.peek_event().start_mark
+        if self.check_event(yaml.AliasEvent):
+            node = super().compose_node(parent, index)
+            if id(node) not in self._heights:  # its anchor is still being composed: an ancestor
+                raise _TooDeep(mark, cycle=True)
+            if self._depth + self._heights[id(node)] > MAX_NESTING:
+                raise _TooDeep(mark)
+            return node
+        container = self.check_event(yaml.SequenceStartEvent, yaml.MappingStartEvent)
+        if container and self._depth >= MAX_NESTING:
+            raise _TooDeep(mark)
+        self._depth += container
+        node = super().compose_node(parent, index)
+        self._depth -= container
+        if isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        else:
+            children = node.value if isinstance(node, yaml.SequenceNode) else []
+        self._heights[id(node)] = container + max((self._heights[id(c)] for c in children), default=0)
+        return node
 
     def construct_mapping(self, node, deep=False):
         seen = set()
@@ -50,6 +93,8 @@ def read_yaml(path: str | Path, flag: str) -> dict:
         raise ConfigError(f"{flag}: file not found: {path}")
     try:
         data = yaml.load(p.read_text(), Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
+    except _TooDeep as e:
+        raise too_deep(f"{flag} {path}", e.mark.line + 1, e.mark.column + 1, e.cycle) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
@@ -62,6 +107,35 @@ def read_yaml(path: str | Path, flag: str) -> dict:
     if not isinstance(data, dict):
         raise ConfigError(f"{flag} {path}: must be a mapping of keys to values (got {type(data).__name__})")
     return data
+
+
+def too_deep(where: str, line: int, column: int, cycle: bool = False) -> ConfigError:
+    """The one line refusing a file nested deeper than MAX_NESTING (or, through a YAML alias inside
+    its own anchor, endlessly), naming the place it goes too deep."""
+    what = "an alias inside its own anchor, nested endlessly," if cycle else "nested too deeply"
+    return ConfigError(f"{where}: {what} at line {line}, column {column}: {NESTING_ALLOWED}")
+
+
+NESTING_ALLOWED = f"mappings and lists may nest at most {MAX_NESTING} levels deep"
+
+
+_JSON_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+
+
+def check_json_nesting(text: str, where: str) -> None:
+    """Refuse JSON `text` nested more than MAX_NESTING levels deep, before a parser recurses into it
+    (brackets counted outside strings; DeepSpeed's hjson also has comments and unquoted strings,
+    whose brackets may be counted: only a comment holding dozens of unclosed ones would be refused)."""
+    depth = 0
+    for token in _JSON_TOKENS.finditer(text):
+        bracket = token.group()
+        if bracket in "[{":
+            depth += 1
+            if depth > MAX_NESTING:
+                line = text.count("\n", 0, token.start()) + 1
+                raise too_deep(where, line, token.start() - text.rfind("\n", 0, token.start()))
+        elif bracket in "]}":
+            depth = max(depth - 1, 0)
 
 
 def from_dict(cls, data, where: str, section: str = ""):

@@ -90,6 +90,9 @@ def parse_model_args(text: str | None) -> dict:
             args[key] = yaml.safe_load(value) if value.strip() else None
         except yaml.YAMLError:
             raise ConfigError(f"model_args: {key}: cannot read the value {value!r}") from None
+        except RecursionError:  # PyYAML's composer recurses once per level of [ and {
+            raise ConfigError(f"model_args: {key}: the value is nested too deeply to read ({len(value)} characters); "
+                              "a model setting is a number, a string, or a short list or mapping") from None
     return args
 
 

@@ -5,12 +5,14 @@ import base64
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from conftest import REPO, TRAIN, base_env, in_process, launch_command
 
 Z2 = json.loads((REPO / "ds_configs" / "z2.json").read_text())
+DEEP = 100_000  # levels of nesting: every parser here recursed once per level (a RecursionError traceback)
 
 
 def ds(**changes) -> dict:
@@ -159,6 +161,9 @@ CASES = [
      "sample 0 of the train split is Tensor; a sample must be an (input, target) pair"),
     ("model_args without values", "train", ["--model", "hf:gpt2", "--model_args", "n_layer"], None,
      "model_args: expected key=value pairs"),
+    ("model_args nested 100,000 deep", "train", ["--model", "hf:gpt2", "--model_args",
+                                                 "n_layer=" + "[" * DEEP + "]" * DEEP], None,
+     "model_args: n_layer: the value is nested too deeply to read (200000 characters)"),
     # values checked before anything starts (the trust issue)
     ("infinite learning rate", "train", ["--lr", "inf"], None, "lr must be a finite number"),
     ("NaN gradient clipping", "train", ["--grad_clip", "nan"], None, "grad_clip must be a finite number"),
@@ -271,6 +276,32 @@ CASES = [
     ("loading horizon without offload", "train", ["--activation_loading_horizon", "4"], None,
      "activation_loading_horizon needs --offload_activations"),
     ("empty tracker", "train", ["--tracker", ""], None, "tracker must be one of tensorboard, wandb, csv (got an empty"),
+    ("tracker with an empty item", "train", ["--tracker", "csv,"], None,
+     "tracker must be one of tensorboard, wandb, csv (got an empty name in 'csv,')"),
+    ("run_name with a newline", "train", ["--run_name", "a\nb"], None,
+     "run_name must be a plain directory name of at most 200 characters, not starting with '.', without '/' or "
+     "control characters (got 'a\\nb': U+000A)"),
+    ("run_name with a terminal escape", "train", ["--run_name", "\x1b[31mred"], None, "control characters (got "
+                                                                                     "'\\x1b[31mred': U+001B)"),
+    ("run_name with a right-to-left override", "train", ["--run_name", "run\u202etxt.exe"], None, "U+202E"),
+    # configs nested deeper than any parser here recurses (PyYAML's composer, hjson's decoder)
+    ("ds config nested 100,000 deep", "train", ["--deepspeed_config", "{FILE}"],
+     ("c.json", '{"a": ' * DEEP + "1" + "}" * DEEP),
+     "c.json: nested too deeply at line 1, column 193: mappings and lists may nest at most 32 levels deep"),
+    ("ds inline config nested 1,000 deep", "train",
+     ["--deepspeed_config", base64.urlsafe_b64encode(('{"a": ' * 1000 + "1" + "}" * 1000).encode()).decode()], None,
+     "--deepspeed_config (inline base64 config): nested too deeply at line 1, column 193"),
+    ("fsdp config nested 100,000 deep", "train", ["--fsdp_config", "{FILE}"],
+     ("c.yaml", "a: " + "[" * DEEP + "]" * DEEP),
+     "c.yaml: nested too deeply at line 1, column 35: mappings and lists may nest at most 32 levels deep"),
+    ("fsdp config nested 40 deep by indentation", "train", ["--fsdp_config", "{FILE}"],
+     ("c.yaml", "".join(f"{' ' * i}k{i}:\n" for i in range(40)) + " " * 40 + "1\n"),
+     "nested too deeply at line 33, column 33"),
+    ("fsdp config nested deep through aliases", "train", ["--fsdp_config", "{FILE}"],
+     ("c.yaml", "a0: &a0 [[[[[[[[[[1]]]]]]]]]]\n" + "".join(f"a{i}: &a{i} [*a{i - 1}]\n" for i in range(1, 40))),
+     "nested too deeply at line 23, column 12"),
+    ("fsdp config holding itself", "train", ["--fsdp_config", "{FILE}"], ("c.yaml", "a: &a [*a]\n"),
+     "an alias inside its own anchor, nested endlessly, at line 1, column 8"),
     # sweep specs
     ("sweep unknown matrix key", "sweep", ["{FILE}"], ("s.yaml", "name: s\nmatrix:\n  backend: [ddp]\n  micro_btch: [2]\n"),
      "unknown key 'matrix.micro_btch'"),
@@ -293,6 +324,30 @@ CASES = [
      ("s.yaml", "name: s\nmatrix:\n  backend: [single]\n"), "--mem_budget_gb is --max_batch's budget"),
     ("sweep Slurm flag run here", "sweep", ["{FILE}", "--time_min", "-3"],
      ("s.yaml", "name: s\nmatrix:\n  backend: [single]\n"), "--time_min is a Slurm setting: it needs --executor slurm"),
+    ("sweep spec nested 100,000 deep", "sweep", ["{FILE}", "--dry_run"],
+     ("s.yaml", "name: s\nmatrix:\n  backend: [single]\ntrain_args:\n  x: " + "[" * DEEP + "]" * DEEP + "\n"),
+     "s.yaml: nested too deeply at line 5, column 36: mappings and lists may nest at most 32 levels deep"),
+    ("sweep spec in JSON nested 100,000 deep", "sweep", ["{FILE}", "--dry_run"],
+     ("s.json", '{"name": "s", "matrix": {"backend": ["single"]}, "env": ' + "[" * DEEP + "]" * DEEP + "}"),
+     "s.json: nested too deeply at line 1, column 88"),
+    ("sweep compile listed twice", "sweep", ["{FILE}", "--dry_run"],
+     ("s.yaml", "name: s\nmatrix:\n  backend: [single]\n  compile: [eager, none, eager]\n"),
+     "matrix.compile: each value at most once ('eager' is listed 2 times)"),
+    ("sweep micro-batch listed twice", "sweep", ["{FILE}", "--dry_run"],
+     ("s.yaml", "name: s\nmatrix:\n  backend: [single]\n  micro_batch: [4, 4]\n"),
+     "matrix.micro_batch: each value at most once (4 is listed 2 times)"),
+    ("sweep unknown sbatch option run here", "sweep", ["{FILE}", "--dry_run"],
+     ("s.yaml", "name: s\nmatrix:\n  backend: [single]\nexecutor:\n  sbatch: {qos: high, constrant: a100}\n"),
+     "executor.sbatch: 'constrant' is not an sbatch option for a job (did you mean 'constraint'?)"),
+    ("sweep sbatch option unlike any", "sweep", ["{FILE}", "--dry_run"],
+     ("s.yaml", "name: s\nmatrix:\n  backend: [single]\nexecutor:\n  sbatch: {bogus: 1}\n"),
+     "executor.sbatch: 'bogus' is not an sbatch option for a job (see man sbatch, e.g. qos, constraint, mem, gres)"),
+    ("sweep name with a newline", "sweep", ["{FILE}", "--dry_run"],
+     ("s.yaml", 'name: "a\\nb"\nmatrix:\n  backend: [single]\n'),
+     "name must be a plain directory name of at most 200 characters, not starting with '.', without '/' or control "
+     "characters (got 'a\\nb': U+000A)"),
+    ("sweep tracker with an empty item", "sweep", ["{FILE}", "--dry_run", "--tracker", "csv,"],
+     ("s.yaml", "name: s\nmatrix:\n  backend: [single]\n"), "(got an empty name in 'csv,')"),
     # data files
     ("data missing", "train", ["--data", "/nonexistent/input.txt"], None, "--data: file not found"),
     ("data name too long", "train", ["--data", "z" * 300], None, "--data: file not found"),
@@ -385,7 +440,8 @@ def test_bad_input_as_a_process(tmp_path, name, tool, args, file, message):
 # choices), a ConfigError raised early (a backend config file's batch against the flags), a
 # DataError (the data), and one raised late, after the model is built (the checkpointing planner).
 # Every case above runs under plain python (in this process), and AS_PROCESS's as a process too.
-UNDER_TORCHRUN = ("unknown backend", "ds batch mismatch", "data too short", "auto under a budget no plan fits")
+UNDER_TORCHRUN = ("unknown backend", "ds batch mismatch", "data too short", "auto under a budget no plan fits",
+                  "ds config nested 100,000 deep")
 TRAIN_CASES = [c for c in CASES if c[0] in UNDER_TORCHRUN]
 assert len(TRAIN_CASES) == len(UNDER_TORCHRUN)
 
@@ -408,6 +464,84 @@ def test_bad_input_under_torchrun(tmp_path, name, tool, args, file, message):
             if line.strip().startswith(f'File "{REPO}') and f"{REPO}/.venv" not in line]
     assert not ours, "\n".join(ours)
     assert not list(runs.rglob("summary.json"))
+
+
+# DeepSpeed's launcher and `accelerate launch` (which runs torchrun's agent, as above): a config no
+# parser here could read, refused where every rank reads it; rank 0 says it once (training/cli.py
+# report_bad_input).
+DEEP_CONFIG = next(c for c in CASES if c[0] == "ds config nested 100,000 deep")
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("launcher", ["deepspeed", "accelerate"])
+def test_a_config_nested_too_deeply_is_said_once_under_deepspeed_and_accelerate_launch(tmp_path, launcher):
+    from core.ports import free_port
+
+    args, message = _case(tmp_path, DEEP_CONFIG[2], DEEP_CONFIG[3], DEEP_CONFIG[4])
+    runs = tmp_path / "runs"
+    if launcher == "deepspeed":
+        command = launch_command("deepspeed", 2)
+    else:
+        command = [str(Path(sys.executable).parent / "accelerate"), "launch", "--config_file",
+                   str(REPO / "accelerate_configs" / "cpu_2proc.yaml"), "--main_process_port", str(free_port()),
+                   str(TRAIN)]
+    proc = subprocess.run([*command, *args, "--runs_dir", str(runs)], cwd=REPO, env=base_env(), capture_output=True,
+                          text=True, timeout=180)
+    assert proc.returncode != 0
+    assert proc.stderr.count(message) == 1, proc.stderr
+    # no traceback from the suite's code (torchrun's agent, which accelerate launch runs, prints its own)
+    ours = [line for line in (proc.stdout + proc.stderr).splitlines()
+            if line.strip().startswith(f'File "{REPO}') and f"{REPO}/.venv" not in line]
+    assert not ours, "\n".join(ours)
+    assert not runs.exists()
+
+
+def _record(runs, metrics: str) -> None:
+    """A run's record (a failed run: no estimate to make) whose metrics.jsonl holds `metrics`."""
+    from core.summary import RunSummary
+
+    record = runs / "r1"
+    record.mkdir(parents=True)
+    (record / "summary.json").write_text(json.dumps(RunSummary(run_name="r1", status="failed", backend="single",
+                                                               world_size=1, error="x").to_dict()))
+    (record / "metrics.jsonl").write_text(metrics)
+
+
+@pytest.mark.parametrize("metrics, message", [
+    ('{"step": 0, "loss": 4.1}\n{"step": 1, "loss": \n', "metrics.jsonl line 2: not JSON (Expecting value)"),
+    ('{"step": 0, "loss": 4.1}\n[1, 2]\n', "metrics.jsonl line 2: a JSON list, not an object"),
+    ("[" * DEEP + "]" * DEEP + "\n", "metrics.jsonl line 1: not JSON (nested too deeply)"),
+])
+def test_a_report_on_a_malformed_metrics_line_is_one_line_and_writes_nothing(tmp_path, capsys, metrics, message):
+    from analysis import report
+
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    _record(runs, metrics)
+    with pytest.raises(SystemExit) as refused:
+        report.main([str(runs), "--out", str(out)])
+    assert refused.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("python -m analysis.report: error: ") and message in lines[0], lines
+    assert "each line of metrics.jsonl is one JSON object" in lines[0]
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("plan_json, message", [
+    ("[1, 2]", "plan.json: a JSON list; a plan is the object analysis.plan --verify K --json writes"),
+    ('{"candidates": 3}', "plan.json: its candidates or verified is not a list of objects"),
+    ("[" * DEEP + "]" * DEEP, "plan.json: nested too deeply to be a plan"),
+    ('{"candidates": [', "plan.json: not JSON (line 1, column 17"),
+])
+def test_a_replay_of_what_is_not_a_plan_is_one_line(tmp_path, capsys, plan_json, message):
+    """benchmarks/plan_regret.py --replay DIR on a DIR/plan.json that is not analysis.plan's object."""
+    from benchmarks import plan_regret
+
+    (tmp_path / "plan.json").write_text(plan_json)
+    assert plan_regret.main(["--replay", str(tmp_path)]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("plan_regret.py: error: --replay ") and message in lines[0], lines
+    assert captured.out == ""
 
 
 @pytest.mark.parametrize("tool", ["report", "claims", "table"])

@@ -7,6 +7,7 @@ import os
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -258,6 +259,10 @@ def test_the_frontier_keeps_what_nothing_beats_on_both_memory_and_speed():
     (["--run_name", "mine"], "--run_name: one run's own"),
     # a question every candidate is refused for, for one reason: that reason, not an empty table
     (["--world", "4", "--gpus_per_node", "3", "--json"], "gpus_per_node 3 must divide world 4"),
+    # where the verifying runs go, checked before the calibration (it failed after, in a traceback)
+    (["--gpu", "here", "--verify", "1", "--runs_dir", "/proc/gptlite-plan"],
+     "--runs_dir: /proc/gptlite-plan is not writable"),
+    (["--gpu", "here", "--race", "--runs_dir", "/proc/gptlite-plan"], "--runs_dir: /proc/gptlite-plan is not writable"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message):
     base = {"--world": "2", "--gpu": "H100-SXM", "--mem_budget_gb": "1", "--global_batch": "16"}
@@ -267,6 +272,52 @@ def test_bad_input_is_one_line_and_exit_2(args, message):
     proc = run(*[x for kv in base.items() for x in kv], *args, *TINY)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+@pytest.mark.launch
+def test_ctrl_c_is_one_line_exit_130_and_writes_nothing(tmp_path):
+    """Ctrl-C as a terminal sends it (SIGINT to the plan's whole process group) once the plan says it is
+    calibrating: one line, exit code 130, no traceback (from the plan or from a process it started),
+    no --out written. 130 is 128 + SIGINT, what a shell reports for a command Ctrl-C stopped and what
+    sweep.py returns; 2 would say bad input."""
+    import signal
+
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "analysis.plan", "--world", "2", "--gpu", "here", "--mem_budget_gb",
+                             "1", "--global_batch", "16", "--out", str(out), *TINY], cwd=REPO, env=base_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    before = []  # what it said before its progress line
+    while not (before and before[-1].startswith("calibrating this machine")):
+        before.append(proc.stderr.readline())
+        assert before[-1], "".join(before)  # it ended without saying it calibrates
+    os.killpg(proc.pid, signal.SIGINT)
+    stdout, rest = proc.communicate(timeout=300)  # until every process holding its stderr has ended
+    assert proc.returncode == 130, rest
+    lines = rest.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("python -m analysis.plan: stopped (Ctrl-C)"), rest
+    assert "Traceback" not in "".join(before) + stdout + rest and stdout == ""
+    assert not out.exists()
+
+
+@pytest.mark.launch  # a process started
+def test_the_calibrations_processes_ignore_ctrl_c_and_stop_with_the_plan():
+    """The plan's own processes (the calibration's, the link probe's) start with SIGINT ignored, so a
+    Ctrl-C to the terminal's group reaches the plan alone, which stops them as it leaves."""
+    import multiprocessing
+    import signal
+
+    from analysis.plan.device import started
+
+    proc = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(300,))
+    handler = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt):
+        with started([proc]):
+            status = Path(f"/proc/{proc.pid}/status").read_text()
+            ignored = int(next(line for line in status.splitlines() if line.startswith("SigIgn:")).split()[1], 16)
+            assert ignored & (1 << (signal.SIGINT - 1))  # inherited through exec: ignored from its first instruction
+            assert signal.getsignal(signal.SIGINT) == handler  # this process's own is back
+            raise KeyboardInterrupt
+    assert proc.exitcode == -signal.SIGTERM  # stopped, not left running
 
 
 @pytest.mark.distributed  # all_reduce timed between two local processes

@@ -259,12 +259,21 @@ def test_stopping_the_sweep_stops_its_run_and_records_it(tmp_path):
     ({"name": "t", "matrix": {"backend": ["ddp"]}, "train_args": {"dropout": "lots"}}, "dropout"),
     ({"name": "t", "matrix": {"backend": ["single"], "world_size": [2], "micro_batch": [0]}}, "micro_batch"),
     ({"name": "t", "matrix": {"backend": ["{bad}"]}}, "hybrid_shard_size"),
+    # two files of one name: their runs would have one name, and one of them would never run
+    ({"name": "t", "matrix": {"backend": ["ds_configs/z2.json", "{copy}"]}},
+     "matrix.backend: 'ds_configs/z2.json' and '{copy}' would both name their runs deepspeed.z2-...; list a "
+     "configuration once, or give the file another name"),
 ])
 def test_a_bad_spec_is_refused_before_any_run(tmp_path, spec, message):
     if spec.get("matrix", {}).get("backend") == ["{bad}"]:
         bad = tmp_path / "hybrid.yaml"
         bad.write_text("backend: fsdp\nsharding_strategy: HYBRID_SHARD\nhybrid_shard_size: 3\n")
         spec["matrix"]["backend"] = [str(bad)]
+    if "{copy}" in spec.get("matrix", {}).get("backend", []):
+        copy = tmp_path / "z2.json"
+        copy.write_text((REPO / "ds_configs" / "z2.json").read_text())
+        spec["matrix"]["backend"] = ["ds_configs/z2.json", str(copy)]
+        message = message.replace("{copy}", str(copy))
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump({"runs_dir": str(tmp_path / "runs"), **spec}))
     proc = (_sweep if message == "missing key 'name'" else _sweep_here)(str(path))  # one as a process

@@ -11,6 +11,7 @@ status and the sweep goes on; running the same spec again skips runs already don
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import itertools
 import json
 from dataclasses import dataclass, field
@@ -26,6 +27,26 @@ SWEEP_OWNED = {"backend", "fsdp_config", "deepspeed_config", "runs_dir", "run_na
                "dry_run", "local_rank", "preset", "micro_batch", "precision", "ckpt_interval", "ckpt_impl", "steps",
                "ckpt_offload", "offload_activations", "activation_loading_horizon", "compile", "compile_backend",
                "ckpt_policy", "ckpt_plan", "ckpt_save_ops"}
+
+
+# sbatch's long options for a job (Slurm 26.11's sbatch(1), and --power from earlier releases), as
+# executor.sbatch names them (submitit writes each key as #SBATCH --key=value, '_' as '-'). Left out:
+# sbatch's own switches (help, usage, version, test-only, wrap, parsable, wait, quiet, verbose), which
+# are no job's settings and would change what submitit reads back from sbatch.
+SBATCH_OPTIONS = (
+    "account", "acctg-freq", "array", "batch", "bb", "bbf", "begin", "chdir", "cluster-constraint", "clusters",
+    "comment", "consolidate-segments", "constraint", "container", "container-id", "contiguous", "core-spec",
+    "cores-per-socket", "cpu-freq", "cpus-per-gpu", "cpus-per-task", "deadline", "delay-boot", "dependency",
+    "distribution", "error", "exclude", "exclusive", "export", "export-file", "extra", "extra-node-info",
+    "get-user-env", "gid", "gpu-bind", "gpu-freq", "gpus", "gpus-per-node", "gpus-per-socket", "gpus-per-task", "gres",
+    "gres-flags", "hint", "ignore-pbs", "input", "job-name", "kill-on-invalid-dep", "licenses", "mail-type",
+    "mail-user", "mcs-label", "mem", "mem-bind", "mem-per-cpu", "mem-per-gpu", "mem-update", "mincpus", "network",
+    "nice", "no-kill", "no-requeue", "nodefile", "nodelist", "nodes", "ntasks", "ntasks-per-core", "ntasks-per-gpu",
+    "ntasks-per-node", "ntasks-per-socket", "oom-kill-step", "open-mode", "output", "overcommit", "oversubscribe",
+    "partition", "power", "prefer", "priority", "profile", "propagate", "qos", "reboot", "requeue", "reservation",
+    "resources", "resv-ports", "runtime", "segment", "signal", "sockets-per-node", "spread-job", "spread-segments",
+    "stepmgr", "switches", "thread-spec", "threads-per-core", "time", "time-min", "tmp", "tres-bind", "tres-per-task",
+    "uid", "use-min-nodes", "wait-all-nodes", "wckey")
 
 
 def _non_empty(name: str, values: list) -> None:
@@ -74,6 +95,13 @@ class SlurmSettings:
         if reserved:
             raise ConfigError(f"executor.sbatch: '{sorted(reserved)[0]}' is set by the sweep (executor's own keys); "
                               "set it there")
+        # Checked here, not only by `sbatch --test-only` at submission: a spec run locally first would
+        # otherwise carry a misspelt option until the day it goes to the cluster.
+        for key in self.sbatch:
+            if str(key).replace("_", "-") not in SBATCH_OPTIONS:
+                close = difflib.get_close_matches(str(key).replace("_", "-"), SBATCH_OPTIONS, n=1, cutoff=0.75)
+                hint = f"did you mean '{close[0]}'?" if close else "see man sbatch, e.g. qos, constraint, mem, gres"
+                raise ConfigError(f"executor.sbatch: '{key}' is not an sbatch option for a job ({hint})")
 
 
 @dataclass
@@ -107,6 +135,13 @@ class Matrix:
     def __post_init__(self):
         for f in dataclasses.fields(self):
             _non_empty(f.name, getattr(self, f.name))
+            values = getattr(self, f.name)
+            # a value listed twice is the same runs twice: expand() would keep one, saying nothing
+            # (two model entries: by their labels, below)
+            twice = next((v for i, v in enumerate(values) if v in values[:i]), None) if f.name != "model" else None
+            if twice is not None:
+                raise ConfigError(f"matrix.{f.name}: each value at most once ({twice!r} is listed "
+                                  f"{values.count(twice)} times)")
         for value in self.activation_offload:
             offload_flags(value)
         for value in self.ckpt_policy:
@@ -114,8 +149,13 @@ class Matrix:
         labels = [model_entry(entry).label for entry in self.model]
         if len(set(labels)) != len(labels):
             raise ConfigError(f"matrix.model: two entries have the same label ({', '.join(labels)}); give each a label")
-        for entry in self.backend:
-            backend_of(entry)
+        labels = {}
+        for entry in self.backend:  # its label names the runs: two entries of one label would be one run
+            label = backend_of(entry)[2]
+            if label in labels:
+                raise ConfigError(f"matrix.backend: '{labels[label]}' and '{entry}' would both name their runs "
+                                  f"{label}-...; list a configuration once, or give the file another name")
+            labels[label] = entry
         from core.config import CKPT_IMPLS, COMPILE_BACKENDS, PRECISIONS  # torch: not where a Slurm job unpickles its run
         from gptlite.model import PRESETS
 
@@ -220,11 +260,11 @@ class SweepSpec:
     executor: SlurmSettings = field(default_factory=SlurmSettings)
 
     def __post_init__(self):
-        if not self.name or "/" in self.name:
-            raise ConfigError(f"name must be a plain name (got {self.name!r})")
+        from core.config import RunConfig, check_plain_name
+
+        check_plain_name("name", self.name)  # its folder, runs/sweeps/<name>
         if self.steps < 1 or self.timeout_s <= 0:
             raise ConfigError("steps must be >= 1 and timeout_s > 0")
-        from core.config import RunConfig
 
         known = {f.name for f in dataclasses.fields(RunConfig)}
         for key in self.train_args:

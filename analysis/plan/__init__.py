@@ -77,6 +77,19 @@ from analysis.plan.refit import refit, replay  # noqa: F401 - the planner's API,
 
 
 def main(argv=None) -> int:
+    """The planner's command line. Ctrl-C: one line and exit code 130 (128 + SIGINT, what a shell reports
+    for a command Ctrl-C stopped, and what sweep.py returns; 2 says bad input, which this is not),
+    with nothing half-written: the verifying run in progress is stopped and recorded failed
+    (training/runner.py), the calibration's processes stopped, every file kept so far whole."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("python -m analysis.plan: stopped (Ctrl-C) before the plan was made; nothing written for it "
+              "(a verifying run it stopped is recorded failed)", file=sys.stderr)
+        return 130
+
+
+def _main(argv=None) -> int:
     from analysis.project import HARDWARE
     from training.cli import OneLineParser
 
@@ -195,11 +208,14 @@ def main(argv=None) -> int:
                 "profiled last one are not timed)")
     if args.gpu == "here" and args.gpus_per_node is not None and args.gpus_per_node < args.world:
         p.error("--gpus_per_node: --gpu here plans on this machine, one node of all --world ranks")
-    if args.out:  # before any calibration or run: bad input records nothing
+    if args.out or args.verify or args.race:  # before any calibration or run: bad input records nothing
         from training.preflight import writable_out
 
         try:
-            writable_out("--out", args.out)
+            if args.out:
+                writable_out("--out", args.out)
+            if args.verify or args.race:  # where the verifying runs are recorded, after the calibration
+                writable_out("--runs_dir", args.runs_dir)
         except ConfigError as e:
             p.error(str(e))
     per_node = args.gpus_per_node or (args.world if args.gpu == "here" else hw["gpus"][args.gpu]["gpus_per_node"])

@@ -4,11 +4,16 @@ calibrated and the link between its ranks probed."""
 from __future__ import annotations
 
 import bisect
+import contextlib
 import dataclasses
 import gc
+import io
 import math
 import re
+import signal
 import statistics
+import sys
+import threading
 import time
 from dataclasses import dataclass
 
@@ -131,6 +136,7 @@ def loop_step_times(train_argv: list[str], micro: int, steps: int = LOOP_STEPS) 
     from training.cli import config_from_argv
     from training.describe import simulated_env
     from training.run import Run, resolve
+    from training.runner import TERMINATED
 
     handler = signal.getsignal(signal.SIGTERM)  # a run sets its own
     threads = os.environ.get("OMP_NUM_THREADS")
@@ -144,8 +150,15 @@ def loop_step_times(train_argv: list[str], micro: int, steps: int = LOOP_STEPS) 
             cfg = dataclasses.replace(cfg, tracker=None, save_dir=None, resume=False)
             setup = resolve(cfg, env=simulated_env(1, None, cfg.device))
             run = Run(setup)
-            code = run.execute()
+            # The run's own lines about how it ended, said after it, unless the plan was stopped: a
+            # Ctrl-C (KeyboardInterrupt, passed on) or SIGTERM from the plan stopping its calibration's
+            # processes is said once, by the plan, not as this scratch run's failure too.
+            said = io.StringIO()
+            with contextlib.redirect_stderr(said):
+                code = run.execute()
             summary = run.record and run.record.read_summary()
+            if TERMINATED not in ((summary and summary.error) or ""):
+                sys.stderr.write(said.getvalue())
             if code != 0 or summary is None or summary.status != "ok":
                 raise RuntimeError(f"train.py's loop at micro-batch {micro} failed: {summary and summary.error}")
             timed = [line["step_time_s"] for line in run.record.metrics if line.get("timed")]
@@ -260,10 +273,9 @@ def probe_link(world: int, sizes: tuple[int, int] = (1024, 8 * 2**20), calls: tu
             queue = ctx.SimpleQueue()
             procs = [ctx.Process(target=_probe_rank, args=(r, world, f"{tmp}/store", sizes, calls, queue))
                      for r in range(world)]
-            for proc in procs:
-                proc.start()
-            for proc in procs:
-                proc.join(120)
+            with started(procs):
+                for proc in procs:
+                    proc.join(120)
             if any(proc.exitcode != 0 for proc in procs):
                 raise RuntimeError("the all_reduce probe between local processes failed")
             timed.append(queue.get())
@@ -350,16 +362,39 @@ def calibrate_together(train_argv: list[str], ranks: int, points: tuple[int, int
     queue, barrier = ctx.Queue(), ctx.Barrier(ranks)
     procs = [ctx.Process(target=_calibrate_rank, args=(train_argv, ranks, points, barrier, queue))
              for _ in range(ranks)]
-    for proc in procs:
-        proc.start()
-    got = gather_messages(queue, procs, f"the calibration in {ranks} processes")
-    for proc in procs:
-        proc.join(60)
+    with started(procs):
+        got = gather_messages(queue, procs, f"the calibration in {ranks} processes")
+        for proc in procs:
+            proc.join(60)
     # the one that failed first, not the others it stopped waiting (BrokenBarrierError)
     failed = sorted((g for g in got if isinstance(g, str)), key=lambda g: g.startswith("BrokenBarrierError"))
     if failed:
         raise RuntimeError(f"the calibration in {ranks} processes failed: {failed[0]}")
     return together(got)
+
+
+@contextlib.contextmanager
+def started(procs: list):
+    """`procs` (multiprocessing processes) started deaf to Ctrl-C, and stopped if this process leaves
+    before they end. A terminal's Ctrl-C signals every process in its foreground group: each spawned
+    child would print its own KeyboardInterrupt traceback. Started with SIGINT ignored, they keep it
+    ignored (an interpreter installs its KeyboardInterrupt handler only where SIGINT is not ignored),
+    and this process, which gets the KeyboardInterrupt, stops them here."""
+    main = threading.current_thread() is threading.main_thread()  # only there may a handler be set
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+    try:
+        for proc in procs:
+            proc.start()
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, previous)
+    try:
+        yield procs
+    finally:
+        for proc in procs:
+            if getattr(proc, "pid", None) is not None and proc.exitcode is None:  # started, not ended
+                proc.terminate()
+                proc.join(10)
 
 
 def gather_messages(queue, procs: list, what: str, poll_s: float = 1.0) -> list:

@@ -94,6 +94,13 @@ def replay(saved: dict) -> dict:
     accumulation + per sample x samples) x (1 + recompute) + the optimizer step, so its micro-steps'
     share of the rest is fixed x accumulation over the bracket. Returns the refit's parameters and,
     for each verified run, the prediction as the plan ran it, as this refit puts it, and measured."""
+    if not (isinstance(saved, dict) and isinstance(saved.get("candidates"), list)
+            and isinstance(saved.get("verified", []), list)
+            and all(isinstance(c, dict) for c in [*saved["candidates"], *saved.get("verified", [])])):
+        got = "its candidates or verified is not a list of objects" if isinstance(saved, dict) else \
+            f"a JSON {type(saved).__name__}"
+        raise ValueError(f"{got}; a plan is the object analysis.plan --verify K --json writes, its candidates and "
+                         "verified lists of objects")
     rows = [dict(c) for c in saved["candidates"]]
     verified = [dict(v) for v in saved.get("verified", [])]
     timed = [r for r in rows if r.get("step_ms")]
