@@ -6,7 +6,8 @@ any), the run
 - kind=oom:   raises torch.OutOfMemoryError, as CUDA does when memory runs out;
 - kind=exit:  exits at once with code 1, skipping all cleanup, as a crashed process;
 - kind=kill:  sends itself SIGKILL;
-- kind=hang:  sleeps forever, as a rank stuck outside any collective.
+- kind=hang:  sleeps forever, as a rank stuck outside any collective;
+- kind=interrupt: sends itself SIGINT, as Ctrl-C in a terminal does.
 
 Unset (the normal case), nothing is checked beyond one comparison per step.
 """
@@ -22,7 +23,7 @@ import torch
 
 from gptlite.errors import ConfigError
 
-KINDS = ("error", "oom", "exit", "kill", "hang")
+KINDS = ("error", "oom", "exit", "kill", "hang", "interrupt")
 ENV = "GPTLITE_FAULT"
 
 
@@ -65,5 +66,7 @@ class Fault:
             os._exit(1)
         if self.kind == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
+        if self.kind == "interrupt":
+            os.kill(os.getpid(), signal.SIGINT)  # KeyboardInterrupt, raised in the sleep below
         while True:  # hang
             time.sleep(3600)

@@ -329,3 +329,16 @@ def test_a_running_record_is_shown_dead_by_its_heartbeat(tmp_path):
         assert states["stale"][0] == "dead" and "no heartbeat" in states["stale"][1] and "node7" in states["stale"][1]
         assert {states[name][0] for name in ("fresh", "alive", "old")} == {"running"}, states
     assert _files(runs) == before
+
+
+@pytest.mark.launch
+def test_ctrl_c_while_training_is_one_line_and_recorded(tmp_path):
+    """Ctrl-C (SIGINT) during training printed a KeyboardInterrupt traceback: one line, the record
+    failed with the reason, exit 130 as a shell gives an interrupted command."""
+    from conftest import train
+
+    run = train(tmp_path, "r", "--preset", "tiny", "--steps", "6", env={"GPTLITE_FAULT": "kind=interrupt,step=2"})
+    assert run.proc.returncode == 130, run.proc.stderr
+    assert "Traceback" not in run.proc.stderr and len(run.proc.stderr.strip().splitlines()) == 1, run.proc.stderr
+    assert "interrupted (Ctrl-C" in run.proc.stderr
+    assert run.summary["status"] == "failed" and "interrupted (Ctrl-C" in run.summary["error"]

@@ -49,7 +49,7 @@ from training.loop import StepLoop
 from training.results import MemoryBudgetExceeded, finished_summary, gather_ranks
 from training.setup import Setup
 
-EXIT_OK, EXIT_FAILED = 0, 1
+EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
 
 
 class Terminated(BaseException):
@@ -318,7 +318,7 @@ def main(cfg: RunConfig, planner: Callable | None = None) -> int:
         return report_bad_input(f"train.py: error: {e}")
     except KeyboardInterrupt:  # Ctrl-C while checking or planning (--ckpt_policy auto measures costs): nothing recorded
         print("train.py: interrupted (Ctrl-C) before training started; nothing was recorded", file=sys.stderr, flush=True)
-        return 130
+        return EXIT_INTERRUPTED
     if cfg.dry_run:
         if setup.env.is_main:
             print(json.dumps(setup.record(), indent=2))
@@ -358,9 +358,8 @@ class Run:
         except BaseException as e:  # noqa: BLE001 - every failure must be recorded
             signal.signal(signal.SIGTERM, signal.SIG_IGN)  # let the failure be written
             self._record_failure(e, started)
-            if isinstance(e, KeyboardInterrupt):
-                raise
-            return EXIT_FAILED
+            # Ctrl-C: said in one line and recorded; the exit status a shell gives an interrupted command
+            return EXIT_INTERRUPTED if isinstance(e, KeyboardInterrupt) else EXIT_FAILED
         finally:
             for watcher in (self.heartbeat, self.peers):
                 if watcher is not None:
@@ -506,7 +505,7 @@ class Run:
         error, whose = root_failure(error, self.env.rank)
         status = "oom" if is_oom(error) else "failed"
         message = describe_error(error)
-        own = isinstance(error, OUTCOMES)
+        own = isinstance(error, (*OUTCOMES, KeyboardInterrupt))
         # A rank of this machine that died of a signal records nothing itself: said here, as the cause.
         deaths = self.peers.ended(0.0 if own or isinstance(error, KeyboardInterrupt) else PEER_WAIT_S) \
             if self.peers is not None else []
