@@ -15,6 +15,9 @@ estimate (`peak_moment` names it):
 - the backward of each block (its activations, recomputed if checkpointed, and their gradients;
   a traced model's, the most its traced backward holds at once; FULL_SHARD's unit gathered again
   with the next one prefetched);
+- a traced model's backward of the layers before the blocks (what they keep and their backward's
+  buffers, every block's activations gone: a convolutional front end's peak, which checkpointing
+  the blocks does not lower);
 - the end of each FSDP unit's backward (its gradients on their way into the reduce-scatter), and,
   on gloo, each FSDP2 unit's forward all-gather;
 - ZeRO-3's end of forward (every parameter gathered, the last gathers in flight; on one rank a
@@ -124,6 +127,9 @@ class Activations:
     # backward's. None where the trace could not run backward: the rule above instead.
     backward: list[int] | None = None
     head_backward: int | None = None
+    # The same for the layers before the blocks (a convolutional front end, an embedding): what they
+    # keep, still alive when backward reaches them, and their backward's buffers. None where not traced.
+    front_backward: int | None = None
 
     def own_backward(self, i: int) -> int:
         """The most block i's backward holds at once, of its activations and its backward's buffers."""
@@ -164,20 +170,20 @@ def gptlite_activations(cfg: GPTConfig, micro_batch: int, act: int, mask: int, d
         batch=2 * micro_batch * cfg.block_size * 8)  # token ids of inputs and targets
 
 
-# The operators whose kernels allocate buffers of their own in backward (traced_activations), by the
-# names the traced forward records: aten overload packets of the CPU's kernels, which the trace runs
-# on fake tensors (a convolution is `convolution` there, whatever library runs it on the device).
-KERNEL_BUFFER_OPS = frozenset({"convolution"})
-# On CUDA, fused attention too (traced as the CPU's): FlashAttention's backward accumulates the query's
-# gradient in an fp32 buffer of its own (dq_accum, with the softmax's row sums). Not measured on a
-# traced model on a GPU yet (benchmarks/gpu_zoo.sh asks it); the CPU's fused attention, measured,
-# allocates nothing more (the zoo's llama, vit and mixtral on one process).
-CUDA_KERNEL_BUFFER_OPS = KERNEL_BUFFER_OPS | {"_scaled_dot_product_flash_attention_for_cpu"}
+# The operators whose kernels allocate buffers of their own in backward that the trace does not count
+# where they run (a convolution's it does: estimator/traced_model.kernel_buffers), by the names the
+# traced forward records: aten overload packets of the CPU's kernels, which the trace runs on fake
+# tensors. On CUDA, fused attention (traced as the CPU's): FlashAttention's backward accumulates the
+# query's gradient in an fp32 buffer of its own (dq_accum, with the softmax's row sums); a block that
+# ran it is allowed one of its largest saved tensor. Not measured on a traced model on a GPU yet
+# (benchmarks/gpu_zoo.sh asks it); the CPU's fused attention, measured, allocates nothing more (the
+# zoo's llama, vit and mixtral on one process).
+CUDA_KERNEL_BUFFER_OPS = frozenset({"_scaled_dot_product_flash_attention_for_cpu"})
 
 
 def traced_activations(traced, micro_batch: int, act: int, device: str = "cpu") -> Activations:
     """Any model's, traced (estimator/traced_model.py), scaled to 16 bits where the run computes in 16,
-    for a run on `device` (its kernels' own buffers: KERNEL_BUFFER_OPS, CUDA_KERNEL_BUFFER_OPS)."""
+    for a run on `device` (its kernels' own buffers: traced_model.kernel_buffers, CUDA_KERNEL_BUFFER_OPS)."""
     t = traced.at(micro_batch)
 
     def scale(value: int) -> int:
@@ -185,27 +191,31 @@ def traced_activations(traced, micro_batch: int, act: int, device: str = "cpu") 
 
     transient = max((2 * big + inp for big, inp in zip(t["largest"], t["kept"])), default=0)
     # The traced backward sees the tensors operators return, not the buffers kernels allocate inside
-    # (fake tensors have no memory to allocate). A convolution's do (oneDNN's and cuDNN's weight
-    # gradient in their own layout, their workspaces): a block that ran one is allowed one of its
-    # largest saved tensor for them (the zoo's CNN without it: up to 14% under, FSDP and one process).
-    # Matmuls, elementwise operators and the CPU's fused attention allocate nothing but their outputs:
-    # since the trace counts a block's input in its backward (2026-12-04), the zoo's 3,976 runs measured
-    # since 2026-11-29 lie within -7.7% and +6.7% of the estimate (median 1.1%) and its 60 one-process
-    # runs within -6.0% and +9.5% (runs/reference/cpu-2core-zoo-peaks-single), where the allowance on
-    # every block put frozen_tied's one-process runs 13% over (docs/estimator.md). The head keeps its
-    # allowance: the zoo's GRU, all its activations the head's, runs its recurrent kernel there (4-9%
-    # under without it, one process).
-    buffered = CUDA_KERNEL_BUFFER_OPS if device.startswith("cuda") else KERNEL_BUFFER_OPS
-    backward = head_backward = None
+    # (fake tensors have no memory to allocate). A convolution's do (oneDNN's input and gradients in
+    # its own layout): the trace counts them at the convolution's backward, from its shapes
+    # (traced_model.kernel_buffers; until 2026-12-06 a block that ran one was allowed one of its largest
+    # saved tensor instead, and the layers before the blocks nothing: the zoo's speech encoder, its
+    # peak in its feature extractor's backward, was up to 19% under with every block checkpointed).
+    # Matmuls, elementwise operators and the CPU's fused attention allocate nothing but their outputs
+    # (an allowance on every block put frozen_tied's one-process runs 13% over, docs/estimator.md).
+    # Measured (2026-12-06) against the zoo's 276 runs of runs/reference/cpu-2core-zoo-peaks,
+    # -peaks-deepspeed-world1 and -peaks-single: within -7.7% and +5.4% (median 1.0%; -7.7% and +9.5%
+    # with the convolutions' allowance), and the speech encoder's 32 (tests/speech_ctc_peaks.json)
+    # within -9.9% and +4.3%. The head keeps its allowance: the zoo's GRU, all its activations the
+    # head's, runs its recurrent kernel there (4-9% under without it, one process).
+    buffered = CUDA_KERNEL_BUFFER_OPS if device.startswith("cuda") else frozenset()
+    backward = head_backward = front_backward = None
     if t.get("backward_peak") is not None:
         backward = [scale(v + (big if buffered & ops.keys() else 0))
                     for v, big, ops in zip(t["backward_peak"], t["largest"], t["ops"])]
         head_backward = scale(t["head_backward_peak"] + t["largest_after"])
+    if t.get("front_backward_peak") is not None:
+        front_backward = scale(t["front_backward_peak"])
     return Activations(full=[scale(v) for v in t["full"]], kept=[scale(v) for v in t["kept"]],
                        transient=scale(transient), head=scale(t["after"]), before=scale(t["before"]),
                        logits_grad=t["output"], batch=t["batch"], head_transient=scale(2 * t["largest_after"]),
                        ops=[{op: scale(b) for op, b in block.items()} for block in t["ops"]],
-                       backward=backward, head_backward=head_backward)
+                       backward=backward, head_backward=head_backward, front_backward=front_backward)
 
 
 def ckpt_choices(blocks: int, interval: int, policy: str = "full", plan=None) -> list[str]:
@@ -389,7 +399,7 @@ def estimate(cfg, backend: str, world: int = 1, micro_batch: int = 1, precision:
     # starts with every gradient whole, and in block i holds the whole gradients of the root (reduced
     # when backward ends) and of the blocks not yet reduced (i and below), the shards of those above.
     # (Measured on the zoo, 2 ranks, micro-batch 4 x 2: counting shards alone put FSDP2 13-22% and
-    # FSDP1 up to 16% under the measured peak: runs/reference/cpu-2core-zoo.)
+    # FSDP1 up to 16% under the measured peak: runs/reference at b423e114, docs/results/zoo_accuracy_2026-12-05.md.)
     accumulated_shards = grad_accum > 1 and growing_grads and lay.kind in ("full_shard", "shard_grad_op")
     # The moments of a step whose live bytes can set its peak: (bytes, moment, activations then).
     moments = []
@@ -463,6 +473,19 @@ def estimate(cfg, backend: str, world: int = 1, micro_batch: int = 1, precision:
             partition = 0 if lay.offload else c * Pt // W
             moments.append((resident + carried + partition + 2 * c * bucket + below + 2 * c * units[i],
                             f"gradient reduction of block {i}", below, i))
+    if a.front_backward is not None:
+        # The backward of the layers before the blocks (traced models), every block's activations gone:
+        # what those layers kept (counted in `resident` until now) and are still holding, and their
+        # backward's buffers. It sets the peak where they keep most (a convolutional front end over a
+        # waveform or an image: its first layers run at the input's resolution), with or without
+        # checkpointing, which does not touch them. Every gradient is made by then, theirs (the root's
+        # but the head's) as they go (with accumulation under FSDP, the root's are counted whole already).
+        # FSDP2 still holds the first block's reduce-scatter input (the root reduces after them).
+        partition = c * Pt // W if lay.kind == "zero12" and not lay.offload else 0
+        held = c * units[0] if fsdp_unit and backend == "fsdp2" and blocks else 0
+        front_grads = grads_so_far(-1, 0 if accumulated_shards else grad_root - grad_head)
+        moments.append((resident - a.before + carried + partition + front_grads + a.front_backward + buckets + held,
+                        "backward of the layers before the blocks", 0, 0))
     # After backward, the gradients reduced: ZeRO-0 all-reduces them flattened into one buffer;
     # ZeRO-1/2 through two buckets, flattening each for the all-reduce, then copies this rank's
     # partition out in fp32 (kept on the host under ZeRO-Offload: counted above).

@@ -3,8 +3,8 @@
 GPT-lite's activations have explicit formulas (estimator/memory_model.py); another model's are
 measured by running its forward once on fake tensors (torch's FakeTensorMode: shapes, dtypes and
 storages, no memory, no data) with autograd's saved-tensor hooks: every tensor the forward keeps
-for backward is counted once, by storage, against the block that saved it first (parameters and
-buffers left out). Traced in fp32 at micro-batches 2 and 4 (batch normalisation refuses one sample
+for backward is counted once, by storage, against the block that saved it first, a block's input
+against the block (parameters and buffers left out). Traced in fp32 at micro-batches 2 and 4 (batch normalisation refuses one sample
 in training); everything the estimator uses is linear in the micro-batch, so other sizes are
 extrapolated from the two. A model whose construction reads data (ViT's weight init, ConvNeXt's
 `linspace().tolist()`) is built on the meta device and given fake storage; one whose forward reads
@@ -23,11 +23,14 @@ holds gradients, counted apart): `backward_peak`, per block, the most alive at o
 is in the block (from the first of its saved tensors backward reads to the next block's), of the
 tensors its forward made or saved (its input, which the block before made) and those the backward
 made (the gradient flowing in, the block's own buffers); `head_backward_peak`, the same for the
-head. (Until 2026-12-04 a block's input, made in the block before, was left out: one input-sized
+head; `front_backward_peak`, for the layers before the blocks (a convolutional front end, an
+embedding), the most alive at once from the first of their saved tensors backward reads to its end.
+At a convolution's backward each also counts the buffers its kernel allocates for itself
+(`kernel_buffers`), which fake tensors cannot show. (Until 2026-12-04 a block's input, made in the block before, was left out: one input-sized
 tensor under every traced block's backward, which the estimator's allowance for kernels' buffers
 covered on most models and overshot on others: the zoo's frozen_tied, 13% over at world 1.) Every
-storage an operator returns is held weakly, so it counts while it is alive. A model whose backward fails on fake tensors has neither
-(None), and the estimator counts its backward by rule.
+storage an operator returns is held weakly, so it counts while it is alive. A model whose backward
+fails on fake tensors has none of them (None), and the estimator counts its backward by rule.
 """
 
 from __future__ import annotations
@@ -84,6 +87,21 @@ def _trace(mode, model, x, y, block_class: str | None) -> dict:
         state["block"] = i
         first = next((a for a in args if isinstance(a, torch.Tensor)), None)
         out["kept"][i] = _nbytes(first) if first is not None else 0
+        # The block's input is the block's, whoever saved it first: alive in its backward (what a
+        # checkpoint keeps of it), and where the place before saved it too (a block that ends in a
+        # ReLU saves its output), the place before keeps it only as long as this block does. Left
+        # there, a checkpointed block's backward was an input short (the zoo's CNN).
+        storage = first.untyped_storage() if first is not None else None
+        place = saved_in.get(id(storage)) if storage is not None and storage in seen else None
+        if place is not None and place != i:
+            size = storage.nbytes()
+            if isinstance(place, int):
+                out["full"][place] -= size
+            else:
+                out[place] -= size
+            out["full"][i] += size
+            out["largest"][i] = max(out["largest"][i], size)
+            saved_in[id(storage)] = i
 
     def post(i, module, args, output):
         state["block"] = None
@@ -140,10 +158,15 @@ def _trace(mode, model, x, y, block_class: str | None) -> dict:
                         name = func.overloadpacket.__name__
                         out["ops"][i][name] = out["ops"][i].get(name, 0) + storage.nbytes()
             place = state["backward_in"]
+            if place is None:
+                return result
+            held = alive(place) + (kernel_buffers(func, args) if state["backward"] else 0)
             if isinstance(place, int):
-                out["backward_peak"][place] = max(out["backward_peak"][place], alive(place))
+                out["backward_peak"][place] = max(out["backward_peak"][place], held)
             elif place == "after":
-                out["head_backward_peak"] = max(out["head_backward_peak"], alive(place))
+                out["head_backward_peak"] = max(out["head_backward_peak"], held)
+            else:  # the layers before the blocks (a convolutional front end, an embedding)
+                out["front_backward_peak"] = max(out["front_backward_peak"], held)
             return result
 
     handles = [b.register_forward_pre_hook(functools.partial(pre, i)) for i, b in enumerate(blocks)]
@@ -159,13 +182,13 @@ def _trace(mode, model, x, y, block_class: str | None) -> dict:
             # the backward's (the gradient flowing in, the block's temporaries).
             seen.clear(), made.clear(), keep.clear()
             del output
-            out.update(backward_peak=[0] * len(blocks), head_backward_peak=0)
+            out.update(backward_peak=[0] * len(blocks), head_backward_peak=0, front_backward_peak=0)
             state["backward"] = True
             grads = [p.register_post_accumulate_grad_hook(_drop_grad) for p in model.parameters() if p.requires_grad]
             try:
                 loss.backward()
             except Exception:  # noqa: BLE001 - a model fake tensors cannot run backward on: the rule instead
-                out.update(backward_peak=None, head_backward_peak=None)
+                out.update(backward_peak=None, head_backward_peak=None, front_backward_peak=None)
             finally:
                 for h in grads:
                     h.remove()
@@ -173,6 +196,24 @@ def _trace(mode, model, x, y, block_class: str | None) -> dict:
         for h in handles:
             h.remove()
     return out
+
+
+def kernel_buffers(func, args) -> int:
+    """The bytes an operator's kernel allocates for itself while it runs, beside the outputs it returns
+    (fake tensors run no kernel, so the trace cannot see them): a convolution's backward. oneDNN's
+    (torch's CPU convolutions) reorders the input into its own layout, and the input's gradient too
+    where it is needed, else the output's gradient: measured on this suite's CPU (1-D and 2-D, stride 1
+    and 2, 32 channels), the backward held 3.0 inputs at once beside what it read where it made the
+    input's gradient (the gradient and two buffers), and one input and one output (1.2-2.0 inputs)
+    where it made the weight's alone. Zero for any other operator."""
+    if func.overloadpacket is not torch.ops.aten.convolution_backward:
+        return 0
+    grad_output, inp, mask = args[0], args[1], args[-1]
+
+    def size(t) -> int:
+        return t.numel() * t.element_size()
+
+    return size(inp) + (size(inp) if mask[0] else size(grad_output))
 
 
 def _drop_grad(p: torch.Tensor) -> None:

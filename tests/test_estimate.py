@@ -313,7 +313,9 @@ def _kept_per_block(model, blocks, x, y, checkpointed: bool) -> list[int]:
     """What each block of a real model keeps for backward after one forward on real tensors.
 
     Without checkpointing: autograd's saved tensors (saved-tensor hooks), each storage counted once,
-    against the block that saved it first, parameters and buffers left out. With it the checkpoint
+    against the block that saved it first, but a block's input against the block whoever saved it
+    (a block ending in a ReLU saves its output, the next block's input: kept as long as the next
+    block keeps it, as under checkpointing), parameters and buffers left out. With it the checkpoint
     keeps the tensors itself (its input, and under a selective checkpoint the outputs it caches),
     out of autograd's sight: the storages still alive once forward has returned, made in the
     block or its input, less its output (the next block's input, kept by that block)."""
@@ -339,7 +341,7 @@ def _kept_per_block(model, blocks, x, y, checkpointed: bool) -> list[int]:
             return result
 
     def pack(t):
-        if state["block"] is not None and key(t) not in owned and key(t) not in saved:
+        if key(t) not in owned and key(t) not in saved:
             saved[key(t)] = (t.untyped_storage().nbytes(), state["block"])
         return t
 
@@ -360,8 +362,11 @@ def _kept_per_block(model, blocks, x, y, checkpointed: bool) -> list[int]:
             out = model(x, y)
         gc.collect()
         if not checkpointed:
-            for size, i in saved.values():
-                kept[i] += size
+            owner = {ref.cdata: i for i, (ref, _) in inputs.items()}
+            for k, (size, i) in saved.items():
+                i = owner.get(k, i)
+                if i is not None:  # saved before or after the blocks
+                    kept[i] += size
             return kept
         for k, (ref, size, i) in made.items():
             if i is not None and not ref.expired() and k not in outputs[i]:
@@ -492,19 +497,135 @@ def test_a_blocks_traced_backward_holds_its_input_made_in_the_block_before():
     assert t["backward_peak"][1] >= t["full"][1] + x + 2 * relu
 
 
-def test_only_a_block_that_convolves_is_allowed_its_kernels_buffers():
+def test_only_fused_attention_on_cuda_is_allowed_a_blocks_kernel_buffers():
     """The trace sees operators' outputs, not the buffers a kernel allocates inside: a convolution's
-    (oneDNN, cuDNN) are allowed one of the block's largest saved tensor; a block of matmuls and
-    elementwise operators allocates nothing else (frozen_tied was 13% over with the allowance), nor does
-    the CPU's fused attention; on CUDA, FlashAttention's backward does (its fp32 gradient accumulator)."""
+    (oneDNN's) the trace counts itself at the convolution's backward (below), so a block that
+    convolves is allowed nothing more; a block of matmuls and elementwise operators allocates nothing
+    else (frozen_tied was 13% over with an allowance), nor does the CPU's fused attention; on CUDA,
+    FlashAttention's backward does (its fp32 gradient accumulator): one of the block's largest saved
+    tensor."""
     from estimator.estimate import traced_activations
 
-    for name, device, allowed in (("cnn_bn", "cpu", True), ("frozen_tied", "cpu", False), ("llama", "cpu", False),
-                                  ("llama", "cuda", True), ("frozen_tied", "cuda", False)):
+    for name, device, allowed in (("cnn_bn", "cpu", False), ("frozen_tied", "cpu", False), ("llama", "cpu", False),
+                                  ("llama", "cuda", True), ("frozen_tied", "cuda", False), ("cnn_bn", "cuda", False)):
         traced = _zoo_traced(name)
         t, a = traced.at(8), traced_activations(traced, 8, 4, device)
         assert [a.own_backward(i) for i in range(traced.n_blocks)] == \
             [peak + (big if allowed else 0) for peak, big in zip(t["backward_peak"], t["largest"])], (name, device)
+
+
+def _backward_allocations(conv: torch.nn.Module, x: torch.Tensor) -> tuple[int, torch.Tensor]:
+    """The most bytes a convolution's backward holds at once of what it allocates (torch's profiler),
+    and the output's gradient it ran on."""
+    from torch._C._profiler import _EventType
+    from torch.profiler._utils import traverse_dfs
+
+    y = conv(x)
+    grad = torch.ones_like(y)
+    with torch.profiler.profile(profile_memory=True) as prof:
+        y.backward(grad)
+    events = sorted((e for e in traverse_dfs(prof.profiler.kineto_results.experimental_event_tree())
+                     if e.typed[0] == _EventType.Allocation), key=lambda e: e.start_time_ns)
+    live, now, most = {}, 0, 0
+    for e in events:
+        a = e.typed[1]
+        if a.alloc_size > 0:
+            live[a.ptr] = a.alloc_size
+            now += a.alloc_size
+        elif a.ptr in live:
+            now -= live.pop(a.ptr)
+        most = max(most, now)
+    return most, grad
+
+
+def test_a_convolutions_backward_is_counted_with_its_kernels_buffers():
+    """Fake tensors run no kernel: what oneDNN's convolution backward allocates for itself, beside the
+    gradients it returns, the trace counts from the shapes (traced_model.kernel_buffers): its input in
+    oneDNN's layout, and the input's gradient too where it is needed, else the output's gradient.
+    Measured here (torch's profiler, one thread, 8 samples, a 1-D convolution over 3199 frames and a
+    2-D one over 16 x 16: the zoo's speech encoder's and CNN's): the backward's peak within 10% of its
+    gradients and those buffers; its gradients alone are a third of it."""
+    from estimator.traced_model import kernel_buffers
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a rank's share of this machine's 2 cores at world 2
+    try:
+        for conv, shape in ((torch.nn.Conv1d(32, 32, 3, stride=2, bias=False), (8, 32, 3199)),
+                            (torch.nn.Conv2d(16, 32, 3, stride=2, padding=1, bias=False), (8, 16, 16, 16))):
+            for needs_grad in (True, False):
+                x = torch.randn(*shape, requires_grad=needs_grad)
+                measured, grad = _backward_allocations(conv, x)
+                returned = conv.weight.numel() * 4 + (x.numel() * 4 if needs_grad else 0)
+                args = (grad, x, conv.weight, None, conv.stride, conv.padding, conv.dilation, False, [0], 1,
+                        [needs_grad, True, False])
+                counted = returned + kernel_buffers(torch.ops.aten.convolution_backward.default, args)
+                assert abs(counted / measured - 1) <= 0.10, (shape, needs_grad, counted, measured)
+                if needs_grad:
+                    assert returned < measured / 2
+    finally:
+        torch.set_num_threads(threads)
+    assert kernel_buffers(torch.ops.aten.mm.default, (torch.ones(4, 4), torch.ones(4, 4))) == 0
+
+
+def test_a_blocks_input_is_the_blocks_where_the_block_before_saved_it_too():
+    """cnn_bn's blocks end in a ReLU, which saves its output: the next block's input. It is counted as
+    the next block's (alive in its backward, what its checkpoint keeps), not the block before's: with
+    every block checkpointed the block before keeps only its own input, and the trace had left the
+    input out of the next block's backward (hidden under an allowance for convolutions' buffers)."""
+    t = _zoo_traced("cnn_bn").at(8)
+    ch, size = 16, 16  # the first block's output: 16 channels of 16 x 16
+    out0 = 8 * ch * size * size * 4
+    assert t["kept"][1] == out0
+    # The first block keeps BatchNorm's input (its convolution's output, out0) and statistics alone.
+    assert t["full"][0] == out0 + 2 * ch * 4
+    # The second keeps its input, its BatchNorm's input (32 channels at 8 x 8) and statistics.
+    assert t["full"][1] == out0 + 8 * 32 * 8 * 8 * 4 + 2 * 32 * 4
+    assert t["backward_peak"][1] >= t["full"][1]
+
+
+def test_a_front_ends_backward_sets_the_peak_that_checkpointing_the_blocks_does_not_lower():
+    """The zoo's speech encoder keeps most of its activations in its convolutional feature extractor,
+    before the blocks (its first convolution runs at 64 times the encoder's frame rate). When backward
+    reaches it every block's activations are gone, but what it kept and its convolutions' backward
+    buffers are alive: measured, the step's peak is there, the same with and without the blocks
+    checkpointed (tests/speech_ctc_peaks.json). Without that moment the estimate with every block
+    checkpointed fell 11-19% under the measured peak, crediting checkpointing with savings the run
+    does not see."""
+    from estimator.estimate import traced_activations
+
+    traced = _zoo_traced("speech_ctc")
+    t = traced.at(8)
+    assert t["before"] > 2 * sum(t["full"])
+    assert t["front_backward_peak"] > t["before"]
+    a = traced_activations(traced, 8, 4)
+    none, full = (estimate(traced, "single", micro_batch=8, ckpt_interval=k) for k in (0, 1))
+    assert full.peak_moment == "backward of the layers before the blocks"
+    bases = {name: b for b, _, name in full.moment_bases}
+    # Every state, every gradient, and the front end's own backward; no block's activations.
+    assert bases["backward of the layers before the blocks"] == full.params + full.optimizer + full.grads \
+        + a.front_backward
+    assert full.total_bytes >= 0.95 * none.total_bytes
+
+
+def test_a_speech_encoders_measured_peaks_are_estimated_within_ten_percent():
+    """The zoo's speech encoder (benchmarks/zoo/speech_ctc.py: a convolutional front end over the
+    waveform, transformer blocks, CTC), a shape the estimator was not tuned on: every measured peak of
+    its one-process and world-2 questions (tests/speech_ctc_peaks.json: one process, DDP, FSDP1,
+    FSDP2, ZeRO-1, 2 and 3, with and without every block checkpointed) within 10% of the estimate of
+    the same flags. Before the front end's backward was counted, the one-process runs with every block
+    checkpointed were 11.5-18.6% under."""
+    from benchmarks.zoo import ZOO
+    from training.describe import describe
+
+    measured = json.loads((REPO / "tests" / "speech_ctc_peaks.json").read_text())
+    errors = {}
+    for run in measured["runs"]:
+        config = describe([*ZOO["speech_ctc"].flags, *run["flags"]], run["world"])
+        errors[run["name"]] = estimate_from_record(config).total_bytes / run["peak_bytes"] - 1
+    assert {n.split("-")[0] for n in errors} >= {"single", "ddp", "fsdp2", "z2"}
+    assert {n.split("-")[2] for n in errors} == {"none", "full1"}
+    beyond = {n: f"{e:+.1%}" for n, e in errors.items() if abs(e) > 0.10}
+    assert not beyond
 
 
 def test_with_accumulation_the_heads_backward_holds_every_gradient():

@@ -1,4 +1,4 @@
-"""The model zoo the predictions are validated on (issue 40): eight models of different shapes, at
+"""The model zoo the predictions are validated on (issue 40): nine models of different shapes, at
 sizes that run on a 2-core CPU, each as train.py's flags, with its FLOPs per sample counted by hand.
 
     from benchmarks.zoo import ZOO
@@ -14,7 +14,8 @@ none. No model here is tuned on alone (tests/test_zoo.py holds every one to its 
 
 Measured (2026-11-27, torch 2.13.0+cpu, `tests/test_zoo.py`): gptlite,
 bert, cnn_bn, gru_lm and frozen_tied count exactly their hand counts; llama, vit and mixtral count
-1.4%, 1.6% and 0.9% more. Those three run attention through the CPU flash kernel, whose backward
+1.4%, 1.6% and 0.9% more, speech_ctc (added later, measured alike) 1.1% more. Those four run
+attention through the CPU flash kernel, whose backward
 recomputes QK^T: torch's formula for it (flop_counter.sdpa_backward_flop_count, which core/flops.py
 uses for the CPU kernel as torch does for the others) counts five products where the hand count,
 as PaLM's accounting, counts four. The difference is exactly half of the forward attention's FLOPs.
@@ -113,6 +114,23 @@ def _frozen_tied(width=32, seq=16, vocab=64) -> Model:
                  lambda v: seq * (4 * block + 6 * block + 6 * width * vocab))
 
 
+def _speech_ctc(channels=32, d=64, L=4, heads=4, ff=128) -> Model:
+    """benchmarks/zoo/speech_ctc.py: the feature extractor's convolutions over 16000 samples (the
+    first, 1 -> channels, kernel 10, 3199 frames out, on the waveform: no input gradient; six more,
+    channels x channels x kernel 3 at 1599, 799, 399, 199 frames and kernel 2 at 99, 49), the
+    projection channels x d, per layer q, k, v, the output (d x d each), the MLP (d x ff, ff x d) and
+    attention's two T x d products over T = 49 frames, the head d x 32 characters; CTC multiplies
+    nothing."""
+    T = 49
+    first = 3199 * channels * 10
+    rest = ((1599 + 799 + 399 + 199) * 3 + (99 + 49) * 2) * channels * channels
+    return Model("speech_ctc", "speech encoder, convolutional front end and CTC (a model file)",
+                 ("--model", str(HERE / "speech_ctc.py"), "--model_args",
+                  _args(channels=channels, width=d, layers=L, heads=heads, ff=ff)),
+                 lambda v: 4 * first + 6 * rest + 6 * T * (channels * d + L * (4 * d * d + 2 * d * ff + 2 * T * d)
+                                                           + d * 32))
+
+
 def _gptlite(L=4, d=64) -> Model:
     """GPT-lite's tiny preset (n_layer 4, n_embd 64) at T: per layer q, k, v and the projection (d x d
     each), the MLP (d x 4d, 4d x d) and attention's two T x d products; the head d x vocab."""
@@ -129,6 +147,7 @@ ZOO: dict[str, Model] = {m.name: m for m in (
     _mixtral(),
     _gru(),
     _frozen_tied(),
+    _speech_ctc(),
 )}
 
 
