@@ -32,8 +32,8 @@ figures shipped for this machine's kind (analysis/plan/shipped_costs.json: measu
 machines the suite is benchmarked on, with their runs, refitted as kept ones are; shipped()), saying
 so, and measures the rest first, QUICK_REPEATS run a point: a plan that priced them at 0 ranked a
 ViT's configurations against their measured order (Spearman -0.83 over six verified runs), and the
-full protocol took 938 s on the 2-core CPU before the first prediction. `--backend_costs measure`
-measures here, REPEATS runs a point, whatever is shipped or was measured quickly.
+full protocol took 938 s on the 2-core CPU before the first prediction (six configurations).
+`--backend_costs measure` measures here, REPEATS runs a point, whatever is shipped or was measured quickly.
 """
 
 from __future__ import annotations
@@ -76,9 +76,11 @@ POINT_RULE = "median"
 REPEATS = 3
 # What a plan measures when nothing is kept or shipped for a configuration (--backend_costs auto): each
 # point run once, and the probe model calibrated once for all the configurations it measures (not
-# for each: calibrate_each), 4 runs a configuration where the full protocol (--backend_costs measure)
-# makes 12 and 3 calibrations. The points' launches are most of a probe's time (a run of 24 steps of
-# the probe model is about 8 s on the 2-core CPU, its steps a fraction of a second). One run a point
+# for each), 4 runs a configuration where the full protocol (--backend_costs measure) makes 12 and 3
+# calibrations. The points' launches are most of a probe's time: on the 2-core CPU (2026-12-06, idle) a
+# probe run took 5 s launch to end under DDP, 6-7 under FSDP, 10-13 under DeepSpeed, its 24 steps a
+# fraction of a second; the zoo question's six configurations took 11.5 minutes in full, and a plan
+# from nothing kept measured them quickly and predicted in 4.5 minutes. One run a point
 # ranks as well as the median of three: the committed zoo evenings' plans (runs/reference/cpu-2core-zoo-*,
 # the eight with these points, 61 model plans) re-priced with each configuration's costs fitted from
 # its first run of each point, median error a median 13% over the plans against 14% with the median
