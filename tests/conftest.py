@@ -33,8 +33,10 @@ platform.processor()
 # The planner prices each configuration's own cost as measured on this machine and kept in
 # $GPTLITE_CACHE/backend_costs.json (analysis/plan/backend_costs.py): a developer's kept figures
 # would change what the tests' plans predict. The tests' plans see none (an empty file), and each test
-# of the cache names its own.
+# of the cache names its own. Nor the figures shipped for a machine's kind (analysis/plan/shipped_costs.json):
+# the tests' plans would predict otherwise on the machines of those kinds than on the others.
 os.environ["GPTLITE_BACKEND_COSTS"] = os.devnull
+os.environ["GPTLITE_SHIPPED_COSTS"] = os.devnull
 
 SHAKESPEARE = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"
 

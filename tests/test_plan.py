@@ -481,7 +481,7 @@ def test_here_is_calibrated_where_the_candidates_run(monkeypatch, capsys):
     noise of t(4): it put 238 ms on every micro-step of GPT-lite small here, 1 and 8 none)."""
     asked = []
 
-    def here(train_argv, world, per_node, overlap, micro_batches):
+    def here(train_argv, world, per_node, overlap, micro_batches, shipped_link=False):
         asked.append(tuple(micro_batches))
         return plan.Device("here (stub)", plan.Link(1.0, 1.0, "stub"), plan.Link(1.0, 1.0, "stub"),
                            micro_step_s=0.01, sample_s=0.001)
@@ -593,7 +593,7 @@ def test_verify_runs_the_top_candidate_and_two_more_and_picks_the_fastest_measur
     runs = tmp_path / "runs"
     proc = _here("--world", "2", "--mem_budget_gb", "1", "--global_batch", "16", "--configs", "ddp", "--ckpt", "none",
                 "full/1", "--micro_batches", "4", "8", "--verify", "1", "--verify_steps", "4", "--runs_dir", str(runs),
-                "--json", "--out", str(tmp_path / "plan"), *TINY)
+                "--json", "--out", str(tmp_path / "plan"), "--backend_costs", "off", *TINY)  # what is verified, not priced
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout)
     verified = out["verified"]
@@ -1009,7 +1009,7 @@ def test_backend_costs_are_fitted_from_the_probe_runs_and_kept_per_machine(tmp_p
     monkeypatch.setenv("GPTLITE_BACKEND_COSTS", str(tmp_path / "backend_costs.json"))
     measured = []
 
-    def fake_measure(config, world, device, progress=print):
+    def fake_measure(config, world, device, progress=print, *protocol):
         measured.append((config, world))
         if config == "ds_configs/z3.json":
             raise RuntimeError("its probe run did not succeed")
@@ -1105,7 +1105,7 @@ def test_kept_costs_are_priced_at_the_machines_speed_now(tmp_path, monkeypatch):
     truth = {"per_step_s": 0.004, "per_micro_step_s": 0.002, "per_item_s": 1e-4, "item": "trainable tensor"}
     speeds = iter([2e-3, 1e-3])  # measured at 2 ms a reference step; the plan reads 1 ms: twice as fast
     monkeypatch.setattr(probe, "reference_seconds", lambda: next(speeds))
-    monkeypatch.setattr(probe, "measure", lambda config, world, device, progress=print:
+    monkeypatch.setattr(probe, "measure", lambda config, world, device, progress=print, *protocol:
                         {**truth, "reference_s": probe.reference_seconds()})
     found, _ = probe.costs_for(["ddp"], 2, None, measure_missing=True, progress=lambda line: None)
     assert found["ddp"]["per_step_s"] == pytest.approx(0.002) and found["ddp"]["per_item_s"] == pytest.approx(5e-5)

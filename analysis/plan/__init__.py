@@ -34,7 +34,7 @@ model whose parts are printed:
               optimizer, per-call cost), measured by running it on a probe model and taking the rest
               of this model's prediction away: per step + per micro-step + per item per micro-step
               (FSDP's units, else trainable tensors: analysis/plan/backend_costs.py; kept per
-              machine: --backend_costs)
+              machine, or shipped for this machine's kind, the plan saying which: --backend_costs)
     step      compute + (1 - overlap) x comm + wait + offload + own;  samples/s = global batch / step
 
 --variants DIR adds the variants of the compared configurations that change speed or memory (bucket
@@ -136,12 +136,18 @@ def _main(argv=None) -> int:
     p.add_argument("--verify", type=int, default=0, metavar="K",
                    help="run the top K candidates and two from further down on this machine (--gpu here), as "
                         "ordinary records under --runs_dir, and pick the fastest measured one within the budget")
-    p.add_argument("--backend_costs", choices=("cached", "measure", "off"), default="cached",
+    p.add_argument("--backend_costs", choices=("auto", "measure", "cached", "off"), default="auto",
                    help="--gpu here: each configuration's own cost on this machine (its hooks, flattening, engine, "
                         "calls; analysis/plan/backend_costs.py), measured on a probe model at world --world and "
-                        "kept in $GPTLITE_CACHE/backend_costs.json: cached (default) uses those kept and prices the "
-                        "others at 0, saying which; measure measures the missing ones first (9 runs each, about "
-                        "a minute and a half on a 2-core CPU); off prices none")
+                        "kept in $GPTLITE_CACHE/backend_costs.json for the next plan. auto (default): those kept; "
+                        "where none are, those shipped for this machine's kind (the same CPU and cores: "
+                        "analysis/plan/shipped_costs.json; the plan says which it used); the others measured first, "
+                        "each probe run a line (4 runs a configuration, about 45 s each on a 2-core CPU; from "
+                        "nothing kept or shipped, the six of a question were measured and predicted in 4.5 minutes, "
+                        "with them shipped in 15 s). measure: measured here in full, 12 runs a configuration (about "
+                        "2 minutes each on a 2-core CPU), whatever is shipped or kept from auto's 4. "
+                        "cached: those kept or shipped, the others "
+                        "priced at 0 (saying which). off: none (the configurations' own work unpriced)")
     p.add_argument("--race", action="store_true",
                    help="trust no prediction across configurations: race them on this machine (successive halving). "
                         "Every configuration's best-ranked fitting candidate (of those --race_within admits) runs "
@@ -251,19 +257,22 @@ def _main(argv=None) -> int:
                 from analysis.plan.backend_costs import reference_seconds
 
                 speed_before = reference_seconds()
+            # the link the shipped costs were fitted against, where nothing is kept (auto, cached)
+            shipped_link = args.backend_costs in ("auto", "cached")
             device = here_device(train_argv, args.world, per_node, args.overlap,
-                                 sorted({c.micro_batch for c in asked}))
+                                 sorted({c.micro_batch for c in asked}), shipped_link=shipped_link)
             if args.backend_costs != "off":
-                from analysis.plan.backend_costs import summary_line
+                from analysis.plan.backend_costs import QUICK_REPEATS, REPEATS, summary_line
                 from analysis.plan.probe import costs_for
 
                 def probe_device(model: list[str], micro_batches: list[int]) -> Device:
-                    return here_device(model, args.world, per_node, args.overlap, micro_batches)
+                    return here_device(model, args.world, per_node, args.overlap, micro_batches, shipped_link=shipped_link)
 
                 found, missing = costs_for([c for c in configs if c not in bases], args.world, probe_device,
-                                           args.backend_costs == "measure",
+                                           args.backend_costs in ("auto", "measure"),
                                            progress=lambda line: print(line, file=sys.stderr, flush=True),
-                                           speed_before=speed_before)
+                                           speed_before=speed_before, use_shipped=shipped_link,
+                                           repeats=QUICK_REPEATS if args.backend_costs == "auto" else REPEATS)
                 device.backend_costs = found
                 device.notes.append(summary_line(found, missing))
         else:

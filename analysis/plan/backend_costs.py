@@ -26,6 +26,14 @@ The figures are kept in $GPTLITE_CACHE/backend_costs.json (default ~/.cache/gptl
 $GPTLITE_BACKEND_COSTS names), keyed by the
 configuration, the world and what they were measured on (CPU, cores, torch, DeepSpeed, the
 configuration file's contents): measured once per machine, again when any of those changes.
+
+Where none are kept, a plan (--backend_costs auto, the default) prices a configuration with the
+figures shipped for this machine's kind (analysis/plan/shipped_costs.json: measured so on the
+machines the suite is benchmarked on, with their runs, refitted as kept ones are; shipped()), saying
+so, and measures the rest first, QUICK_REPEATS run a point: a plan that priced them at 0 ranked a
+ViT's configurations against their measured order (Spearman -0.83 over six verified runs), and the
+full protocol took 938 s on the 2-core CPU before the first prediction (six configurations).
+`--backend_costs measure` measures here, REPEATS runs a point, whatever is shipped or was measured quickly.
 """
 
 from __future__ import annotations
@@ -66,6 +74,19 @@ STEPS = 24  # 2 warm-up, the last profiled for memory: 21 timed
 # evening's grid (cpu-2core-zoo-median-point of docs/results/zoo_accuracy_2026-12-05.md).
 POINT_RULE = "median"
 REPEATS = 3
+# What a plan measures when nothing is kept or shipped for a configuration (--backend_costs auto): each
+# point run once, and the probe model calibrated once for all the configurations it measures (not
+# for each), 4 runs a configuration where the full protocol (--backend_costs measure) makes 12 and 3
+# calibrations. The points' launches are most of a probe's time: on the 2-core CPU (2026-12-06, idle) a
+# probe run took 5 s launch to end under DDP, 6-7 under FSDP, 10-13 under DeepSpeed, its 24 steps a
+# fraction of a second; the zoo question's six configurations took 11.5 minutes in full, and a plan
+# from nothing kept measured them quickly and predicted in 4.5 minutes. One run a point
+# ranks as well as the median of three: the committed zoo evenings' plans (runs/reference/cpu-2core-zoo-*,
+# the eight with these points, 61 model plans) re-priced with each configuration's costs fitted from
+# its first run of each point, median error a median 13% over the plans against 14% with the median
+# of three, Spearman 0.87-1.00 against 0.86-0.99 (from the second or third run alone: 14% and 17%,
+# Spearman at least 0.88 and 0.85).
+QUICK_REPEATS = 1
 # The machine's speed when the costs were measured and when a plan prices them: the probe model (12
 # blocks) forward and backward at micro-batch 8 in one process, timed REFERENCE_CALLS times after a
 # warm-up, their median (reference_seconds). A 2-core VM's speed drifts: the zoo's calibrations read
@@ -163,6 +184,64 @@ def cache_path() -> Path:
     if os.environ.get("GPTLITE_BACKEND_COSTS"):
         return Path(os.environ["GPTLITE_BACKEND_COSTS"])
     return Path(os.environ.get("GPTLITE_CACHE") or Path.home() / ".cache" / "gptlite") / "backend_costs.json"
+
+
+# The figures measured on the machines the suite is benchmarked on, shipped with it: a plan with nothing
+# kept on a machine of one of those kinds (KIND: the same CPU, as core.environment.cpu_name names its
+# generation, the same cores, the same calibration) prices with them (--backend_costs auto, cached),
+# saying so, rather than measure first. $GPTLITE_SHIPPED_COSTS names another file (os.devnull: none,
+# as the tests have it).
+SHIPPED = Path(__file__).resolve().with_name("shipped_costs.json")
+KIND = ("cpu", "cores", "calibration")
+
+
+def shipped_path() -> Path:
+    """$GPTLITE_SHIPPED_COSTS, else analysis/plan/shipped_costs.json."""
+    return Path(os.environ.get("GPTLITE_SHIPPED_COSTS") or SHIPPED)
+
+
+def probe_device() -> str:
+    """The device type the probe runs train on here (train.py's default device: a GPU where there is one)."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def shipped() -> dict:
+    """The shipped figures for this machine's kind: {key: entry}, the entries of each kind in the
+    shipped file (its "kinds": {"measured": when and how, "device": the device type the probes ran on,
+    "entries": {key: entry as measure() keeps it, its "machine" with it}}) whose machine is of this
+    one's KIND and whose probes ran on the device they would run on here (a GPU machine's costs are its
+    GPU's, whatever its CPU), each with "shipped": that kind's "measured" (where another kind holds the
+    same key, the first). None where the file is missing or unreadable."""
+    try:
+        kinds = json.loads(shipped_path().read_text()).get("kinds", [])
+    except (OSError, ValueError, AttributeError):
+        return {}
+    here = machine()
+    device = probe_device()
+    found = {}
+    for kind in kinds:
+        if kind.get("device") != device:
+            continue
+        for k, entry in kind.get("entries", {}).items():
+            there = entry.get("machine") or {}
+            if k not in found and all(there.get(f) == here.get(f) for f in KIND):
+                found[k] = {**entry, "shipped": kind.get("measured", "")}
+    return found
+
+
+def _shown(path: Path) -> str:
+    """A path as a plan prints it: the repository's files relative to it."""
+    repo = Path(__file__).resolve().parents[2]
+    return str(path.relative_to(repo)) if path.is_relative_to(repo) else str(path)
+
+
+def runs_per_point(entry: dict) -> int:
+    """How many runs of each probe point an entry's costs were fitted from (REPEATS where its runs
+    were not kept)."""
+    runs = entry.get("runs")
+    return min(len(r["measured_s"]) for r in runs.values()) if runs else REPEATS
 
 
 def machine() -> dict:
@@ -316,19 +395,37 @@ def keep(cache: dict) -> None:
 
 
 def summary_line(found: dict, missing: list[str]) -> str:
-    """The plan's assumption line for the configurations' own costs."""
+    """The plan's assumption line for the configurations' own costs: each one's figures, and where
+    they came from (each entry's "source": "kept" on this machine, "measured" by this plan, "shipped"
+    for this machine's kind, shipped())."""
     parts = [f"{c}: {e['per_step_s'] * 1e3:.1f} ms + {e['per_micro_step_s'] * 1e3:.1f} ms per micro-step + "
              f"{e['per_item_s'] * 1e6:.0f} us per {e['item']}"
              + (f" + {e['per_param_s'] * 1e9:.1f} ns per trainable parameter" if "per_param_s" in e else "")
              + " per micro-step" for c, e in found.items()]
-    line = "each configuration's own cost, measured on this machine (backend_costs): " + ("; ".join(parts) or "none")
+    line = "each configuration's own cost (backend_costs): " + ("; ".join(parts) or "none")
     scales = [e["scale"] for e in found.values() if "scale" in e]
     if scales:
         now = next(e["reference_now_s"] for e in found.values() if "scale" in e)
         line += (f" (at the machine's speed now: the measured costs x{min(scales):.2f}"
                  + (f" to x{max(scales):.2f}" if max(scales) - min(scales) >= 0.005 else "")
                  + f", the reference step {now * 1e3:.2f} ms now against when each was measured)")
+    here = machine()
+    kept = [c for c, e in found.items() if e.get("source", "kept") in ("kept", "measured")]
+    if kept:
+        few = sorted({runs_per_point(found[c]) for c in kept})
+        line += (f"; measured on this machine ({' or '.join(map(str, few))} run{'s' if few != [1] else ''} a probe "
+                 f"point; kept in {cache_path()}): {', '.join(kept)}")
+    by_kind: dict[str, list[str]] = {}
+    for c, e in found.items():
+        if e.get("source") == "shipped":
+            there = e.get("machine") or {}
+            versions = "".join(f", {name} {there.get(f)}" + (f" (here {here.get(f)})" if there.get(f) != here.get(f) else "")
+                               for f, name in (("torch", "torch"), ("deepspeed", "DeepSpeed")))
+            by_kind.setdefault(f"{there.get('cpu')}, {there.get('cores')} cores; measured {e['shipped']}{versions}",
+                               []).append(c)
+    for kind, configs in by_kind.items():
+        line += (f"; not measured here, shipped for this machine's kind ({kind}; {_shown(shipped_path())}; "
+                 f"--backend_costs measure measures them here): {', '.join(configs)}")
     if missing:
         line += f"; not measured (priced at 0; --backend_costs measure): {', '.join(missing)}"
     return line
-

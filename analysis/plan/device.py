@@ -307,18 +307,25 @@ def _probe_rank(rank: int, world: int, store: str, sizes, calls, queue) -> None:
     dist.destroy_process_group()
 
 
-def machine_link(world: int) -> Link:
+def machine_link(world: int, use_shipped: bool = False) -> Link:
     """The link between `world` local processes: probed once per machine (probe_link) and kept with
     the configurations' own costs (backend_costs.cache_path(): their residuals are what the step model
     leaves after pricing the calls on this link, so a plan prices them on the same one), measured
-    again when the machine changes."""
+    again when the machine changes. With `use_shipped`, where none is kept, the link shipped with
+    the costs for this machine's kind (backend_costs.shipped: the one they were fitted against),
+    not kept."""
     from datetime import datetime, timezone
 
-    from analysis.plan.backend_costs import cache_path, keep, load, machine
+    from analysis.plan.backend_costs import _shown, cache_path, keep, load, machine, shipped, shipped_path
 
     key, here = f"link|world={world}", machine()
     entry = load().get(key)
     if not (entry and entry.get("machine") == here):
+        ready = shipped().get(key) if use_shipped else None
+        if ready:
+            return Link(ready["gb_s"], ready["latency_us"], f"{ready['source']}, measured {ready['measured']} on a "
+                        f"machine of this kind ({ready['machine']['cpu']}, {ready['machine']['cores']} cores), not "
+                        f"here: shipped with its costs ({_shown(shipped_path())}; --backend_costs measure probes it)")
         link = probe_link(world)
         entry = {"gb_s": link.gb_s, "latency_us": link.latency_us, "source": link.source, "machine": here,
                  "measured": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
@@ -442,10 +449,11 @@ def together(got: list[dict]) -> dict:
 
 
 def here_device(train_argv: list[str], world: int, per_node: int, overlap: float,
-                micro_batches: list[int]) -> Device:
+                micro_batches: list[int], shipped_link: bool = False) -> Device:
     """This machine: compute calibrated on its device (at calibration_points of the `micro_batches`
     compared) with the CPU threads one of `per_node` ranks gets (core/dist.set_cpu_threads), on a CPU
-    in as many processes at once as the node runs ranks (calibrate_together), its ranks' link probed."""
+    in as many processes at once as the node runs ranks (calibrate_together), its ranks' link probed
+    (or kept; with `shipped_link`, shipped: machine_link)."""
     import torch
 
     from core.dist import set_cpu_threads
@@ -474,7 +482,7 @@ def here_device(train_argv: list[str], world: int, per_node: int, overlap: float
         if torch.cuda.is_initialized():
             gc.collect()
             torch.cuda.empty_cache()
-    inside = machine_link(world) if world > 1 else Link(math.inf, 0.0, "one rank: nothing to communicate")
+    inside = machine_link(world, shipped_link) if world > 1 else Link(math.inf, 0.0, "one rank: nothing to communicate")
     timed = ", ".join(f"micro-batch {m}: {s * 1e3:.1f} ms" for m, s in c["timed"].items())
     return Device(f"here ({setup.env.device})", inside, inside, micro_step_s=c["micro_step_s"],
                   sample_s=c["sample_s"], optimizer_s=c["optimizer_s"], recompute=c["recompute"], overlap=overlap,
