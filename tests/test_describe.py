@@ -158,14 +158,16 @@ def _watch(event, args):
 def test_resolving_for_a_tool_touches_no_record_checkpoint_or_lock(tmp_path, flags):
     """What estimate, project, plan and fake_world resolve (a dry run) never opens, locks or creates anything
     in the runs directory or the checkpoint directory it names, whoever owns them (issue 41)."""
-    import shutil
     import sys
 
     from training.describe import resolve_flags
 
     runs, ck = tmp_path / "runs", tmp_path / "ck"
-    shutil.copytree(REPO / "runs" / "reference" / "nvidia-h100-80gb-hbm3" / "gpu_reference" /
-                    "single-w1-paper-mb8-bf16-ckpt0", runs / "r")
+    # a finished run someone else owns: its config, per-step metrics and summary
+    (runs / "r").mkdir(parents=True)
+    (runs / "r" / "config.json").write_text(json.dumps({"preset": "tiny", "backend": "ddp", "world_size": 2}))
+    (runs / "r" / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 4.2}) + "\n")
+    (runs / "r" / "summary.json").write_text(json.dumps({"status": "ok", "steps": 1}))
     (ck / "step_00000001").mkdir(parents=True)
     (ck / "step_00000001" / "meta.json").write_text('{"step": 1}')
     (ck / "latest").write_text("step_00000001\n")
