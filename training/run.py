@@ -514,9 +514,12 @@ class Run:
         # What another rank recorded before this one failed (its broken connection, most often, follows)
         causes = [f"rank {d.rank} {d.describe()}" for d in deaths] + [
             f"rank {e['rank']}: {e['error']}" for e in self._recorded_errors() if e.get("rank") != self.env.rank]
+        # A rank that found the failure itself (a check, its data, its memory, its loss) says its own; one
+        # stopped (SIGTERM) or cut off names what another rank said first, the cause.
+        found_here = own and not isinstance(error, (Terminated, KeyboardInterrupt))
         if own or causes:  # one line, no traceback
-            print(f"rank {self.env.rank}: " + (f"the cause: {causes[0]}; then here: " if causes else "") + message,
-                  file=sys.stderr)
+            print(f"rank {self.env.rank}: " + (f"the cause: {causes[0]}; then here: " if causes and not found_here
+                                                else "") + message, file=sys.stderr)
         else:
             traceback.print_exc()
         if self.record is None:

@@ -3,19 +3,24 @@ calibrated and the link between its ranks probed."""
 
 from __future__ import annotations
 
+import atexit
 import bisect
 import contextlib
 import dataclasses
 import gc
 import io
 import math
+import os
 import re
+import shlex
+import shutil
 import signal
 import statistics
 import sys
-import threading
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import yaml
 
@@ -380,21 +385,40 @@ def calibrate_together(train_argv: list[str], ranks: int, points: tuple[int, int
     return together(got)
 
 
+_DEAF: dict[str, Path] = {}  # Python -> the script that starts it with SIGINT ignored, kept while this process runs
+
+
+def _deaf_python(python: str) -> Path:
+    """A shell script that ignores SIGINT and execs `python` with its arguments. It must outlive the
+    starts (the shell reads it after the exec), so it lives, once, until this process ends."""
+    if python not in _DEAF:
+        tmp = tempfile.mkdtemp(prefix="gptlite-deaf-")
+        atexit.register(shutil.rmtree, tmp, True)
+        script = Path(tmp) / "python"
+        script.write_text(f"#!/bin/sh\ntrap '' INT\nexec {shlex.quote(python)} \"$@\"\n")
+        script.chmod(0o700)
+        _DEAF[python] = script
+    return _DEAF[python]
+
+
 @contextlib.contextmanager
 def started(procs: list):
-    """`procs` (multiprocessing processes) started deaf to Ctrl-C, and stopped if this process leaves
-    before they end. A terminal's Ctrl-C signals every process in its foreground group: each spawned
-    child would print its own KeyboardInterrupt traceback. Started with SIGINT ignored, they keep it
-    ignored (an interpreter installs its KeyboardInterrupt handler only where SIGINT is not ignored),
-    and this process, which gets the KeyboardInterrupt, stops them here."""
-    main = threading.current_thread() is threading.main_thread()  # only there may a handler be set
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+    """`procs` (multiprocessing processes, spawned) started deaf to Ctrl-C, and stopped if this process
+    leaves before they end. A terminal's Ctrl-C signals every process in its foreground group: each
+    spawned child would print its own KeyboardInterrupt traceback. Each starts through a two-line shell
+    script that ignores SIGINT and execs Python: ignored from the interpreter's first instruction, which
+    then installs no KeyboardInterrupt handler. This process keeps its own handler throughout, so a
+    Ctrl-C while they start (seconds, on a loaded machine) stops it too; ignoring SIGINT here while they
+    started would lose that one."""
+    from multiprocessing import spawn
+
+    python = spawn.get_executable()
+    spawn.set_executable(str(_deaf_python(os.fsdecode(python))))
     try:
         for proc in procs:
             proc.start()
     finally:
-        if main:
-            signal.signal(signal.SIGINT, previous)
+        spawn.set_executable(python)
     try:
         yield procs
     finally:
