@@ -2,8 +2,8 @@
 
 `hf:<model_type>` (a transformers model type: gpt2, llama, mistral, resnet, vit, ...) becomes
 `AutoConfig.for_model(<model_type>, **settings)` and then, by what transformers registers for the
-type, a causal LM trained on the character data (vocabulary and context length from the data and
---block_size) or an image classifier trained on CIFAR-10-shaped images (models/vision.py).
+type, a causal LM trained on the character data or the tokenized --train_file / --dataset_name
+(models/text_data.py; vocabulary and context length from the data or tokenizer and --block_size) or an image classifier trained on CIFAR-10-shaped images (models/vision.py).
 --model_args sets config fields (checked against the type's own settings); --dropout sets every
 dropout probability of the config. The loss is computed here, from the logits, exactly as for
 GPT-lite (the targets are already the next tokens, so the model's own shifted loss is not used).
@@ -117,6 +117,16 @@ def _check_sizes(default, args: dict, model_type: str) -> None:
                               f">= 1 (its default: {given})")
 
 
+def text_data(request: ModelRequest):
+    """A language model's data: the tokenized --train_file / --dataset_name (models/text_data.py), or
+    the character corpus (--data, or the embedded one)."""
+    if request.text is None:
+        return CharDataset.load(request.data, request.seq_len)
+    from models.text_data import load_text_dataset
+
+    return load_text_dataset(request.text, request.seq_len)
+
+
 def _causal_lm_logits(net, x):
     return net(input_ids=x, use_cache=False).logits
 
@@ -133,10 +143,17 @@ def load(request: ModelRequest) -> Workload:
                           "vit)")
     task = task_of(model_type)
     if task == "causal_lm":
-        data = CharDataset.load(request.data, request.seq_len)
+        data = text_data(request)
         config = build_config(request, task, data.vocab_size)
+        if request.text is not None and getattr(config, "vocab_size", None) is not None:
+            from models.text_data import check_vocab
+
+            check_vocab(data.vocab_size, config.vocab_size, request.name, request.text.tokenizer)
         auto, call, tokens = transformers.AutoModelForCausalLM, _causal_lm_logits, request.seq_len
     else:
+        if request.text is not None:
+            raise ConfigError(f"model {request.name}: an image classifier; --train_file and --dataset_name are "
+                              "tokenized text, for language models")
         from models.vision import image_data
 
         data = image_data(request.data, request.trust_data)
