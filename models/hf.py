@@ -117,16 +117,6 @@ def _check_sizes(default, args: dict, model_type: str) -> None:
                               f">= 1 (its default: {given})")
 
 
-def text_data(request: ModelRequest):
-    """A language model's data: the tokenized --train_file / --dataset_name (models/text_data.py), or
-    the character corpus (--data, or the embedded one)."""
-    if request.text is None:
-        return CharDataset.load(request.data, request.seq_len)
-    from models.text_data import load_text_dataset
-
-    return load_text_dataset(request.text, request.seq_len)
-
-
 def _causal_lm_logits(net, x):
     return net(input_ids=x, use_cache=False).logits
 
@@ -143,12 +133,17 @@ def load(request: ModelRequest) -> Workload:
                           "vit)")
     task = task_of(model_type)
     if task == "causal_lm":
-        data = text_data(request)
-        config = build_config(request, task, data.vocab_size)
-        if request.text is not None and getattr(config, "vocab_size", None) is not None:
-            from models.text_data import check_vocab
+        if request.text is None:
+            data = CharDataset.load(request.data, request.seq_len)
+            config = build_config(request, task, data.vocab_size)
+        else:  # the tokenizer's vocabulary, checked against the model's before anything is tokenized
+            from models.text_data import check_vocab, load_text_dataset, load_tokenizer
 
-            check_vocab(data.vocab_size, config.vocab_size, request.name, request.text.tokenizer)
+            tokenizer = load_tokenizer(request.text.tokenizer)
+            config = build_config(request, task, len(tokenizer))
+            if getattr(config, "vocab_size", None) is not None:
+                check_vocab(len(tokenizer), config.vocab_size, request.name, request.text.tokenizer)
+            data = load_text_dataset(request.text, request.seq_len, tokenizer)
         auto, call, tokens = transformers.AutoModelForCausalLM, _causal_lm_logits, request.seq_len
     else:
         if request.text is not None:

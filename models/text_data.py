@@ -153,10 +153,16 @@ def _read_file(flag: str, path: str, cache: str):
     if not os.path.isfile(path):
         raise DataError(f"{flag}: file not found: {path}" if not os.path.exists(path)
                         else f"{flag}: not a regular file: {path}")
+    if os.path.getsize(path) == 0:
+        raise DataError(f"{flag}: {path} has no rows (an empty file)")
     # keep_linebreaks: each line keeps its newline, as run_clm.py reads text files.
     options = {"keep_linebreaks": True} if builder == "text" else {}
     try:
-        return datasets.load_dataset(builder, data_files={"train": path}, split="train", cache_dir=cache, **options)
+        # No progress bar: a local file's rows are read in moments, and a refusal of them (a column
+        # missing, no rows) is then the only line said.
+        with _progress(True):
+            return datasets.load_dataset(builder, data_files={"train": path}, split="train", cache_dir=cache,
+                                         **options)
     except Exception as e:  # noqa: BLE001 - datasets' generation errors: the cause is the file's
         cause = e.__cause__ or e
         raise DataError(f"{flag}: {path} cannot be read as {builder} ({one_line(cause)})") from None
@@ -212,7 +218,7 @@ def _progress(quiet: bool):
     """datasets' progress bars on, or off with --quiet, for this load only."""
     import datasets
 
-    was_off = datasets.utils.logging.is_progress_bar_enabled() is False
+    was_off = datasets.are_progress_bars_disabled()
     off = quiet or was_off
 
     @contextlib.contextmanager
@@ -237,14 +243,20 @@ def load_text_dataset(request: TextRequest, block_size: int, tokenizer=None) -> 
                           "`make setup` installs it)") from None
     from filelock import FileLock
 
+    _transformers()
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(request.tokenizer)
     directory = cache_dir()
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ConfigError(f"GPTLITE_CACHE: cannot create {directory} for the tokenized data ({one_line(e)})") from None
-    # The ranks of a run one after another: the first tokenizes, the others read what it cached.
-    with FileLock(str(directory / "prepare.lock")), _progress(request.quiet):
+    # The ranks of a run one after another: the first tokenizes, the others read what it cached. One lock
+    # per source, so that runs on other data do not wait.
+    from datasets.fingerprint import Hasher
+
+    what = [request.dataset_name, request.dataset_config_name] + [
+        str(Path(f).resolve()) if f else None for f in (request.train_file, request.validation_file)]
+    with FileLock(str(directory / f"prepare-{Hasher.hash(what)}.lock")), _progress(request.quiet):
         splits, source = _rows(request)
         made = _prepare(splits, request, tokenizer, block_size, source)
     return TokenizedText(made, tokenizer, request, block_size, source)
@@ -254,8 +266,10 @@ def _prepare(splits: dict, request: TextRequest, tokenizer, block_size: int, sou
     from datasets import Features, Sequence, Value
     from datasets.fingerprint import Hasher
 
-    where = {"train": ("train_file", request.train_file or source),
-             "val": ("validation_file", request.validation_file or source)}
+    files = request.train_file is not None
+    where = {"train": ("train_file" if files else "dataset_name", request.train_file or source),
+             "val": ("validation_file" if request.validation_file else "dataset_name",
+                     request.validation_file or source)}
     train = splits["train"]
     column = _text_column(train, request, *where["train"])
     if splits["val"] is not None:
@@ -287,7 +301,7 @@ def _prepare(splits: dict, request: TextRequest, tokenizer, block_size: int, sou
                                load_from_cache_file=not request.overwrite_cache,
                                desc=f"{'Padding' if request.pad else 'Packing'} into samples of {block_size} tokens")
         if len(shaped) == 0:
-            tokens = sum(len(ids) for ids in tokenized["ids"])
+            tokens = _real_tokens(tokenized, 0) + len(tokenized)
             need = "a row of at least 2 tokens" if request.pad else \
                 f"at least {block_size + 1} tokens within {ROWS_PER_PACK} rows"
             raise DataError(f"{flag}: {path}: no {'training' if split == 'train' else 'validation'} sample of "
@@ -353,7 +367,7 @@ class TokenizedText:
 
 
 def _real_tokens(ds, block_size: int) -> int:
-    """Targets that count (not padding) in all the split's samples."""
+    """Targets that count (not padding) in all the split's samples: each sample's tokens but the first."""
     import pyarrow.compute as pc
 
     return int(pc.sum(pc.list_value_length(ds.data.column("ids"))).as_py() or 0) - len(ds)
