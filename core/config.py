@@ -527,7 +527,8 @@ class RunConfig:
         if not 1 <= self.validation_split_percentage <= 99:
             raise ConfigError(f"validation_split_percentage must be between 1 and 99 (got "
                               f"{self.validation_split_percentage})")
-        if self.validation_file is not None and self.validation_split_percentage != _default("validation_split_percentage"):
+        split_given = self.validation_split_percentage != _default("validation_split_percentage")
+        if self.validation_file is not None and split_given:
             raise ConfigError("validation_split_percentage splits the training rows when there is no "
                               "--validation_file: give one or the other")
         if source and kind_of(self.model) in ("file", "module", "torchvision"):

@@ -3,7 +3,8 @@
 `hf:<model_type>` (a transformers model type: gpt2, llama, mistral, resnet, vit, ...) becomes
 `AutoConfig.for_model(<model_type>, **settings)` and then, by what transformers registers for the
 type, a causal LM trained on the character data or the tokenized --train_file / --dataset_name
-(models/text_data.py; vocabulary and context length from the data or tokenizer and --block_size) or an image classifier trained on CIFAR-10-shaped images (models/vision.py).
+(models/text_data.py; vocabulary and context length from the data or tokenizer and --block_size) or
+an image classifier trained on CIFAR-10-shaped images (models/vision.py).
 --model_args sets config fields (checked against the type's own settings); --dropout sets every
 dropout probability of the config. The loss is computed here, from the logits, exactly as for
 GPT-lite (the targets are already the next tokens, so the model's own shifted loss is not used).

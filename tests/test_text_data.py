@@ -184,8 +184,8 @@ def test_another_tokenizer_or_changed_rows_are_tokenized_anew(tmp_path, cache, j
 
 
 def test_an_hf_model_takes_its_vocabulary_from_the_tokenizer(cache, jsonl, tokenizer_dir, tokenizer):
-    cfg = RunConfig(model="hf:gpt2", model_args=TINY_GPT2, block_size=32, dropout=0.0, tokenizer_name=str(tokenizer_dir),
-                    train_file=str(jsonl), quiet=True)
+    cfg = RunConfig(model="hf:gpt2", model_args=TINY_GPT2, block_size=32, dropout=0.0,
+                    tokenizer_name=str(tokenizer_dir), train_file=str(jsonl), quiet=True)
     w = models.load(cfg.model_request())
     w.check()
     assert w.meta().net.config.vocab_size == len(tokenizer) == w.data.vocab_size == 300
@@ -229,7 +229,8 @@ def test_bad_text_data_is_one_line(tmp_path, cache, tokenizer_dir, flags, rows, 
     ({"pad_to_block_size": True}, "pad_to_block_size applies to tokenized text"),
     ({"train_file": "a.jsonl", "validation_split_percentage": 0}, "validation_split_percentage must be between 1"),
     ({"train_file": "a.jsonl", "model": "torchvision:resnet18"}, "train_file: tokenized text is for gptlite and hf:"),
-    ({"train_file": "a.jsonl", "model": "examples/my_model.py"}, "train_file: tokenized text is for gptlite and hf: language models; examples/my_model.py: its get_dataset()"),
+    ({"train_file": "a.jsonl", "model": "examples/my_model.py"},
+     "train_file: tokenized text is for gptlite and hf: language models; examples/my_model.py: its get_dataset()"),
 ])
 def test_text_flags_that_cannot_go_together_are_refused_before_anything_is_read(flags, message):
     with pytest.raises(ConfigError) as e:
@@ -304,7 +305,8 @@ def _launch_config(run) -> RunConfig:
 def test_a_ddp_run_on_a_json_lines_file_records_the_tokenized_data(launches, request):
     run = launches.get("text-ddp", request)
     data, model = run.config["data"], run.config["model"]
-    assert data["source"] == str(run.dir.parent / "train.jsonl") and data["tokenizer"] == str(run.dir.parent / "tokenizer")
+    assert data["source"] == str(run.dir.parent / "train.jsonl")
+    assert data["tokenizer"] == str(run.dir.parent / "tokenizer")
     assert data["vocab_size"] == model["config"]["vocab_size"] == 300 and data["layout"] == "packed"
     assert data["train_samples"] > 0 and data["train_tokens"] == 32 * data["train_samples"]
     assert run.config["world_size"] == 2 and len(run.losses) == 3 and run.summary["val_loss"] > 0
