@@ -317,6 +317,7 @@ class TokenizedText:
     def __init__(self, splits: dict, tokenizer, request: TextRequest, block_size: int, source: str):
         self.splits, self.tokenizer, self.block_size, self.source = splits, tokenizer, block_size, source
         self.pad = request.pad
+        self._lengths: dict[str, np.ndarray] = {}  # each split's counted targets per sample (padded)
         self.tokenizer_name = request.tokenizer
         # Padding inputs never reach a real position's output (right padding, a causal model), and their
         # targets are -100: any id the embedding has will do.
@@ -351,6 +352,19 @@ class TokenizedText:
             x, y = self._samples(split, sorted({0, len(ds) - 1}))
             out += list(zip(x, y))
         return out
+
+    def target_counts(self, split: str, seed: int, step: int, global_batch: int) -> np.ndarray | None:
+        """The targets that count (not padding) of each sample of `step`'s global batch, for the loss to
+        weigh micro-batches by (gptlite/data.py BatchLayout.micro_weights); None for packed samples,
+        whose targets all count."""
+        if not self.pad:
+            return None
+        if split not in self._lengths:
+            import pyarrow.compute as pc
+
+            lengths = pc.list_value_length(self.splits[split].data.column("ids")).to_numpy()
+            self._lengths[split] = lengths.astype(np.int64) - 1
+        return self._lengths[split][draw_indices(split, seed, step, global_batch, len(self.splits[split]))]
 
     def held_tensors(self) -> list[torch.Tensor]:
         return []  # memory-mapped Arrow files: no torch memory

@@ -96,6 +96,63 @@ def test_padding_keeps_one_row_per_sample_and_the_loss_leaves_the_padding_out(tm
     assert torch.allclose(cross_entropy(logits, y), expected) and torch.allclose(cross_entropy(changed, y), expected)
 
 
+class _OneRank:
+    """The backend interface accumulate_gradients drives, on a plain module: one rank of a data-parallel
+    run whose gradients are averaged over the ranks afterwards (as DDP all-reduces them)."""
+    cudagraphs = False
+
+    def __init__(self, model, accum):
+        self.model, self.accum = model, accum
+
+    def micro_step(self, sync):
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    def forward(self, x, y):
+        return self.model(x, y)[1]
+
+    def backward(self, loss):
+        (loss / self.accum).backward()
+
+
+def test_padded_samples_give_every_split_of_the_global_batch_the_same_loss_and_gradients(tmp_path, cache,
+                                                                                         tokenizer_dir):
+    """Each micro-batch's loss is the mean over its own real targets; weighted by its share of the global
+    batch's (BatchLayout.micro_weights), the mean over micro-batches and ranks is the mean over all of
+    them, as one process computes it: the same loss and gradients for every world size and accumulation."""
+    from gptlite.model import GPTLite, preset
+    from training.loop import accumulate_gradients
+
+    rows = [" ".join(["word"] * n) + "\n" for n in (1, 30, 3, 12, 2, 25, 6, 40)] * 8  # lengths far apart
+    data = load(write_jsonl(tmp_path / "p.jsonl", rows), tokenizer_dir, 32, pad=True)
+    cfg = preset("tiny", vocab_size=len(data.tokenizer), block_size=32, dropout=0.0)
+    results = {}
+    for world, micro, accum in ((1, 8, 1), (2, 4, 1), (2, 2, 2), (4, 1, 2)):
+        losses, grads = [], []
+        for rank in range(world):
+            torch.manual_seed(0)
+            model = GPTLite(cfg)
+            layout = BatchLayout(micro, accum, world, rank)
+            weights = layout.micro_weights(data, "train", 7, 2)
+            assert weights is not None and len(weights) == accum
+            losses.append(accumulate_gradients(_OneRank(model, accum), layout.micro_batches(data, "train", 7, 2),
+                                               accum, torch.device("cpu"), weights=weights))
+            grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+        results[(world, micro, accum)] = (torch.stack(losses).mean(), torch.stack(grads).mean(0))
+    one_loss, one_grad = results[(1, 8, 1)]
+    x, y = next(BatchLayout(8, 1, 1, 0).micro_batches(data, "train", 7, 2))
+    assert (y == IGNORE_INDEX).any()  # padded
+    torch.manual_seed(0)
+    assert torch.allclose(one_loss, GPTLite(cfg)(x, y)[1].detach(), rtol=1e-6)  # the mean over the real targets
+    for key, (loss, grad) in results.items():
+        assert torch.allclose(loss, one_loss, rtol=1e-6, atol=0), key
+        assert torch.allclose(grad, one_grad, rtol=1e-4, atol=1e-7), key
+    # Packed samples all weigh the same: no weights at all.
+    packed = load(tmp_path / "p.jsonl", tokenizer_dir, 8)
+    assert BatchLayout(2, 2, 2, 0).micro_weights(packed, "train", 7, 2) is None
+
+
 def test_the_validation_rows_are_the_last_of_the_file_or_the_validation_file(tmp_path, cache, tokenizer_dir):
     rows = corpus_rows(ROWS)
     ten = load(write_jsonl(tmp_path / "a.jsonl", rows), tokenizer_dir, validation_split_percentage=10)
