@@ -219,9 +219,9 @@ class RunConfig:
         "Without --validation_file (or a validation split of --dataset_name): the last this many percent of the "
         "training rows are the validation rows, the same every run.", 5, group="data", metavar="PERCENT")
     pad_to_block_size: bool = _flag(
-        "One row per sample, cut to --block_size + 1 tokens and padded (labels -100 on padding: the loss leaves "
-        "them out), instead of run_clm.py's packing (the rows' tokens joined and cut into --block_size "
-        "samples).", False, group="data")
+        "One row per sample, cut to --block_size + 1 tokens and padded (labels -100 on padding: the loss is the "
+        "mean over the global batch's real targets, on every backend), instead of run_clm.py's packing (the "
+        "rows' tokens joined and cut into --block_size samples).", False, group="data")
     overwrite_cache: bool = _flag(
         "Tokenize again instead of reading the tokenized data cached in $GPTLITE_CACHE/datasets.", False,
         group="data")

@@ -195,7 +195,9 @@ def _tokenize(tokenizer, column: str):
 def _pack(block_size: int):
     """run_clm.py's group_texts, with the targets of each sample: the tokens of the rows joined and
     cut into windows of block_size + 1 that overlap by one (inputs [0, T), targets [1, T + 1)), so
-    every token but the first is a target once, and the inputs are run_clm.py's samples."""
+    every token but the first is a target once, and the inputs are run_clm.py's samples (but for its
+    last where the tokens end exactly there: its last input would have no target). The remainder of
+    each batch of rows is dropped, as run_clm.py drops it."""
 
     def pack(rows):
         joined = np.fromiter((t for ids in rows["ids"] for t in ids), dtype=np.int64)
