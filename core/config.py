@@ -539,6 +539,10 @@ class RunConfig:
         for flag in ("train_file", "validation_file"):
             if getattr(self, flag) is not None:
                 text_file_builder(flag, getattr(self, flag))
+        if source and self.tokenizer_name is None and getattr(self, "model_name_or_path", None) is None:
+            flag = "train_file" if self.train_file is not None else "dataset_name"
+            raise ConfigError(f"{flag}: tokenized text needs a tokenizer: --tokenizer_name (a local directory of a "
+                              "tokenizer's files, or a Hub name), or --model_name_or_path (the checkpoint's)")
 
     def text_request(self) -> TextRequest | None:
         """The text data flags, or None without --train_file / --dataset_name (the character corpus)."""

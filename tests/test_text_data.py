@@ -276,8 +276,10 @@ def test_bad_text_data_is_one_line(tmp_path, cache, tokenizer_dir, flags, rows, 
 
 
 @pytest.mark.parametrize("flags, message", [
-    ({"train_file": "notes.docx"}, "train_file: notes.docx has extension .docx; the data files read are .txt"),
-    ({"train_file": "a.jsonl", "validation_file": "b"}, "validation_file: b has no extension"),
+    ({"train_file": "notes.docx", "tokenizer_name": "t"},
+     "train_file: notes.docx has extension .docx; the data files read are .txt"),
+    ({"train_file": "a.jsonl", "validation_file": "b", "tokenizer_name": "t"}, "validation_file: b has no extension"),
+    ({"train_file": "a.jsonl"}, "train_file: tokenized text needs a tokenizer: --tokenizer_name"),
     ({"train_file": "a.jsonl", "dataset_name": "wikitext"}, "train_file and dataset_name are two sources"),
     ({"train_file": "a.jsonl", "data": "x.txt"}, "data and train_file are two sources"),
     ({"validation_file": "b.jsonl"}, "validation_file needs --train_file"),
