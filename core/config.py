@@ -552,7 +552,8 @@ class RunConfig:
         tokenizer = self.tokenizer_name or getattr(self, "model_name_or_path", None)
         return TextRequest(tokenizer, self.dataset_name, self.dataset_config_name, self.train_file,
                            self.validation_file, self.text_column_name, self.validation_split_percentage,
-                           self.pad_to_block_size, self.overwrite_cache, self.quiet)
+                           self.pad_to_block_size, self.overwrite_cache, self.quiet,
+                           "tokenizer_name" if self.tokenizer_name else "model_name_or_path")
 
     def backend_specific(self) -> dict[str, tuple[str, ...]]:
         """The fields set away from their defaults that only some backends read: {field: those backends}."""

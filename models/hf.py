@@ -140,10 +140,11 @@ def load(request: ModelRequest) -> Workload:
         else:  # the tokenizer's vocabulary, checked against the model's before anything is tokenized
             from models.text_data import check_vocab, load_text_dataset, load_tokenizer
 
-            tokenizer = load_tokenizer(request.text.tokenizer)
+            text = request.text
+            tokenizer = load_tokenizer(text.tokenizer, text.tokenizer_flag)
             config = build_config(request, task, len(tokenizer))
             if getattr(config, "vocab_size", None) is not None:
-                check_vocab(len(tokenizer), config.vocab_size, request.name, request.text.tokenizer)
+                check_vocab(len(tokenizer), config.vocab_size, request.name, text.tokenizer, text.tokenizer_flag)
             data = load_text_dataset(request.text, request.seq_len, tokenizer)
         auto, call, tokens = transformers.AutoModelForCausalLM, _causal_lm_logits, request.seq_len
     else:

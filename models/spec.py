@@ -126,6 +126,7 @@ class TextRequest:
     pad: bool = False  # one row per sample, padded (labels -100), instead of packed
     overwrite_cache: bool = False
     quiet: bool = False  # no progress bars
+    tokenizer_flag: str = "tokenizer_name"  # the flag that named the tokenizer, for messages
 
 
 @dataclass(frozen=True)

@@ -80,10 +80,16 @@ def load_tokenizer(name: str | None, flag: str = "tokenizer_name"):
             raise ConfigError(f"{flag}: {name} is not a directory (a tokenizer is a directory of its files, as "
                               "save_pretrained writes them: tokenizer.json, tokenizer_config.json, ...)")
         try:
-            return transformers.AutoTokenizer.from_pretrained(str(path))
+            tokenizer = transformers.AutoTokenizer.from_pretrained(str(path))
         except Exception as e:  # noqa: BLE001 - OSError, ValueError, KeyError: not a tokenizer
-            raise ConfigError(f"{flag}: {name} holds no tokenizer transformers can load ({one_line(e)}); give a "
-                              "directory a tokenizer's save_pretrained wrote") from None
+            raise ConfigError(f"{flag}: {name} holds no tokenizer transformers can load ({one_line(e)}); give "
+                              "--tokenizer_name a directory a tokenizer's save_pretrained wrote") from None
+        # transformers makes a tokenizer of no vocabulary from a directory of a config.json alone (a
+        # checkpoint saved without its tokenizer), which turns every text into no tokens at all.
+        if not tokenizer.vocab_size:
+            raise ConfigError(f"{flag}: {name} holds no tokenizer transformers can load (no vocabulary: no tokenizer "
+                              "files); give --tokenizer_name a directory a tokenizer's save_pretrained wrote")
+        return tokenizer
     with contextlib.suppress(Exception):  # in the Hugging Face cache already: no network needed
         return transformers.AutoTokenizer.from_pretrained(name, local_files_only=True)
     why = _hub_unreachable()
@@ -246,7 +252,7 @@ def load_text_dataset(request: TextRequest, block_size: int, tokenizer=None) -> 
     from filelock import FileLock
 
     _transformers()
-    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(request.tokenizer)
+    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(request.tokenizer, request.tokenizer_flag)
     directory = cache_dir()
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -389,9 +395,10 @@ def _real_tokens(ds, block_size: int) -> int:
     return int(pc.sum(pc.list_value_length(ds.data.column("ids"))).as_py() or 0) - len(ds)
 
 
-def check_vocab(tokenizer_vocab: int, model_vocab: int, model: str, tokenizer: str | None) -> None:
+def check_vocab(tokenizer_vocab: int, model_vocab: int, model: str, tokenizer: str | None,
+                flag: str = "tokenizer_name") -> None:
     """A tokenizer whose ids the model's embedding cannot all take is refused (ConfigError, one line)."""
     if tokenizer_vocab > model_vocab:
-        raise ConfigError(f"tokenizer_name: the tokenizer {tokenizer or ''} has {tokenizer_vocab} tokens (ids 0.."
+        raise ConfigError(f"{flag}: the tokenizer {tokenizer or ''} has {tokenizer_vocab} tokens (ids 0.."
                           f"{tokenizer_vocab - 1}); model {model}'s embedding has {model_vocab} rows: give a model "
                           f"with a vocab_size of at least {tokenizer_vocab}, or its own tokenizer")

@@ -314,6 +314,16 @@ def test_a_hub_name_without_a_network_says_to_pass_local_files(cache, jsonl, tok
             text_data.load_tokenizer(name)
 
 
+def test_a_directory_without_a_tokenizer_is_refused_naming_the_flag_that_gave_it(tmp_path, cache, jsonl):
+    """A checkpoint directory without tokenizer files (the default tokenizer of --model_name_or_path)."""
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    request = TextRequest(str(tmp_path / "ckpt"), train_file=str(jsonl), tokenizer_flag="model_name_or_path")
+    with pytest.raises(ConfigError, match=r"^model_name_or_path: .*ckpt holds no tokenizer transformers can load .*; "
+                                          r"give --tokenizer_name a directory"):
+        text_data.load_text_dataset(request, 32)
+
+
 def test_a_local_dataset_directory_is_a_dataset_name(tmp_path, cache, tokenizer_dir):
     rows = corpus_rows(ROWS)
     write_jsonl(tmp_path / "dir" / "train.jsonl", rows[:360])
