@@ -275,12 +275,13 @@ def _prepare(splits: dict, request: TextRequest, tokenizer, block_size: int, sou
     from datasets.fingerprint import Hasher
 
     files = request.train_file is not None
-    where = {"train": ("train_file" if files else "dataset_name", request.train_file or source),
-             "val": ("validation_file" if request.validation_file else "dataset_name",
-                     request.validation_file or source)}
+    split_off = splits["val"] is None  # the validation rows are the training rows' last ones
+    where = {"train": ("train_file" if files else "dataset_name", request.train_file or source)}
+    where["val"] = ("validation_file", request.validation_file) if request.validation_file is not None \
+        else where["train"] if split_off else ("dataset_name", source)
     train = splits["train"]
     column = _text_column(train, request, *where["train"])
-    if splits["val"] is not None:
+    if not split_off:
         _text_column(splits["val"], request, *where["val"])
     else:
         n = len(train)
@@ -312,9 +313,12 @@ def _prepare(splits: dict, request: TextRequest, tokenizer, block_size: int, sou
             tokens = _real_tokens(tokenized, 0) + len(tokenized)
             need = "a row of at least 2 tokens" if request.pad else \
                 f"at least {block_size + 1} tokens within {ROWS_PER_PACK} rows"
+            more = "more text or a smaller --block_size"
+            if split == "val" and split_off:
+                more += ", a larger --validation_split_percentage or a --validation_file"
             raise DataError(f"{flag}: {path}: no {'training' if split == 'train' else 'validation'} sample of "
                             f"{block_size} tokens: its rows have {tokens} tokens in all ({len(rows)} rows of column "
-                            f"{column!r}), a sample needs {need}; give more text or a smaller --block_size")
+                            f"{column!r}), a sample needs {need}; give {more}")
         made[split] = shaped.with_format("numpy")
     return made
 

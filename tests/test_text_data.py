@@ -215,6 +215,15 @@ def calls(monkeypatch):
     return counts
 
 
+def test_tokenizing_shows_progress_bars_unless_quiet(cache, jsonl, tokenizer_dir, capsys):
+    text_data.load_text_dataset(TextRequest(str(tokenizer_dir), train_file=str(jsonl)), 32)
+    said = capsys.readouterr().err
+    assert "Tokenizing the training rows" in said and "Packing into samples of 32 tokens" in said
+    assert "Generating train split" not in said  # reading a local file is quick: no bar before a refusal
+    load(jsonl, tokenizer_dir, block_size=16, overwrite_cache=True)  # quiet (load's default here)
+    assert "Tokenizing" not in capsys.readouterr().err
+
+
 def test_the_second_load_reads_the_cache_instead_of_tokenizing(cache, jsonl, tokenizer_dir, calls):
     first = load(jsonl, tokenizer_dir)
     assert calls["tokenize"] >= 2 and calls["pack"] >= 2  # both splits
