@@ -285,8 +285,8 @@ def _prepare(splits: dict, request: TextRequest, tokenizer, block_size: int, sou
         _text_column(splits["val"], request, *where["val"])
     else:
         n = len(train)
-        cut = n - n * request.validation_split_percentage // 100
-        if n and (cut >= n or cut < 1):
+        cut = n - max(n * request.validation_split_percentage // 100, 1)  # at least one validation row
+        if n and cut < 1:
             raise DataError(f"{where['train'][0]}: {where['train'][1]} has {n} rows: too few to split "
                             f"{request.validation_split_percentage}% off for validation; give more rows or "
                             "--validation_file")
