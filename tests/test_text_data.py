@@ -323,6 +323,27 @@ def test_a_hub_name_without_a_network_says_to_pass_local_files(cache, jsonl, tok
             text_data.load_tokenizer(name)
 
 
+def test_no_route_to_the_hub_is_said_after_one_request(monkeypatch):
+    """Not offline by setting, but no network: one short request (patched here to fail as a missing name
+    resolution does) instead of transformers' minute of retries."""
+    import huggingface_hub.utils
+
+    asked = []
+
+    class NoRoute:
+        def head(self, url, timeout):
+            asked.append((url, timeout))
+            raise OSError("[Errno -2] Name or service not known")
+
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub.utils, "get_session", lambda: NoRoute())
+    with pytest.raises(ConfigError, match=r"^tokenizer_name: 'no-such-org/no-such-tokenizer' is not a local directory "
+                                          r"and the Hugging Face Hub is out of reach \(https://.* cannot be reached: "
+                                          r"OSError: \[Errno -2\] Name or service not known\); pass a local path"):
+        text_data.load_tokenizer("no-such-org/no-such-tokenizer")
+    assert len(asked) == 1 and asked[0][1] <= 5
+
+
 def test_a_directory_without_a_tokenizer_is_refused_naming_the_flag_that_gave_it(tmp_path, cache, jsonl):
     """A checkpoint directory without tokenizer files (the default tokenizer of --model_name_or_path)."""
     (tmp_path / "ckpt").mkdir()
