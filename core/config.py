@@ -19,7 +19,8 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from gptlite.errors import ConfigError
 from gptlite.model import ATTENTION_IMPLS, PRESETS, GPTConfig, preset
 from core.sdpa import SDPA_KERNELS
-from models.spec import ModelRequest, check_name, model_label, parse_model_args
+from models.spec import (ModelRequest, TextRequest, check_name, kind_of, model_label, parse_model_args,
+                         text_file_builder)
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 DEVICES = ("auto", "cpu", "cuda")
@@ -196,6 +197,34 @@ class RunConfig:
         "Read CIFAR-10's python version (cifar-10-batches-py) from --data: its batches are pickles, which can "
         "run code; with this flag they are read accepting arrays, lists and bytes only. The binary version "
         "(cifar-10-batches-bin) needs no flag.", False)
+    # Tokenized text through Hugging Face datasets and a tokenizer (models/text_data.py): run_clm.py's flags.
+    tokenizer_name: str | None = _flag(
+        "The tokenizer of --train_file or --dataset_name: a local directory (a tokenizer's save_pretrained files) or "
+        "a Hub name. Default: the checkpoint's (--model_name_or_path). hf:<type> models built from their config "
+        "take its vocabulary size (len(tokenizer)).", None, group="data", metavar="PATH")
+    dataset_name: str | None = _flag(
+        "A dataset by its Hugging Face datasets name (needs the Hub, or HF_HUB_OFFLINE=1 and its cache) or a local "
+        "directory of data files, tokenized instead of --data.", None, group="data", metavar="NAME")
+    dataset_config_name: str | None = _flag(
+        "The configuration of --dataset_name (e.g. wikitext-2-raw-v1).", None, group="data", metavar="NAME")
+    train_file: str | None = _flag(
+        "A local training file, tokenized instead of --data: .txt (a row per line), .json/.jsonl (JSON Lines), "
+        ".parquet or .csv.", None, group="data", metavar="FILE")
+    validation_file: str | None = _flag(
+        "A local validation file (as --train_file). Default: the last --validation_split_percentage of the "
+        "training rows.", None, group="data", metavar="FILE")
+    text_column_name: str | None = _flag(
+        "The column holding the text. Default: text.", None, group="data", metavar="COLUMN")
+    validation_split_percentage: int = _flag(
+        "Without --validation_file (or a validation split of --dataset_name): the last this many percent of the "
+        "training rows are the validation rows, the same every run.", 5, group="data", metavar="PERCENT")
+    pad_to_block_size: bool = _flag(
+        "One row per sample, cut to --block_size + 1 tokens and padded (labels -100 on padding: the loss is the "
+        "mean over the global batch's real targets, on every backend), instead of run_clm.py's packing (the "
+        "rows' tokens joined and cut into --block_size samples).", False, group="data")
+    overwrite_cache: bool = _flag(
+        "Tokenize again instead of reading the tokenized data cached in $GPTLITE_CACHE/datasets.", False,
+        group="data")
     steps: int = _flag("Optimizer steps to run.", 50)
     micro_batch: int | None = _flag(
         f"Samples per rank per micro-step. Default: the DeepSpeed config's, else {DEFAULT_MICRO_BATCH}.", None)
@@ -470,11 +499,61 @@ class RunConfig:
         self.model_config()  # checks the model overrides (n_embd divisible by n_head, ...)
         check_name(self.model)
         parse_model_args(self.model_args)
+        self._check_text_data()
         if self.model != "gptlite":
             for name in GPTLITE_ONLY:
                 if getattr(self, name) != _default(name):
                     raise ConfigError(f"{name} applies to --model gptlite; set {model_label(self.model)}'s size "
                                       "with --model_args")
+
+    def _check_text_data(self) -> None:
+        """The text data flags (models/text_data.py) together, without reading anything."""
+        source = self.train_file is not None or self.dataset_name is not None
+        if self.train_file is not None and self.dataset_name is not None:
+            raise ConfigError("train_file and dataset_name are two sources of training text: give one")
+        if self.dataset_config_name is not None and self.dataset_name is None:
+            raise ConfigError("dataset_config_name needs --dataset_name (it names one of the dataset's configurations)")
+        if self.validation_file is not None and self.train_file is None:
+            raise ConfigError("validation_file needs --train_file (the training rows)")
+        if source and self.data is not None:
+            flag = "train_file" if self.train_file is not None else "dataset_name"
+            raise ConfigError(f"data and {flag} are two sources of training text: give one (--data is a character "
+                              "corpus, --train_file and --dataset_name are tokenized)")
+        for name in ("text_column_name", "validation_split_percentage", "pad_to_block_size", "overwrite_cache"):
+            if getattr(self, name) != _default(name) and not source:
+                raise ConfigError(f"{name} applies to tokenized text: give --train_file or --dataset_name")
+        if self.tokenizer_name is not None and not source:
+            raise ConfigError("tokenizer_name tokenizes --train_file or --dataset_name: give one of them")
+        if not 1 <= self.validation_split_percentage <= 99:
+            raise ConfigError(f"validation_split_percentage must be between 1 and 99 (got "
+                              f"{self.validation_split_percentage})")
+        split_given = self.validation_split_percentage != _default("validation_split_percentage")
+        if self.validation_file is not None and split_given:
+            raise ConfigError("validation_split_percentage splits the training rows when there is no "
+                              "--validation_file: give one or the other")
+        if source and kind_of(self.model) in ("file", "module", "torchvision"):
+            flag = "train_file" if self.train_file is not None else "dataset_name"
+            where = "its get_dataset() provides the data" if kind_of(self.model) != "torchvision" \
+                else "it is an image model"
+            raise ConfigError(f"{flag}: tokenized text is for gptlite and hf: language models; {self.model}: {where}")
+        for flag in ("train_file", "validation_file"):
+            if getattr(self, flag) is not None:
+                text_file_builder(flag, getattr(self, flag))
+        if source and self.tokenizer_name is None and getattr(self, "model_name_or_path", None) is None:
+            flag = "train_file" if self.train_file is not None else "dataset_name"
+            raise ConfigError(f"{flag}: tokenized text needs a tokenizer: --tokenizer_name (a local directory of a "
+                              "tokenizer's files, or a Hub name), or --model_name_or_path (the checkpoint's)")
+
+    def text_request(self) -> TextRequest | None:
+        """The text data flags, or None without --train_file / --dataset_name (the character corpus)."""
+        if self.train_file is None and self.dataset_name is None:
+            return None
+        # The tokenizer defaults to the checkpoint's (--model_name_or_path, where that flag exists).
+        tokenizer = self.tokenizer_name or getattr(self, "model_name_or_path", None)
+        return TextRequest(tokenizer, self.dataset_name, self.dataset_config_name, self.train_file,
+                           self.validation_file, self.text_column_name, self.validation_split_percentage,
+                           self.pad_to_block_size, self.overwrite_cache, self.quiet,
+                           "tokenizer_name" if self.tokenizer_name else "model_name_or_path")
 
     def backend_specific(self) -> dict[str, tuple[str, ...]]:
         """The fields set away from their defaults that only some backends read: {field: those backends}."""
@@ -496,7 +575,7 @@ class RunConfig:
                             seq_len=self.model_config().block_size, block_size_given=self.block_size is not None,
                             dropout=self.dropout if self.model != "gptlite" else None,
                             gptlite_config=lambda vocab_size: self.model_config(vocab_size=vocab_size),
-                            trust_data=self.trust_data)
+                            trust_data=self.trust_data, text=self.text_request())
 
     def to_dict(self) -> dict:
         return asdict(self)

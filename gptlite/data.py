@@ -148,6 +148,20 @@ class BatchLayout:
     def micro_start(self, micro_step: int) -> int:
         return (self.rank * self.grad_accum + micro_step) * self.micro_batch
 
+    def micro_weights(self, data, split: str, seed: int, step: int) -> list[float] | None:
+        """What the mean loss of each of this rank's micro-batches of `step` weighs, so that the mean over
+        the micro-batches and the ranks is the mean over all the targets of the global batch that count:
+        for samples whose counted targets differ (padding: TokenizedText.target_counts), a micro-batch
+        weighs its share of them times the number of micro-batches. None where every sample counts the
+        same (weight 1: character windows, packed text, any other dataset)."""
+        counts_of = getattr(data, "target_counts", None)
+        counts = counts_of(split, seed, step, self.global_batch) if counts_of is not None else None
+        if counts is None:
+            return None
+        total, parts = int(counts.sum()), self.grad_accum * self.world_size
+        return [int(counts[s: s + self.micro_batch].sum()) * parts / total
+                for s in map(self.micro_start, range(self.grad_accum))]
+
     def micro_batches(self, data, split: str, seed: int, step: int):
         """This rank's `grad_accum` micro-batches of `step`, in order. `data`: anything with CharDataset's
         `batch` (models/sampling.py's SampledDataset for any map-style dataset)."""

@@ -1,4 +1,5 @@
-"""GPT-lite as a workload: the article's model on character data (--data, or the embedded corpus)."""
+"""GPT-lite as a workload: the article's model on character data (--data, or the embedded corpus), or on
+tokenized text (--train_file / --dataset_name, models/text_data.py) with its tokenizer's vocabulary."""
 
 from __future__ import annotations
 
@@ -16,7 +17,13 @@ GPTLITE_TAKES = ("model_args apply to hf:, torchvision: and file models; GPT-lit
 def load(request: ModelRequest) -> Workload:
     if request.args:
         raise ConfigError(GPTLITE_TAKES)
-    data = CharDataset.load(request.data, request.gptlite_config(None).block_size)
+    block_size = request.gptlite_config(None).block_size
+    if request.text is not None:  # --train_file / --dataset_name: its tokenizer's vocabulary
+        from models.text_data import load_text_dataset
+
+        data = load_text_dataset(request.text, block_size)
+    else:
+        data = CharDataset.load(request.data, block_size)
     cfg = request.gptlite_config(data.vocab_size)
     # The record's model section is GPT-lite's config as before, named: old records (without
     # `name`) read as GPT-lite.

@@ -2,8 +2,9 @@
 
 `hf:<model_type>` (a transformers model type: gpt2, llama, mistral, resnet, vit, ...) becomes
 `AutoConfig.for_model(<model_type>, **settings)` and then, by what transformers registers for the
-type, a causal LM trained on the character data (vocabulary and context length from the data and
---block_size) or an image classifier trained on CIFAR-10-shaped images (models/vision.py).
+type, a causal LM trained on the character data or the tokenized --train_file / --dataset_name
+(models/text_data.py; vocabulary and context length from the data or tokenizer and --block_size) or
+an image classifier trained on CIFAR-10-shaped images (models/vision.py).
 --model_args sets config fields (checked against the type's own settings); --dropout sets every
 dropout probability of the config. The loss is computed here, from the logits, exactly as for
 GPT-lite (the targets are already the next tokens, so the model's own shifted loss is not used).
@@ -133,10 +134,23 @@ def load(request: ModelRequest) -> Workload:
                           "vit)")
     task = task_of(model_type)
     if task == "causal_lm":
-        data = CharDataset.load(request.data, request.seq_len)
-        config = build_config(request, task, data.vocab_size)
+        if request.text is None:
+            data = CharDataset.load(request.data, request.seq_len)
+            config = build_config(request, task, data.vocab_size)
+        else:  # the tokenizer's vocabulary, checked against the model's before anything is tokenized
+            from models.text_data import check_vocab, load_text_dataset, load_tokenizer
+
+            text = request.text
+            tokenizer = load_tokenizer(text.tokenizer, text.tokenizer_flag)
+            config = build_config(request, task, len(tokenizer))
+            if getattr(config, "vocab_size", None) is not None:
+                check_vocab(len(tokenizer), config.vocab_size, request.name, text.tokenizer, text.tokenizer_flag)
+            data = load_text_dataset(request.text, request.seq_len, tokenizer)
         auto, call, tokens = transformers.AutoModelForCausalLM, _causal_lm_logits, request.seq_len
     else:
+        if request.text is not None:
+            raise ConfigError(f"model {request.name}: an image classifier; --train_file and --dataset_name are "
+                              "tokenized text, for language models")
         from models.vision import image_data
 
         data = image_data(request.data, request.trust_data)

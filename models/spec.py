@@ -96,6 +96,39 @@ def parse_model_args(text: str | None) -> dict:
     return args
 
 
+# Text data files by extension, read by datasets' builder of that name (as transformers' run_clm.py does):
+# .txt one row per line, .json/.jsonl JSON Lines (or a JSON array), .parquet and .csv columns.
+TEXT_FILE_BUILDERS = {".txt": "text", ".text": "text", ".json": "json", ".jsonl": "json", ".parquet": "parquet",
+                      ".csv": "csv"}
+
+
+def text_file_builder(flag: str, path: str) -> str:
+    """The `datasets` builder that reads `path` (by its extension), or ConfigError naming those allowed."""
+    suffix = Path(path).suffix.lower()
+    if suffix not in TEXT_FILE_BUILDERS:
+        got = f"extension {suffix}" if suffix else "no extension"
+        raise ConfigError(f"{flag}: {path} has {got}; the data files read are .txt (a row per line), .json or "
+                          ".jsonl (JSON Lines), .parquet and .csv")
+    return TEXT_FILE_BUILDERS[suffix]
+
+
+@dataclass(frozen=True)
+class TextRequest:
+    """Tokenized text for a language model (models/text_data.py): run_clm.py's data flags."""
+
+    tokenizer: str | None = None  # --tokenizer_name, else the checkpoint of --model_name_or_path
+    dataset_name: str | None = None
+    dataset_config_name: str | None = None
+    train_file: str | None = None
+    validation_file: str | None = None
+    text_column_name: str | None = None  # None: "text"
+    validation_split_percentage: int = 5  # of the training rows, when there is no validation file
+    pad: bool = False  # one row per sample, padded (labels -100), instead of packed
+    overwrite_cache: bool = False
+    quiet: bool = False  # no progress bars
+    tokenizer_flag: str = "tokenizer_name"  # the flag that named the tokenizer, for messages
+
+
 @dataclass(frozen=True)
 class ModelRequest:
     """What train.py's flags say about the model and its data (core/config.py builds it)."""
@@ -109,6 +142,7 @@ class ModelRequest:
     # GPT-lite's config for a vocabulary size (the preset with its overrides): gptlite only.
     gptlite_config: Callable | None = None
     trust_data: bool = False  # --trust_data: --data may be read from pickles (CIFAR-10's python version)
+    text: TextRequest | None = None  # --train_file / --dataset_name: tokenized text instead of --data
 
     @property
     def kind(self) -> str:

@@ -4,7 +4,8 @@
     get_model(**model_args) -> torch.nn.Module      # called with --model_args, under the run's seed
     get_dataset() -> Dataset | (train, val)          # map-style: len(ds), ds[i] -> a sample (models/sampling.py:
                                                      # (input, target), {input_ids, labels}, {pixel_values, labels})
-    loss_fn(output, target) -> scalar tensor         # optional; default: cross-entropy on the logits
+    loss_fn(output, target) -> scalar tensor         # optional; default: cross-entropy on the logits (the
+                                                     # output, or its .logits: a transformers ModelOutput)
 
 One dataset is split 90/10 into training and validation, as the text is. The model's forward
 takes the batched inputs and returns the output that `loss_fn` reads.
@@ -18,6 +19,7 @@ import inspect
 import sys
 from pathlib import Path
 
+import torch
 import torch.nn as nn
 
 from gptlite.errors import ConfigError, one_line
@@ -181,7 +183,16 @@ def load(request: ModelRequest) -> Workload:
     args = dict(request.args)
 
     def make():
-        net = user_call(f"{request.name}: get_model()", module.get_model, **args)
+        if torch.get_default_device().type == "meta":
+            # The model's structure (Workload.meta): a get_model() that cannot run on the meta device
+            # (from_pretrained refuses it: it loads weights) is built for real instead, so its failure
+            # here is not the user's error.
+            try:
+                net = module.get_model(**args)
+            except SystemExit as e:
+                raise ConfigError(f"model: {request.name}: get_model() called sys.exit({e.code!r})") from None
+        else:
+            net = user_call(f"{request.name}: get_model()", module.get_model, **args)
         if not isinstance(net, nn.Module):
             raise ConfigError(f"model: {request.name}: get_model() must return a torch.nn.Module (got "
                               f"{type(net).__name__})")

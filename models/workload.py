@@ -25,10 +25,20 @@ REAL_CHECK_BYTES = 2**30
 IGNORE_INDEX = -100  # cross-entropy's targets that count for nothing (Hugging Face's padding labels)
 
 
+def logits_of(output):
+    """The logits in a model's output: the output itself, or its `.logits` (transformers' ModelOutput,
+    what a model loaded with from_pretrained returns)."""
+    logits = getattr(output, "logits", None)
+    return logits if not isinstance(output, torch.Tensor) and isinstance(logits, torch.Tensor) else output
+
+
 def cross_entropy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """The mean cross-entropy of logits `output` (..., classes) against class ids `target` (...),
-    in fp32 (as GPT-lite computes its own): token prediction and image classification alike."""
-    return F.cross_entropy(output.reshape(-1, output.size(-1)).float(), target.reshape(-1))
+    """The mean cross-entropy of logits `output` (..., classes; or a ModelOutput's `.logits`) against
+    class ids `target` (...), in fp32 (as GPT-lite computes its own): token prediction and image
+    classification alike. Targets of IGNORE_INDEX (padding) count for nothing: the mean is over the others."""
+    output = logits_of(output)
+    return F.cross_entropy(output.reshape(-1, output.size(-1)).float(), target.reshape(-1),
+                           ignore_index=IGNORE_INDEX)
 
 
 class WithLoss(nn.Module):
@@ -202,6 +212,7 @@ class Workload:
         if not loss.requires_grad:
             raise ConfigError(f"model: {what} returned a tensor without a gradient: it does not depend on the "
                               "model's output (computed from numbers taken out of the graph, or under no_grad)")
+        output = logits_of(output) if not custom else output
         if not custom and isinstance(self.meta(), WithLoss) and isinstance(output, torch.Tensor) and output.ndim:
             classes = output.shape[-1]
             for target in [y, *(torch.as_tensor(t) for _, t in samples)]:

@@ -23,6 +23,7 @@ fake-world and Slurm tests at once.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -52,6 +53,7 @@ class Launch:
     env: tuple[tuple[str, str], ...] = ()
     timeout: float = LAUNCH_TIMEOUT_S
     real: bool = False  # under the real launcher; else forked (tests/forkserver.py)
+    prepare: str | None = None  # "module.function" writing what the launch reads into {DIR} first
 
 
 def _two_ranks(*flags: str, micro: int = 4, accum: int = 1, steps: int = REFERENCE_STEPS) -> tuple[str, ...]:
@@ -140,6 +142,9 @@ PROBE_GROUPS = [
 TRUST_READERS = ("test_checkpoint_trust::test_a_damaged_checkpoint_is_refused_before_any_rank_starts",
                  "test_checkpoint_trust::test_a_checkpoint_carrying_code_runs_none_of_it")
 SAVED = ("--save_every", "2", "--save_dir", "{DIR}/save")
+TEXT_ARGS = (*PARITY_ARGS, "--model", "hf:gpt2", "--model_args", "n_layer=2,n_embd=32,n_head=2", "--block_size", "32",
+             "--tokenizer_name", "{DIR}/tokenizer", "--train_file", "{DIR}/train.jsonl", "--backend", "ddp",
+             "--micro_batch", "4", "--steps", "3")
 SAVED_KEY = (("GPTLITE_CHECKPOINT_KEY", "{DIR}/checkpoint.key"),)
 LAUNCHES: dict[str, Launch] = {
     "reference": Launch(
@@ -198,6 +203,14 @@ LAUNCHES: dict[str, Launch] = {
                        launcher="deepspeed", args=_two_ranks("--deepspeed_config", "ds_configs/z3.json", *SAVED,
                                                              micro=2, steps=4),
                        env=SAVED_KEY, timeout=DS_TIMEOUT_S),
+    # A tiny GPT-2 built from its config, on a JSON Lines file with a tokenizer trained for the test
+    # (tests/text_fixtures.py), its tokenized data cached in {DIR}/cache; datasets says what it caches.
+    "text-ddp": Launch("hf:gpt2 on a JSON Lines file and a trained tokenizer, DDP, 2 ranks under torchrun", "train",
+                       readers=("test_text_data::test_a_ddp_run_on_a_json_lines_file_records_the_tokenized_data",
+                                "test_text_data::test_the_ranks_first_step_loss_is_the_models_loss_on_the_drawn_samples"),
+                       launcher="torchrun", args=TEXT_ARGS,
+                       env=(("GPTLITE_CACHE", "{DIR}/cache"), ("DATASETS_VERBOSITY", "info")),
+                       prepare="text_fixtures.prepare_launch", real=True),
     "probe": Launch("tests/ckpt_probe.py: every group of PROBE_GROUPS, 2 ranks", "probe",
                     readers=("test_activation_checkpointing::test_checkpointing_leaves_losses_and_gradients_unchanged",
                              "test_activation_checkpointing::test_printed_model_shows_checkpoint_wrappers_where_chosen",
@@ -266,6 +279,9 @@ class Launched:
 
         directory = self.root / name
         env = {key: value.replace("{DIR}", str(directory)) for key, value in launch.env}
+        if launch.prepare is not None:
+            module, function = launch.prepare.rsplit(".", 1)
+            getattr(importlib.import_module(module), function)(directory)
         if launch.kind == "train":
             args = [arg.replace("{DIR}", str(directory)) for arg in launch.args]
             return train(directory, name, *args, launcher=launch.launcher, timeout=launch.timeout,

@@ -36,11 +36,13 @@ if TYPE_CHECKING:
 
 
 def accumulate_gradients(backend: Backend, micro_batches, grad_accum: int, device: torch.device,
-                         after_pass: Callable[[], None] | None = None) -> torch.Tensor:
+                         after_pass: Callable[[], None] | None = None,
+                         weights: list[float] | None = None) -> torch.Tensor:
     """Forward and backward over one step's micro-batches; this rank's mean loss (detached).
 
     Gradients are synchronised across ranks only on the last micro-step. `after_pass` runs after
-    each forward and each backward (the memory profile notes the backend's tensors there).
+    each forward and each backward (the memory profile notes the backend's tensors there). `weights`:
+    each micro-batch's loss weight (BatchLayout.micro_weights: padded samples), None for 1.
     """
     loss_sum = torch.zeros((), device=device)
     for m, (x, y) in enumerate(micro_batches):
@@ -50,6 +52,8 @@ def accumulate_gradients(backend: Backend, micro_batches, grad_accum: int, devic
                 mark_step()
             with phase("forward"):
                 loss = backend.forward(x, y)
+                if weights is not None:
+                    loss = loss * weights[m]
             if after_pass is not None:
                 after_pass()
             with phase("backward"):
@@ -129,8 +133,9 @@ class StepLoop:
             states.watch_gathered()  # for model_state_bytes below
         synchronize(self.device)
         t0 = time.perf_counter()
-        loss = accumulate_gradients(backend, self.s.layout.micro_batches(self.s.data, "train", cfg.seed, step),
-                                    cfg.grad_accum, self.device, snapshot)
+        layout, data = self.s.layout, self.s.data
+        loss = accumulate_gradients(backend, layout.micro_batches(data, "train", cfg.seed, step), cfg.grad_accum,
+                                    self.device, snapshot, layout.micro_weights(data, "train", cfg.seed, step))
         if last:
             result.state_bytes = states.model_state_bytes()
         with phase("optimizer"):
@@ -195,9 +200,11 @@ class StepLoop:
         total = torch.zeros((), device=device)
         with self.backend.eval_mode():
             for k in range(cfg.eval_batches):
-                for x, y in layout.micro_batches(self.s.data, "val", cfg.seed, k):
+                weights = layout.micro_weights(self.s.data, "val", cfg.seed, k)
+                for m, (x, y) in enumerate(layout.micro_batches(self.s.data, "val", cfg.seed, k)):
                     if self.backend.cudagraphs:
                         mark_step()
-                    total += self.backend.forward(x.to(device), y.to(device)).detach().float()
+                    loss = self.backend.forward(x.to(device), y.to(device)).detach().float()
+                    total += loss * weights[m] if weights is not None else loss
         local = total.item() / (cfg.eval_batches * cfg.grad_accum)
         return statistics.fmean(r[0] for r in gather_floats([local], device))

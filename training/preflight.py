@@ -261,7 +261,8 @@ def own_save_dir(save_dir: str, run_id: str, run_name: str | None, record_dir: P
 # waits for a collective, when it saves, whether its inputs are trusted, and --steps (a resume may
 # ask for more).
 NOT_THE_RUN = ("steps", "resume", "overwrite", "quiet", "log_every", "dry_run", "local_rank", "runs_dir", "run_name",
-               "dist_timeout_s", "save_dir", "save_every", "keep_checkpoints", "trust_checkpoint", "trust_data")
+               "dist_timeout_s", "save_dir", "save_every", "keep_checkpoints", "trust_checkpoint", "trust_data",
+               "overwrite_cache")
 
 
 # What a resume from a checkpoint may change besides: how the global batch is split (a "torch"
