@@ -128,6 +128,12 @@ class Backend(ABC):
         """Create the process group this backend communicates over."""
         init_process_group(env, timeout_s)
 
+    def build_model(self, workload, seed: int) -> nn.Module:
+        """The model `setup` receives: by default built whole on every rank (weights from `seed`, or a
+        checkpoint's loaded whole: models/pretrained.py). Sharding backends that can load a checkpoint
+        without a whole copy per rank override it (FSDP2, ZeRO-3)."""
+        return workload.build(seed)
+
     @abstractmethod
     def setup(self, model: nn.Module) -> None:
         """Wrap `model` (on the CPU, fp32, identical on every rank) and build the optimizer."""

@@ -115,11 +115,20 @@ class DeepSpeedBackend(Backend):
             torch.distributed.barrier()
             unlink_shm_allreduce_buffer(env.rank)
 
+    def build_model(self, workload, seed: int) -> nn.Module:
+        """A checkpoint under ZeRO-3: built under zero.Init (each rank its partition) and loaded module
+        by module (models/pretrained.py); otherwise whole, as every backend."""
+        if workload.pretrained is not None and self.plan.stage == 3:
+            import_deepspeed()
+            return workload.pretrained.zero3(self.plan.config, self.env.rank)
+        return super().build_model(workload, seed)
+
     def setup(self, model: nn.Module) -> None:
         deepspeed = import_deepspeed()
         cfg, plan = self.cfg, self.plan
         blocks = self.prepare_blocks(model)  # before initialize, as for the torch backends
-        self.largest_layer_params = max(p.numel() for p in model.parameters())
+        # ds_numel: a parameter built under zero.Init is empty here, its size DeepSpeed's.
+        self.largest_layer_params = max(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
         if cfg.ckpt_impl.startswith("deepspeed"):
             deepspeed.checkpointing.configure(None, deepspeed_config=plan.config)
             wrapper = deepspeed_wrapper(cfg.ckpt_impl)

@@ -45,6 +45,17 @@ class FSDP2Backend(DCPCheckpointMixin, TorchBackend):
         super().resolve(cfg, env)  # the torch backends' checks
         return cls.resolved(cfg, env, plan=options)
 
+    pretrained = None  # a checkpoint to load shard by shard after sharding (build_model)
+
+    def build_model(self, workload, seed: int) -> nn.Module:
+        """A checkpoint: the model with its parameters on the meta device (no memory), loaded after
+        fully_shard, each rank reading its own shards (models/pretrained.py)."""
+        if workload.pretrained is None:
+            return super().build_model(workload, seed)
+        self.pretrained = workload.pretrained
+        model, self.pretrained_buffers = workload.pretrained.empty()
+        return model
+
     def setup(self, model: nn.Module) -> None:
         self.options = self.plan
         super().setup(model)
@@ -64,6 +75,14 @@ class FSDP2Backend(DCPCheckpointMixin, TorchBackend):
         for block in self.blocks:
             fully_shard(block, **kwargs)
         fully_shard(model, **kwargs)
+        if self.pretrained is not None:
+            # The shards get storage (on the host where offloaded), the buffers their values back,
+            # then each rank reads its shards of the checkpoint.
+            model.to_empty(device="cpu" if o.cpu_offload else self.env.device)
+            for name, value in self.pretrained_buffers.items():
+                owner, _, leaf = name.rpartition(".")
+                model.get_submodule(owner)._buffers[leaf] = value.to(self.env.device)
+            self.pretrained.checkpoint.load_fsdp2(model.net)
         return model
 
     def micro_step(self, sync: bool):

@@ -408,11 +408,11 @@ class Run:
         # Each rank's own dropout stream, the same in every run of this configuration.
         torch.manual_seed(cfg.seed * 1000 + env.rank)
         apply_sdpa_kernel(cfg.sdpa_kernel)
-        model = self.s.workload.build(cfg.seed)
+        self.backend = backend = self.s.resolved.build(env)
+        model = backend.build_model(self.s.workload, cfg.seed)  # a checkpoint: loaded as the backend can
         if self.s.init is not None:
             model.load_state_dict(self.s.init["model"])
             self.start_step = self.s.init["step"] + 1
-        self.backend = backend = self.s.resolved.build(env)
         backend.setup(model)
         if self.s.resume is not None:
             checkpoint.load(backend, self.s.resume.directory, env.rank)
