@@ -27,7 +27,7 @@ from backends.deepspeed_support import (deepspeed_wrapper, import_deepspeed, mod
                                         replay_adam_step_count, unlink_shm_allreduce_buffer)
 from core.dist import ensure_rendezvous_env
 from core import comm
-from core.memory import MemoryAccounting
+from core.memory import LoadPeak, MemoryAccounting
 from gptlite.errors import ConfigError
 
 
@@ -120,7 +120,8 @@ class DeepSpeedBackend(Backend):
         by module (models/pretrained.py); otherwise whole, as every backend."""
         if workload.pretrained is not None and self.plan.stage == 3:
             import_deepspeed()
-            return workload.pretrained.zero3(self.plan.config, self.env.rank)
+            with LoadPeak(self.env.device, workload.pretrained.checkpoint.file_sizes()) as self.load_peak:
+                return workload.pretrained.zero3(self.plan.config, self.env.rank)
         return super().build_model(workload, seed)
 
     def setup(self, model: nn.Module) -> None:

@@ -18,6 +18,7 @@ from backends import fsdp_config
 from backends.dcp_checkpoint import DCPCheckpointMixin
 from backends.torch_backend import TorchAccounting, TorchBackend
 from core import comm
+from core.memory import LoadPeak
 
 
 class FSDP2Accounting(TorchAccounting):
@@ -72,10 +73,10 @@ class FSDP2Backend(DCPCheckpointMixin, TorchBackend):
             offload_policy=CPUOffloadPolicy(pin_memory=self.env.device.type == "cuda") if o.cpu_offload
             else OffloadPolicy(),
         )
-        for block in self.blocks:
-            fully_shard(block, **kwargs)
-        fully_shard(model, **kwargs)
-        if self.pretrained is not None:
+        if self.pretrained is None:
+            return self._shard(model, kwargs)
+        with LoadPeak(self.env.device, self.pretrained.checkpoint.file_sizes(), shapes=False) as self.load_peak:
+            self._shard(model, kwargs)
             # The shards get storage (on the host where offloaded), the buffers their values back,
             # then each rank reads its shards of the checkpoint.
             model.to_empty(device="cpu" if o.cpu_offload else self.env.device)
@@ -83,6 +84,12 @@ class FSDP2Backend(DCPCheckpointMixin, TorchBackend):
                 owner, _, leaf = name.rpartition(".")
                 model.get_submodule(owner)._buffers[leaf] = value.to(self.env.device)
             self.pretrained.checkpoint.load_fsdp2(model.net)
+        return model
+
+    def _shard(self, model: nn.Module, kwargs: dict) -> nn.Module:
+        for block in self.blocks:
+            fully_shard(block, **kwargs)
+        fully_shard(model, **kwargs)
         return model
 
     def micro_step(self, sync: bool):

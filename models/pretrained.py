@@ -177,6 +177,11 @@ class Checkpoint:
                               f"{len(state)} tensors ({', '.join(missing[:3])}): not a complete checkpoint of "
                               f"{type(net).__name__}")
 
+    def file_sizes(self) -> set[int]:
+        """The sizes of the checkpoint's files: safetensors maps a file whole into memory to read it (an
+        allocation of the file's size whose pages are the page cache's, resident only where read)."""
+        return {(self.path / name).stat().st_size for name in set(self.files.values())}
+
     def tensor(self, key: str) -> torch.Tensor:
         from safetensors import safe_open
 
@@ -206,12 +211,11 @@ class Checkpoint:
 
             params = [(self.key_map[full(n)], p) for n, p in module.named_parameters(recurse=False)
                       if full(n) in self.key_map]
-            if params:
-                with deepspeed.zero.GatheredParameters([p for _, p in params], modifier_rank=0):
+            for key, p in params:  # one parameter whole at a time
+                with deepspeed.zero.GatheredParameters([p], modifier_rank=0):
                     if rank == 0:
                         with torch.no_grad():
-                            for key, p in params:
-                                p.data.copy_(self.tensor(key))
+                            p.data.copy_(self.tensor(key))
             with torch.no_grad():
                 for n, b in module.named_buffers(recurse=False):
                     if full(n) in self.key_map:
@@ -260,12 +264,16 @@ class PretrainedModel:
         return model, {name: b.clone() for name, b in model.named_buffers()}
 
     def zero3(self, ds_config: dict, rank: int) -> torch.nn.Module:
-        """The model built under DeepSpeed's zero.Init (each rank its partition), then loaded (load_zero3)."""
-        from transformers.integrations import HfDeepSpeedConfig
+        """The model built under DeepSpeed's zero.Init (each rank its partition), then loaded (load_zero3).
+        transformers' contexts for ZeRO-3 (as from_config enters them under HfDeepSpeedConfig) without
+        its initialisation pass, which gathers every module to draw weights the checkpoint replaces."""
+        import deepspeed
+        from transformers.initialization import no_init_weights
+        from transformers.integrations.deepspeed import prevent_arange_dtype_change
 
-        hf_ds = HfDeepSpeedConfig(ds_config)  # noqa: F841 - alive while from_config runs (transformers' weakref)
-        model = self.structure()
-        del hf_ds  # later from_pretrained/from_config calls in this process build whole models again
+        with no_init_weights(), prevent_arange_dtype_change(), deepspeed.zero.Init(config_dict_or_path=ds_config):
+            model = self.structure()
+        model.net.tie_weights()
         self.checkpoint.load_zero3(model.net, rank)
         return model
 

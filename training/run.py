@@ -46,6 +46,7 @@ from training import checkpoint, manifest, memory_check, preflight, trackers
 from training.cli import report_bad_input, tell_torch_elastic
 from training.locks import RecordLock
 from training.loop import StepLoop
+from core.memory import LoadPeak
 from training.results import MemoryBudgetExceeded, finished_summary, gather_ranks
 from training.setup import Setup
 
@@ -414,6 +415,7 @@ class Run:
             model.load_state_dict(self.s.init["model"])
             self.start_step = self.s.init["step"] + 1
         backend.setup(model)
+        loading = checkpoint_loading(backend) if self.s.workload.pretrained is not None else None
         if self.s.resume is not None:
             checkpoint.load(backend, self.s.resume.directory, env.rank)
         start = self.start_step
@@ -423,7 +425,8 @@ class Run:
             config = {
                 **self.s.record(), "run_id": self.s.run_id, "start_step": start,
                 "resumed_from": str(self.s.resume.directory) if self.s.resume else None,
-                "backend": description, "threads_per_rank": threads, "environment": environment(env.device)}
+                "backend": description, "threads_per_rank": threads, "environment": environment(env.device),
+                **({"checkpoint_load": loading} if loading is not None else {})}
             self.record.write_config(config)
             self.heartbeat = Heartbeat(self.record.dir)  # first: a summary that says running has one beside it
             self.record.write_summary(self.summary)
@@ -556,3 +559,20 @@ class Run:
             self._finish_trackers({}, status)
         except Exception:  # noqa: BLE001
             traceback.print_exc()
+
+
+def checkpoint_loading(backend) -> dict:
+    """How loading the checkpoint went on each rank (collective): the peak bytes of the loading window
+    (core/memory.py LoadPeak), the growth of peak RSS over it, and the parameter bytes the rank holds
+    after set-up (its share, where the backend shards)."""
+    peak = backend.load_peak
+    storages = {}
+    for t in backend.accounting().state_tensors()["parameter"]:
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    mine = {"peak_bytes": peak.peak_bytes if peak else None, "rss_growth_bytes": peak.rss_growth_bytes if peak else None,
+            "held_parameter_bytes": sum(storages.values())}
+    ranks = [mine]
+    if torch.distributed.is_initialized():
+        ranks = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(ranks, mine)
+    return {"measure": LoadPeak.MEASURE, "ranks": ranks}
