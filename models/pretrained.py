@@ -222,6 +222,34 @@ class Checkpoint:
                         b.copy_(self.tensor(self.key_map[full(n)]))
 
 
+def has_tokenizer(path: Path) -> bool:
+    return any((path / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"))
+
+
+def save_transformers(state: dict[str, torch.Tensor], description: dict, out: Path) -> list[str]:
+    """A run's consolidated state dict (training/export.py: names as the suite's model has them, `net.`
+    first) written as a transformers checkpoint in `out` (save_pretrained: config.json, model.safetensors,
+    in fp32 as trained), with the tokenizer the run's checkpoint came with; the files written."""
+    transformers = _transformers()
+    config_dict = dict(description["config"])
+    config = transformers.AutoConfig.for_model(config_dict.pop("model_type"), **config_dict)
+    with torch.device("meta"):
+        net = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    weights = {k.removeprefix("net."): v for k, v in state.items()}
+    missing, unexpected = net.load_state_dict(weights, strict=False, assign=True)
+    missing = [k for k in missing if k not in description.get("tied", [])]
+    if missing or unexpected:
+        raise ConfigError(f"the checkpoint does not hold {type(net).__name__}'s weights (missing "
+                          f"{', '.join(missing[:3]) or 'none'}; unexpected {', '.join(unexpected[:3]) or 'none'})")
+    net.tie_weights()  # tied names loaded as two tensors: one parameter again
+    before = {p.name for p in out.iterdir()} if out.is_dir() else set()
+    net.save_pretrained(out)
+    source = description.get("tokenizer")
+    if source and Path(source).is_dir():
+        transformers.AutoTokenizer.from_pretrained(source).save_pretrained(out)
+    return sorted({p.name for p in out.iterdir() if p.is_file()} - before)
+
+
 def _is_parameter(net, key: str) -> bool:
     try:
         net.get_parameter(key)
@@ -305,6 +333,7 @@ def load(request: ModelRequest) -> Workload:
         seq_len = min(seq_len, positions)
     from models.hf import _dropout_fields
 
+    original = config.to_diff_dict()  # what an export writes back (training/export.py), as the checkpoint had it
     if request.dropout is not None:
         for name in _dropout_fields(config):
             setattr(config, name, request.dropout)
@@ -323,7 +352,8 @@ def load(request: ModelRequest) -> Workload:
     description = {"name": request.name, "task": "causal_lm", "model_name_or_path": given, "checkpoint": str(path),
                    "model_type": config.model_type, "architecture": type(structure.net).__name__,
                    "checkpoint_dtype": ckpt.dtype, "vocab_size": config.vocab_size, "positions": positions,
-                   "tied": tied, "dropout": request.dropout}
+                   "tied": tied, "dropout": request.dropout, "config": original,
+                   "tokenizer": str(path) if has_tokenizer(path) else None}
     from models.hf import _one_sequence_per_row
 
     # A causal LM type's logits never read later tokens (not probed: the probe builds the whole
