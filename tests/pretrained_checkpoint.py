@@ -26,9 +26,9 @@ def config_for(arch: str = "gpt2", n_layer: int = 2, width: int = 64, **more):
 
 
 def write_checkpoint(directory: Path, arch: str = "gpt2", n_layer: int = 2, width: int = 64, seed: int = 0,
-                     dtype: str = "float32", **more) -> Path:
+                     dtype: str = "float32", tokenizer: bool = True, **more) -> Path:
     """A randomly initialised causal LM of `arch` saved as a checkpoint directory (config.json and
-    model.safetensors), its weights from `seed`."""
+    model.safetensors), its weights from `seed`, with a tokenizer (write_tokenizer) unless not."""
     import torch
     import transformers
 
@@ -36,7 +36,23 @@ def write_checkpoint(directory: Path, arch: str = "gpt2", n_layer: int = 2, widt
     model = transformers.AutoModelForCausalLM.from_config(config_for(arch, n_layer, width, **more))
     model = model.to(getattr(torch, dtype))
     model.save_pretrained(directory)
+    if tokenizer:
+        write_tokenizer(directory)
     return Path(directory)
+
+
+def write_tokenizer(directory: Path, vocab_size: int = 80) -> None:
+    """A byte-pair tokenizer trained here with the tokenizers library (a few lines of text), saved as
+    transformers saves one (tokenizer.json, tokenizer_config.json)."""
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE(unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    text = ["to be or not to be, that is the question", "whether tis nobler in the mind to suffer",
+            "the slings and arrows of outrageous fortune"]
+    tokenizer.train_from_iterator(text, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["[UNK]"]))
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="[UNK]").save_pretrained(directory)
 
 
 if __name__ == "__main__":
