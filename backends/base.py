@@ -33,7 +33,8 @@ from backends.compile import apply_compile, uses_cudagraphs
 from core.blocks import find_blocks
 from core.dist import DistEnv, init_process_group
 from core import comm
-from core.memory import LoadPeak, MemoryAccounting
+from core.memory import MemoryAccounting
+from core.memory_profile import LoadPeak
 from gptlite.errors import ConfigError
 
 # The article's DeepSpeed optimizer, used by every backend: AdamW with these constants.
@@ -84,7 +85,7 @@ class Backend(ABC):
     # How save_checkpoint writes: "torch" (state dicts), "dcp" (torch.distributed.checkpoint) or
     # "deepspeed" (the engine's own); training/export.py reads each back into one state dict.
     checkpoint_format: ClassVar[str] = "torch"
-    # Loading a checkpoint (--model_name_or_path): the window's peak bytes (core/memory.py LoadPeak).
+    # Loading a checkpoint (--model_name_or_path): the window's peak bytes (core/memory_profile.py LoadPeak).
     load_peak: LoadPeak | None = None
 
     def __init__(self, cfg: RunConfig, env: DistEnv, plan: Any = None):

@@ -27,7 +27,8 @@ from backends.deepspeed_support import (deepspeed_wrapper, import_deepspeed, mod
                                         replay_adam_step_count, unlink_shm_allreduce_buffer)
 from core.dist import ensure_rendezvous_env
 from core import comm
-from core.memory import LoadPeak, MemoryAccounting
+from core.memory import MemoryAccounting
+from core.memory_profile import LoadPeak
 from gptlite.errors import ConfigError
 
 

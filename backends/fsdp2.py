@@ -18,7 +18,7 @@ from backends import fsdp_config
 from backends.dcp_checkpoint import DCPCheckpointMixin
 from backends.torch_backend import TorchAccounting, TorchBackend
 from core import comm
-from core.memory import LoadPeak
+from core.memory_profile import LoadPeak
 
 
 class FSDP2Accounting(TorchAccounting):

@@ -25,6 +25,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from textwrap import shorten
 
 import torch
 
@@ -81,7 +82,8 @@ def resolve_checkpoint(name_or_path: str) -> Path:
                 why = one_line(e)
         if found is None:
             raise ConfigError(f"model_name_or_path: {name_or_path!r} is not a local directory and is not in the "
-                              f"Hugging Face cache, and the hub cannot give it ({why[:160]}): pass a local path, a "
+                              f"Hugging Face cache, and the hub cannot give it ({shorten(why, 120, placeholder='...')}): "
+                              "pass a local path, a "
                               "checkpoint directory (save_pretrained's output)")
     check_files(found, name_or_path)
     return found

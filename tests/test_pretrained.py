@@ -205,3 +205,47 @@ def test_a_hub_name_without_a_network_is_said_once_under_torchrun(tmp_path):
             if line.strip().startswith(f'File "{REPO}') and f"{REPO}/.venv" not in line]
     assert not ours, "\n".join(ours)
     assert not list(runs.rglob("summary.json"))
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("backend", ["pretrained-z3"])
+def test_a_resumed_run_from_a_checkpoint_continues_exactly(launches, tmp_path, backend):
+    """ZeRO-3 (loaded under zero.Init, then its own checkpoint loaded over it): 6 steps saving after step 4,
+    then resumed from that checkpoint into the same record: the resumed step repeats the first run's."""
+    from conftest import train
+    from launches import PRETRAINED_ARGS
+
+    launcher, flags = PRETRAINED_BACKENDS[backend]
+    given = dict(zip(PRETRAINED_ARGS[::2], PRETRAINED_ARGS[1::2]))  # flag -> value (every flag takes one)
+    given.update({"--model_name_or_path": str(pretrained_checkpoint(launches.root)), "--steps": "6",
+                  "--save_dir": str(tmp_path / "save"), "--save_every": "5"})
+    args = [*(item for pair in given.items() for item in pair), *flags]
+    first = train(tmp_path / "runs", "resume", *args, launcher=launcher, timeout=900).check_ok()
+    uninterrupted = first.losses
+    resumed = train(tmp_path / "runs", "resume", *args, "--resume", launcher=launcher, timeout=900).check_ok()
+    assert resumed.config["start_step"] == 5 and resumed.config["resumed_from"].endswith("step_00000004")
+    assert resumed.losses == uninterrupted
+
+
+def test_the_report_tells_two_checkpoints_apart():
+    from analysis.runs import model_key
+
+    rows = [{"model": "pretrained", "config.run.model_name_or_path": path, "config.run.dropout": 0.0}
+            for path in ("./gpt2-a", "./gpt2-b")]
+    keys = [model_key(row) for row in rows]
+    assert keys[0] != keys[1] and "./gpt2-a" in keys[0]
+
+
+def test_a_bf16_checkpoint_trains_from_fp32_master_weights(tmp_path):
+    """The weights load in fp32 whatever the checkpoint stores (what every backend keeps as master
+    weights, and what the estimator counts); the record says the checkpoint's own dtype."""
+    from safetensors.torch import load_file
+
+    checkpoint = write_checkpoint(tmp_path / "llama-bf16", "llama", n_layer=1, width=32, dtype="bfloat16")
+    cfg, workload = _workload(checkpoint)
+    assert workload.description["checkpoint_dtype"] == "bf16"
+    model = workload.build(cfg.seed)
+    stored = load_file(str(checkpoint / "model.safetensors"))
+    assert {name for name, _ in model.net.named_parameters()} == set(stored)
+    for name, p in model.net.named_parameters():
+        assert p.dtype == torch.float32 and torch.equal(p, stored[name].float()), name

@@ -46,7 +46,7 @@ from training import checkpoint, manifest, memory_check, preflight, trackers
 from training.cli import report_bad_input, tell_torch_elastic
 from training.locks import RecordLock
 from training.loop import StepLoop
-from core.memory import LoadPeak
+from core.memory_profile import LoadPeak
 from training.results import MemoryBudgetExceeded, finished_summary, gather_ranks
 from training.setup import Setup
 
@@ -563,7 +563,7 @@ class Run:
 
 def checkpoint_loading(backend) -> dict:
     """How loading the checkpoint went on each rank (collective): the peak bytes of the loading window
-    (core/memory.py LoadPeak), the growth of peak RSS over it, and the parameter bytes the rank holds
+    (core/memory_profile.py LoadPeak), the growth of peak RSS over it, and the parameter bytes the rank holds
     after set-up (its share, where the backend shards)."""
     peak = backend.load_peak
     storages = {}
