@@ -140,6 +140,11 @@ class Backend(ABC):
         with LoadPeak(self.env.device, workload.pretrained.checkpoint.file_sizes()) as self.load_peak:
             return workload.build(seed)
 
+    @classmethod
+    def loads_checkpoint_sharded(cls, plan) -> bool:
+        """Whether build_model loads a checkpoint without a whole copy on any rank (FSDP2, ZeRO-3)."""
+        return False
+
     @abstractmethod
     def setup(self, model: nn.Module) -> None:
         """Wrap `model` (on the CPU, fp32, identical on every rank) and build the optimizer."""

@@ -116,10 +116,14 @@ class DeepSpeedBackend(Backend):
             torch.distributed.barrier()
             unlink_shm_allreduce_buffer(env.rank)
 
+    @classmethod
+    def loads_checkpoint_sharded(cls, plan) -> bool:
+        return plan.stage == 3
+
     def build_model(self, workload, seed: int) -> nn.Module:
         """A checkpoint under ZeRO-3: built under zero.Init (each rank its partition) and loaded module
         by module (models/pretrained.py); otherwise whole, as every backend."""
-        if workload.pretrained is not None and self.plan.stage == 3:
+        if workload.pretrained is not None and self.loads_checkpoint_sharded(self.plan):
             import_deepspeed()
             with LoadPeak(self.env.device, workload.pretrained.checkpoint.file_sizes()) as self.load_peak:
                 return workload.pretrained.zero3(self.plan.config, self.env.rank)

@@ -48,6 +48,10 @@ class FSDP2Backend(DCPCheckpointMixin, TorchBackend):
 
     pretrained = None  # a checkpoint to load shard by shard after sharding (build_model)
 
+    @classmethod
+    def loads_checkpoint_sharded(cls, plan) -> bool:
+        return True
+
     def build_model(self, workload, seed: int) -> nn.Module:
         """A checkpoint: the model with its parameters on the meta device (no memory), loaded after
         fully_shard, each rank reading its own shards (models/pretrained.py)."""

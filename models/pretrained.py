@@ -274,6 +274,8 @@ class PretrainedModel:
 
     def full(self) -> torch.nn.Module:
         """The whole model with its weights, on this rank (from_pretrained, fp32)."""
+        if os.environ.get("RANK", "0") != "0":  # one progress bar per run, not one per rank
+            _transformers().utils.logging.disable_progress_bar()
         net = self.auto.from_pretrained(str(self.checkpoint.path), config=self.config, dtype=torch.float32)
         return WithLoss(net, _causal_lm_logits)
 

@@ -155,7 +155,9 @@ def resolve(cfg: RunConfig, env: DistEnv | None = None, resolved: Resolved | Non
                           "(choose another --run_name, pass --overwrite, or --resume it)")
     # Before anything is built or recorded (a dry run builds nothing: it may describe a run meant
     # for a bigger machine).
-    memory_check.check_model_fits(cfg, env, workload.meta())
+    # A checkpoint FSDP2 or ZeRO-3 loads shard by shard is never whole on a rank (Backend.build_model).
+    if workload.pretrained is None or not resolved.backend.loads_checkpoint_sharded(resolved.plan):
+        memory_check.check_model_fits(cfg, env, workload.meta())
     if env.is_main:  # only rank 0 logs to trackers
         trackers.check(cfg.tracker)
     preflight.writable_out("runs_dir", cfg.runs_dir)  # records beside records, never inside one or a checkpoint
