@@ -161,7 +161,7 @@ class RunConfig:
         "Settings of a non-GPT-lite model, key=value separated by commas (values read as YAML): an HF config's "
         "fields (n_layer=2,n_embd=64 for gpt2; layer_type=basic,depths=[2,2,2,2] makes hf:resnet ResNet-18), "
         "or your get_model()'s keyword arguments.", None, group="model", metavar="K=V,...")
-    # --model_name_or_path (issue 77, model side): a transformers checkpoint, loaded with its weights.
+    # A transformers checkpoint, loaded with its weights (models/pretrained.py).
     model_name_or_path: str | None = _flag(
         "A transformers causal language model checkpoint to train from its weights, as transformers' run_clm.py "
         "takes it: a local directory (save_pretrained's output: config.json and safetensors weights) or a hub "

@@ -34,6 +34,7 @@ from core.dist import DistEnv, broadcast_object, destroy_process_group, set_cpu_
 from core.environment import device_name, environment
 from core.faults import Fault
 from core.flops import planned_sample_flops, sample_flops
+from core.memory_profile import LoadPeak
 from core.peers import Peers
 from core.sdpa import apply_sdpa_kernel, check_device
 from core.records import SWEEP_KEY_ENV, SWEEP_KEY_FILE, Heartbeat, RecordNotWritable, RunRecord, atomic_write_text
@@ -46,7 +47,6 @@ from training import checkpoint, manifest, memory_check, preflight, trackers
 from training.cli import report_bad_input, tell_torch_elastic
 from training.locks import RecordLock
 from training.loop import StepLoop
-from core.memory_profile import LoadPeak
 from training.results import MemoryBudgetExceeded, finished_summary, gather_ranks
 from training.setup import Setup
 
@@ -565,8 +565,8 @@ class Run:
 
 def checkpoint_loading(backend) -> dict:
     """How loading the checkpoint went on each rank (collective): the peak bytes of the loading window
-    (core/memory_profile.py LoadPeak), the growth of peak RSS over it, and the parameter bytes the rank holds
-    after set-up (its share, where the backend shards)."""
+    (core/memory_profile.py LoadPeak), the growth of peak RSS over it, and the parameter bytes the rank
+    holds after set-up (its share, where the backend shards)."""
     peak = backend.load_peak
     storages = {}
     for t in backend.accounting().state_tensors()["parameter"]:
