@@ -249,3 +249,35 @@ def test_a_bf16_checkpoint_trains_from_fp32_master_weights(tmp_path):
     assert {name for name, _ in model.net.named_parameters()} == set(stored)
     for name, p in model.net.named_parameters():
         assert p.dtype == torch.float32 and torch.equal(p, stored[name].float()), name
+
+
+def test_a_hub_name_in_the_local_cache_loads_offline(tmp_path, monkeypatch):
+    """The hub path is the same code with a name: a checkpoint laid out as huggingface_hub caches a
+    download (models--org--name/snapshots/REV, refs/main) is found by name with HF_HUB_OFFLINE set."""
+    import huggingface_hub.constants
+
+    cache = tmp_path / "hub"
+    snapshot = cache / "models--tiny-org--tiny-gpt2" / "snapshots" / "0123abcd"
+    write_checkpoint(snapshot, "gpt2", n_layer=1, width=32)
+    (cache / "models--tiny-org--tiny-gpt2" / "refs").mkdir()
+    (cache / "models--tiny-org--tiny-gpt2" / "refs" / "main").write_text("0123abcd")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    cfg, workload = _workload("tiny-org/tiny-gpt2")
+    assert workload.description["checkpoint"] == str(snapshot)
+    assert workload.description["model_name_or_path"] == "tiny-org/tiny-gpt2"
+    assert workload.n_params > 0
+
+
+def test_a_checkpoint_sharded_over_several_files_loads_whole(tmp_path):
+    """save_pretrained's shards (model.safetensors.index.json and several files) give the same weights."""
+    import transformers
+
+    one = write_checkpoint(tmp_path / "one", "gpt2", n_layer=2, width=32)
+    sharded = tmp_path / "sharded"
+    transformers.AutoModelForCausalLM.from_pretrained(str(one)).save_pretrained(sharded, max_shard_size="20KB")
+    assert len(list(sharded.glob("model-*.safetensors"))) > 1
+    (cfg, a), (_, b) = _workload(one), _workload(sharded)
+    assert len(set(b.pretrained.checkpoint.files.values())) > 1
+    for (name, p), (_, q) in zip(a.build(cfg.seed).named_parameters(), b.build(cfg.seed).named_parameters()):
+        assert torch.equal(p, q), name
