@@ -281,3 +281,20 @@ def test_a_checkpoint_sharded_over_several_files_loads_whole(tmp_path):
     assert len(set(b.pretrained.checkpoint.files.values())) > 1
     for (name, p), (_, q) in zip(a.build(cfg.seed).named_parameters(), b.build(cfg.seed).named_parameters()):
         assert torch.equal(p, q), name
+
+
+def test_the_estimator_counts_the_checkpoints_vocabulary_and_its_tied_embeddings_once(tmp_path):
+    """The data's characters (65 or fewer) are not the model's vocabulary: the checkpoint's embedding
+    (pretrained_checkpoint.VOCAB rows) is counted, and once although the LM head shares it."""
+    from estimator.traced_model import traced_for_run
+    from pretrained_checkpoint import VOCAB
+
+    checkpoint = write_checkpoint(tmp_path / "gpt2", "gpt2", n_layer=2, width=32)
+    cfg, workload = _workload(checkpoint)
+    assert workload.data.vocab_size < VOCAB
+    counts = traced_for_run(cfg.to_dict()).counts
+    net = workload.meta().net
+    assert net.lm_head.weight is net.transformer.wte.weight and net.transformer.wte.weight.shape[0] == VOCAB
+    assert counts.total == sum(p.numel() for p in net.parameters())  # each parameter once
+    assert counts.total == workload.n_params
+    assert sum(counts.per_block) + counts.root == counts.total
