@@ -13,12 +13,14 @@ POSITIONS = 64
 def config_for(arch: str = "gpt2", n_layer: int = 2, width: int = 64, **more):
     import transformers
 
+    more.setdefault("vocab_size", VOCAB)
+
     if arch == "gpt2":
-        return transformers.GPT2Config(vocab_size=VOCAB, n_positions=POSITIONS, n_embd=width, n_layer=n_layer,
+        return transformers.GPT2Config(n_positions=POSITIONS, n_embd=width, n_layer=n_layer,
                                        n_head=4, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                                        bos_token_id=None, eos_token_id=None, **more)
     if arch == "llama":
-        return transformers.LlamaConfig(vocab_size=VOCAB, max_position_embeddings=POSITIONS, hidden_size=width,
+        return transformers.LlamaConfig(max_position_embeddings=POSITIONS, hidden_size=width,
                                         intermediate_size=2 * width, num_hidden_layers=n_layer, num_attention_heads=4,
                                         num_key_value_heads=2, tie_word_embeddings=False, bos_token_id=None,
                                         eos_token_id=None, pad_token_id=None, **more)

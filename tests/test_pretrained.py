@@ -156,6 +156,8 @@ def _bad(tmp_path, small_checkpoint, case: str):
     no_weights.mkdir()
     (no_weights / "config.json").write_text((small_checkpoint / "config.json").read_text())
     a_file = small_checkpoint / "config.json"
+    text = tmp_path / "letters.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog. THE QUICK BROWN FOX!\n" * 100)
     return {
         "a directory that is not a checkpoint": (["--model_name_or_path", str(not_a_checkpoint)],
                                                  "is not a transformers checkpoint: it has no config.json"),
@@ -172,12 +174,17 @@ def _bad(tmp_path, small_checkpoint, case: str):
                                       "model_name_or_path and --model hf:gpt2 exclude each other"),
         "model_args beside it": (["--model_name_or_path", str(small_checkpoint), "--model_args", "n_layer=2"],
                                  "model_args: a checkpoint's settings are its config.json's"),
+        "text with more symbols than the embedding": (
+            ["--model_name_or_path", str(write_checkpoint(tmp_path / "vocab32", "gpt2", 1, 32, vocab_size=32,
+                                                          tokenizer=False)), "--data", str(text)],
+            f"the data's vocabulary ({len(set(text.read_text()))} symbols) is larger than the model's embedding "
+            "(32 in"),
     }[case]
 
 
 BAD = ["a directory that is not a checkpoint", "a file", "a path that does not exist", "a config without weights",
        "a hub name without a network", "a block size beyond the positions", "another --model beside it",
-       "model_args beside it"]
+       "model_args beside it", "text with more symbols than the embedding"]
 
 
 @pytest.mark.parametrize("case", BAD)
