@@ -150,4 +150,3 @@ class ModelStateMeter:
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
-
