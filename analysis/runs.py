@@ -14,7 +14,7 @@ from core.config import describe_plan
 from core.records import dead_because
 from core.summary import RunSummary
 from gptlite.errors import ConfigError
-from models.spec import format_model_args, model_label, parse_model_args
+from models.spec import PRETRAINED, format_model_args, model_label, parse_model_args
 
 # GPT-lite's flags that change the model itself (over its preset, which is a column of its own).
 GPTLITE_SIZE = ("n_layer", "n_embd", "n_head", "block_size")
@@ -74,7 +74,8 @@ def ckpt_label(row: dict) -> str:
 def model_key(row: dict) -> str:
     """Which model a run trained: its label (models.spec.model_label of --model) plus its settings
     (--model_args; GPT-lite's size flags; --dropout), so that two sizes of one model are two models:
-    "hf_gpt2 n_embd=64,n_layer=2", "gptlite n_layer=2", "my_model". Records from before --model are
+    "hf_gpt2 n_embd=64,n_layer=2", "gptlite n_layer=2", "my_model", "pretrained checkpoint=./my-gpt2"
+    (--model_name_or_path). Records from before --model are
     GPT-lite's."""
     name = row.get("model") or "gptlite"
     if name == "gptlite":
@@ -85,6 +86,9 @@ def model_key(row: dict) -> str:
             settings = parse_model_args(row.get("config.run.model_args"))
         except ValueError:  # written by another version, which read it otherwise: keep it as it is
             settings = {"model_args": row.get("config.run.model_args")}
+    if name == PRETRAINED and row.get("config.run.model_name_or_path"):
+        # Each checkpoint is its own model: two checkpoints are never compared as one.
+        settings["checkpoint"] = row["config.run.model_name_or_path"]
     # --dropout changes what is trained (and its speed: on the H200 the paper preset's dropout 0.1 was 17%
     # of its compiled step, runs/reference/nvidia-h200/gpu_best_mfu): another model, never compared as one
     if row.get("config.run.dropout") is not None:

@@ -34,6 +34,7 @@ from core.blocks import find_blocks
 from core.dist import DistEnv, init_process_group
 from core import comm
 from core.memory import MemoryAccounting
+from core.memory_profile import LoadPeak
 from gptlite.errors import ConfigError
 
 # The article's DeepSpeed optimizer, used by every backend: AdamW with these constants.
@@ -84,6 +85,8 @@ class Backend(ABC):
     # How save_checkpoint writes: "torch" (state dicts), "dcp" (torch.distributed.checkpoint) or
     # "deepspeed" (the engine's own); training/export.py reads each back into one state dict.
     checkpoint_format: ClassVar[str] = "torch"
+    # Loading a checkpoint (--model_name_or_path): the window's peak bytes (core/memory_profile.py LoadPeak).
+    load_peak: LoadPeak | None = None
 
     def __init__(self, cfg: RunConfig, env: DistEnv, plan: Any = None):
         self.cfg = cfg
@@ -127,6 +130,20 @@ class Backend(ABC):
     def init_distributed(cls, env: DistEnv, timeout_s: float) -> None:
         """Create the process group this backend communicates over."""
         init_process_group(env, timeout_s)
+
+    def build_model(self, workload, seed: int) -> nn.Module:
+        """The model `setup` receives: by default built whole on every rank (weights from `seed`, or a
+        checkpoint's loaded whole: models/pretrained.py). Sharding backends that can load a checkpoint
+        without a whole copy per rank override it (FSDP2, ZeRO-3), and measure their loading as here."""
+        if workload.pretrained is None:
+            return workload.build(seed)
+        with LoadPeak(self.env.device, workload.pretrained.checkpoint.file_sizes()) as self.load_peak:
+            return workload.build(seed)
+
+    @classmethod
+    def loads_checkpoint_sharded(cls, plan) -> bool:
+        """Whether build_model loads a checkpoint without a whole copy on any rank (FSDP2, ZeRO-3)."""
+        return False
 
     @abstractmethod
     def setup(self, model: nn.Module) -> None:

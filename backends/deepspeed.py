@@ -28,6 +28,7 @@ from backends.deepspeed_support import (deepspeed_wrapper, import_deepspeed, mod
 from core.dist import ensure_rendezvous_env
 from core import comm
 from core.memory import MemoryAccounting
+from core.memory_profile import LoadPeak
 from gptlite.errors import ConfigError
 
 
@@ -115,11 +116,25 @@ class DeepSpeedBackend(Backend):
             torch.distributed.barrier()
             unlink_shm_allreduce_buffer(env.rank)
 
+    @classmethod
+    def loads_checkpoint_sharded(cls, plan) -> bool:
+        return plan.stage == 3
+
+    def build_model(self, workload, seed: int) -> nn.Module:
+        """A checkpoint under ZeRO-3: built under zero.Init (each rank its partition) and loaded module
+        by module (models/pretrained.py); otherwise whole, as every backend."""
+        if workload.pretrained is not None and self.loads_checkpoint_sharded(self.plan):
+            import_deepspeed()
+            with LoadPeak(self.env.device, workload.pretrained.checkpoint.file_sizes()) as self.load_peak:
+                return workload.pretrained.zero3(self.plan.config, self.env.rank)
+        return super().build_model(workload, seed)
+
     def setup(self, model: nn.Module) -> None:
         deepspeed = import_deepspeed()
         cfg, plan = self.cfg, self.plan
         blocks = self.prepare_blocks(model)  # before initialize, as for the torch backends
-        self.largest_layer_params = max(p.numel() for p in model.parameters())
+        # ds_numel: a parameter built under zero.Init is empty here, its size DeepSpeed's.
+        self.largest_layer_params = max(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
         if cfg.ckpt_impl.startswith("deepspeed"):
             deepspeed.checkpointing.configure(None, deepspeed_config=plan.config)
             wrapper = deepspeed_wrapper(cfg.ckpt_impl)

@@ -18,6 +18,7 @@ from backends import fsdp_config
 from backends.dcp_checkpoint import DCPCheckpointMixin
 from backends.torch_backend import TorchAccounting, TorchBackend
 from core import comm
+from core.memory_profile import LoadPeak
 
 
 class FSDP2Accounting(TorchAccounting):
@@ -45,6 +46,21 @@ class FSDP2Backend(DCPCheckpointMixin, TorchBackend):
         super().resolve(cfg, env)  # the torch backends' checks
         return cls.resolved(cfg, env, plan=options)
 
+    pretrained = None  # a checkpoint to load shard by shard after sharding (build_model)
+
+    @classmethod
+    def loads_checkpoint_sharded(cls, plan) -> bool:
+        return True
+
+    def build_model(self, workload, seed: int) -> nn.Module:
+        """A checkpoint: the model with its parameters on the meta device (no memory), loaded after
+        fully_shard, each rank reading its own shards (models/pretrained.py)."""
+        if workload.pretrained is None:
+            return super().build_model(workload, seed)
+        self.pretrained = workload.pretrained
+        model, self.pretrained_buffers = workload.pretrained.empty()
+        return model
+
     def setup(self, model: nn.Module) -> None:
         self.options = self.plan
         super().setup(model)
@@ -61,6 +77,20 @@ class FSDP2Backend(DCPCheckpointMixin, TorchBackend):
             offload_policy=CPUOffloadPolicy(pin_memory=self.env.device.type == "cuda") if o.cpu_offload
             else OffloadPolicy(),
         )
+        if self.pretrained is None:
+            return self._shard(model, kwargs)
+        with LoadPeak(self.env.device, self.pretrained.checkpoint.file_sizes(), shapes=False) as self.load_peak:
+            self._shard(model, kwargs)
+            # The shards get storage (on the host where offloaded), the buffers their values back,
+            # then each rank reads its shards of the checkpoint.
+            model.to_empty(device="cpu" if o.cpu_offload else self.env.device)
+            for name, value in self.pretrained_buffers.items():
+                owner, _, leaf = name.rpartition(".")
+                model.get_submodule(owner)._buffers[leaf] = value.to(self.env.device)
+            self.pretrained.checkpoint.load_fsdp2(model.net)
+        return model
+
+    def _shard(self, model: nn.Module, kwargs: dict) -> nn.Module:
         for block in self.blocks:
             fully_shard(block, **kwargs)
         fully_shard(model, **kwargs)

@@ -71,7 +71,9 @@ class TorchBackend(Backend):
     def setup(self, model: nn.Module) -> None:
         blocks = self.prepare_blocks(model)  # before wrapping: the wrappers' hooks stay outside compiled code
         self.offloader = make_offloader(self.cfg, self.env.device, model, blocks)
-        self.model = self.wrap(model.to(self.env.device))
+        # A model still on the meta device (a checkpoint FSDP2 loads shard by shard) gets storage in wrap.
+        on_meta = any(p.is_meta for p in model.parameters())
+        self.model = self.wrap(model if on_meta else model.to(self.env.device))
         # After wrapping, as the FSDP tutorial does; see backends/activation_checkpointing.py.
         self.activation_checkpointing = apply_ac(
             self.model, blocks, self.cfg.ckpt_interval, self.cfg.ckpt_impl, self.cfg.ckpt_offload,

@@ -19,7 +19,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from gptlite.errors import ConfigError
 from gptlite.model import ATTENTION_IMPLS, PRESETS, GPTConfig, preset
 from core.sdpa import SDPA_KERNELS
-from models.spec import (ModelRequest, TextRequest, check_name, kind_of, model_label, parse_model_args,
+from models.spec import (PRETRAINED, ModelRequest, TextRequest, check_name, kind_of, model_label, parse_model_args,
                          text_file_builder)
 
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -162,6 +162,13 @@ class RunConfig:
         "Settings of a non-GPT-lite model, key=value separated by commas (values read as YAML): an HF config's "
         "fields (n_layer=2,n_embd=64 for gpt2; layer_type=basic,depths=[2,2,2,2] makes hf:resnet ResNet-18), "
         "or your get_model()'s keyword arguments.", None, group="model", metavar="K=V,...")
+    # A transformers checkpoint, loaded with its weights (models/pretrained.py).
+    model_name_or_path: str | None = _flag(
+        "A transformers causal language model checkpoint to train from its weights, as transformers' run_clm.py "
+        "takes it: a local directory (save_pretrained's output: config.json and safetensors weights) or a hub "
+        "name (used only where it is in the local Hugging Face cache or the hub is reachable). Sets --model to "
+        "pretrained (give no other --model); --block_size defaults to the preset's, at most the model's "
+        "positions (docs/models.md, 'A pretrained checkpoint').", None, group="model", metavar="DIR_OR_NAME")
     preset: str = _flag(
         "GPT-lite's size preset; for hf: language models, their context length (the preset's block_size) "
         "unless --block_size is given. Image models and model files have no use for it (a sweep may set it "
@@ -497,6 +504,7 @@ class RunConfig:
         if self.run_name is not None:
             check_plain_name("run_name", self.run_name)
         self.model_config()  # checks the model overrides (n_embd divisible by n_head, ...)
+        self._check_model_name_or_path()
         check_name(self.model)
         parse_model_args(self.model_args)
         self._check_text_data()
@@ -555,6 +563,24 @@ class RunConfig:
                            self.pad_to_block_size, self.overwrite_cache, self.quiet,
                            "tokenizer_name" if self.tokenizer_name else "model_name_or_path")
 
+    def _check_model_name_or_path(self) -> None:
+        """--model_name_or_path names the model: --model becomes `pretrained` (kept so in the record, which
+        reads back the same); another --model with it, or `pretrained` without it, is refused."""
+        if self.model_name_or_path is not None:
+            if self.model not in ("gptlite", PRETRAINED):
+                raise ConfigError(f"model_name_or_path and --model {self.model} exclude each other: a checkpoint is "
+                                  "the model (drop --model, or drop --model_name_or_path to train "
+                                  f"{self.model})")
+            if not self.model_name_or_path.strip():
+                raise ConfigError("model_name_or_path is empty: give a checkpoint directory or a hub name")
+            if self.init_from:
+                raise ConfigError("init_from and model_name_or_path exclude each other: the checkpoint is the starting "
+                                  "weights (export a run with training.export and pass that directory as "
+                                  "--model_name_or_path)")
+            self.model = PRETRAINED
+        elif self.model == PRETRAINED:
+            raise ConfigError("model pretrained needs --model_name_or_path (a checkpoint directory or hub name)")
+
     def backend_specific(self) -> dict[str, tuple[str, ...]]:
         """The fields set away from their defaults that only some backends read: {field: those backends}."""
         return {f.name: f.metadata["backends"] for f in fields(self)
@@ -571,7 +597,7 @@ class RunConfig:
 
     def model_request(self) -> ModelRequest:
         """What the flags say about the model and its data (models.load builds it)."""
-        return ModelRequest(self.model, parse_model_args(self.model_args), self.data,
+        return ModelRequest(self.model, parse_model_args(self.model_args), self.data, self.model_name_or_path,
                             seq_len=self.model_config().block_size, block_size_given=self.block_size is not None,
                             dropout=self.dropout if self.model != "gptlite" else None,
                             gptlite_config=lambda vocab_size: self.model_config(vocab_size=vocab_size),

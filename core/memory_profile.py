@@ -36,7 +36,7 @@ import torch
 
 from core.comm import KINDS, collectives, transfers
 from core.memory import MARK as _MARK
-from core.memory import PHASES
+from core.memory import PHASES, current_rss_bytes
 
 CATEGORIES = ("parameter", "gradient", "optimizer_state", "activation", "temporary", "data", "other")
 
@@ -287,3 +287,81 @@ def _breakdown(blocks, alive) -> dict[str, int]:
     return out
 
 
+class LoadPeak:
+    """The peak of tensor bytes allocated and still live inside the window, on `device`: loading a
+    checkpoint (Backend.build_model and, for FSDP2, its sharding). Counted from torch.profiler's
+    allocation events (every thread's), as the run's CPU peak is (ProfiledWindow); blocks allocated
+    before the window and freed in it are not subtracted. Beside it, the growth of the process's peak
+    RSS over the window (VmHWM, reset on entry where Linux allows), for orientation only: it also
+    counts the pages of memory-mapped checkpoint files read, the libraries loading imports, the
+    profiler's own buffers and the allocator's caching.
+
+    `mapped_sizes`: the checkpoint's file sizes. safetensors maps each file whole to read from it, which
+    torch reports as an allocation of the file's size: not counted where the mapping is let go in the
+    window (see __exit__)."""
+
+    MEASURE = ("peak of torch-allocated bytes live in the loading window (torch.profiler allocation events, "
+               "core/memory_profile.py LoadPeak)")
+
+    def __init__(self, device: torch.device, mapped_sizes: set[int] = frozenset(), shapes: bool = True):
+        self.device = device
+        self.mapped_sizes = set(mapped_sizes)
+        # The ops' inputs (record_shapes), to end what gloo's threads free unseen (core/memory_profile.py);
+        # off where the window swaps parameters (FSDP2's to_empty: the profiler's references refuse it).
+        self.shapes = shapes
+        self.peak_bytes: int | None = None
+        self.rss_growth_bytes: int | None = None
+
+    def __enter__(self):
+        try:  # "5": reset the peak RSS to the current RSS (proc(5), clear_refs)
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+            self._rss_reset = True
+        except OSError:
+            self._rss_reset = False
+        self._rss0 = current_rss_bytes()
+        self._profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True,
+                                                record_shapes=self.shapes)
+        self._profiler.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._profiler.__exit__(*exc)
+        if exc[0] is not None:
+            return False
+        from torch._C._profiler import _EventType
+        from torch.profiler._utils import traverse_dfs
+
+        events = list(traverse_dfs(self._profiler.profiler.kineto_results.experimental_event_tree()))
+        allocations = sorted((e for e in events if e.typed[0] == _EventType.Allocation
+                              and e.typed[1].device.type == self.device.type), key=lambda e: e.start_time_ns)
+        blocks, live = [], {}
+        for e in allocations:
+            a, t = e.typed[1], e.start_time_ns
+            if a.alloc_size > 0:
+                before = live.get(a.ptr)
+                if before is not None:  # the address handed out again: the block there was freed unseen
+                    before.end, before.unseen_free = t, True
+                live[a.ptr] = block = _Block(a.ptr, a.alloc_size, t, float("inf"), collective=_within_collective(e))
+                blocks.append(block)
+            elif a.ptr in live:
+                live.pop(a.ptr).end = t
+        # gloo's worker threads free what a collective held unrecorded: as the run's memory profile does.
+        _end_unseen_frees(blocks, events, _EventType)
+        # A checkpoint file mapped whole to read from it and let go in the window: its pages are the page
+        # cache's, shared by the ranks, resident only where read, and what was read was copied into
+        # tensors (counted). One still mapped at the end holds the model's tensors (from_pretrained's
+        # weights are views of it, each rank's own once written): counted.
+        blocks = [b for b in blocks if not (b.size in self.mapped_sizes and b.end != float("inf"))]
+        changes = sorted([(b.start, b.size) for b in blocks] + [(b.end, -b.size) for b in blocks
+                                                                 if b.end != float("inf")])
+        total = peak = 0
+        for _, size in changes:  # at equal times the free (negative) comes first
+            total += size
+            peak = max(peak, total)
+        self.peak_bytes = peak
+        if self._rss_reset:
+            with open("/proc/self/status") as f:
+                hwm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+            self.rss_growth_bytes = max(0, hwm - self._rss0)
+        return False

@@ -312,5 +312,5 @@ def traced_for_run(run: dict) -> TracedModel:
     from core.config import RunConfig
 
     names = {f.name for f in fields(RunConfig)}
-    wanted = ("model", "model_args", "data", "preset", "block_size", "dropout", "block_class")
+    wanted = ("model", "model_name_or_path", "model_args", "data", "preset", "block_size", "dropout", "block_class")
     return _cached(json.dumps({k: run.get(k) for k in wanted if k in names and k in run}, sort_keys=True))

@@ -23,6 +23,8 @@ def load(request: ModelRequest) -> Workload:
         from models.gptlite_workload import load as load_kind
     elif kind == "hf":
         from models.hf import load as load_kind
+    elif kind == "pretrained":
+        from models.pretrained import load as load_kind
     elif kind == "torchvision":
         from models.vision import load_torchvision as load_kind
     else:

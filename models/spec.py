@@ -9,14 +9,16 @@ from pathlib import Path
 
 from gptlite.errors import ConfigError
 
-KINDS = ("gptlite", "hf", "torchvision", "file", "module")
+KINDS = ("gptlite", "hf", "pretrained", "torchvision", "file", "module")
+# --model's value when --model_name_or_path names a transformers checkpoint (core/config.py sets it).
+PRETRAINED = "pretrained"
 _MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
 def kind_of(name: str) -> str:
     """Which kind of model `name` is: gptlite, hf, torchvision, file (a .py path) or module."""
-    if name == "gptlite":
-        return "gptlite"
+    if name in ("gptlite", PRETRAINED):
+        return name
     for prefix in ("hf", "torchvision"):
         if name.startswith(prefix + ":"):
             return prefix
@@ -136,6 +138,7 @@ class ModelRequest:
     name: str = "gptlite"
     args: dict = field(default_factory=dict)
     data: str | None = None  # --data: a text file, an image directory (CIFAR-10), or None
+    checkpoint: str | None = None  # --model_name_or_path: a transformers checkpoint (kind pretrained)
     seq_len: int = 256  # tokens per sample for text models (--block_size, or the preset's)
     block_size_given: bool = False  # --block_size given: a model without tokens cannot take it
     dropout: float | None = None  # --dropout: every dropout probability of an HF config

@@ -97,6 +97,11 @@ class Workload:
     # A causal language model: its logits at position t must not depend on the tokens after t (the
     # targets are those tokens). check() holds a built model to that where it is small enough.
     causal: bool = False
+    # Builds the module without its weights where `make` loads them (a checkpoint: models/pretrained.py):
+    # what meta() and fake() build instead of loading.
+    structure: Callable[[], nn.Module] | None = None
+    # A checkpoint a backend may load its own way (models/pretrained.PretrainedModel; Backend.build_model).
+    pretrained: object | None = field(default=None, repr=False)
     _meta: nn.Module | None = field(default=None, repr=False)
     # Set by check(): the trainable parameters without a gradient on the check's samples (_without_gradient).
     unused_parameters: tuple[str, ...] = field(default=(), repr=False)
@@ -118,7 +123,7 @@ class Workload:
         if self._meta is None:
             try:
                 with on_meta():
-                    self._meta = self.make()
+                    self._meta = (self.structure or self.make)()
             except ConfigError:
                 raise
             except Exception:  # noqa: BLE001 - a user model that creates tensors on a named device
@@ -144,7 +149,7 @@ class Workload:
         x, y = self.example(batch)
         try:
             with torch.random.fork_rng(devices=[]), mode:
-                model = self.make()
+                model = (self.structure or self.make)()
         except Exception:  # noqa: BLE001 - its construction reads data (ViT's weight init, ConvNeXt's
             # linspace().tolist()): its structure instead (the meta device), given fake storage.
             model = copy.deepcopy(self.meta())

@@ -146,6 +146,44 @@ TEXT_ARGS = (*PARITY_ARGS, "--model", "hf:gpt2", "--model_args", "n_layer=2,n_em
              "--tokenizer_name", "{DIR}/tokenizer", "--train_file", "{DIR}/train.jsonl", "--backend", "ddp",
              "--micro_batch", "4", "--steps", "3")
 SAVED_KEY = (("GPTLITE_CHECKPOINT_KEY", "{DIR}/checkpoint.key"),)
+# A transformers checkpoint loaded with its weights (--model_name_or_path; tests/test_pretrained.py): GPT-2 of
+# 8 blocks with tied embeddings ({CKPT}: written once per test run, pretrained_checkpoint), 10 steps in the
+# parity settings, the last profiled (the estimator's peak), a checkpoint after the last (export).
+PRETRAINED_ARGS = ("--model_name_or_path", "{CKPT}", "--block_size", "32", "--dropout", "0", "--precision", "fp32",
+                   "--lr_warmup_steps", "0", "--warmup_steps", "0", "--eval_batches", "1", "--steps",
+                   str(REFERENCE_STEPS), "--mem_profile_steps", "1", "--save_dir", "{DIR}/save", "--save_every",
+                   str(REFERENCE_STEPS))
+PRETRAINED_READERS = ("test_pretrained::test_first_step_loss_is_transformers_own",
+                      "test_pretrained::test_every_backend_matches_one_process_for_10_steps",
+                      "test_pretrained::test_an_export_reloads_with_from_pretrained_and_gives_the_trained_logits",
+                      "test_pretrained::test_estimate_is_within_10_percent_of_the_measured_peak")
+LOADING_READERS = ("test_pretrained::test_zero3_and_fsdp2_load_without_a_whole_copy_per_rank",)
+# (launch name, launcher, flags); the one-process reference first.
+PRETRAINED_BACKENDS = {
+    "pretrained-single": ("python", ("--backend", "single", "--micro_batch", "8")),
+    "pretrained-ddp": ("torchrun", ("--backend", "ddp", "--micro_batch", "4")),
+    "pretrained-fsdp": ("torchrun", ("--fsdp_config", "fsdp_configs/full_shard.yaml", "--micro_batch", "4")),
+    "pretrained-fsdp2": ("torchrun", ("--fsdp_config", "fsdp_configs/fsdp2.yaml", "--micro_batch", "4")),
+    "pretrained-z1": ("deepspeed", ("--deepspeed_config", "ds_configs/z1.json", "--micro_batch", "4")),
+    "pretrained-z2": ("deepspeed", ("--deepspeed_config", "ds_configs/z2.json", "--micro_batch", "4")),
+    "pretrained-z3": ("deepspeed", ("--deepspeed_config", "ds_configs/z3.json", "--micro_batch", "4")),
+    "pretrained-accelerate": ("torchrun", ("--backend", "accelerate", "--micro_batch", "4")),
+}
+
+
+def pretrained_checkpoint(root: Path) -> Path:
+    """The checkpoint the pretrained launches load ({CKPT}), written once per test run under `root`."""
+    from filelock import FileLock
+
+    from pretrained_checkpoint import write_checkpoint
+
+    path = root / "pretrained-gpt2-8"
+    with FileLock(str(root / "pretrained-gpt2-8.lock")):
+        if not (path / "model.safetensors").is_file():
+            write_checkpoint(path, "gpt2", n_layer=8, width=64)
+    return path
+
+
 LAUNCHES: dict[str, Launch] = {
     "reference": Launch(
         "the one-process reference: micro-batch 8, global batch 8, the last step profiled", "train",
@@ -219,6 +257,12 @@ LAUNCHES: dict[str, Launch] = {
                              "test_deepspeed::test_checkpointing_leaves_losses_and_gradients_unchanged",
                              "test_deepspeed::test_reentrant_checkpointing_of_a_first_block_whose_input_needs_no_grad"),
                     launcher="torchrun", timeout=1800),
+    **{name: Launch(f"a transformers checkpoint loaded and trained: {name.removeprefix('pretrained-')}", "train",
+                    readers=PRETRAINED_READERS + (LOADING_READERS if name in ("pretrained-ddp", "pretrained-fsdp2",
+                                                                               "pretrained-z3") else ()),
+                    launcher=launcher, args=(*PRETRAINED_ARGS, *flags),
+                    timeout=DS_TIMEOUT_S if launcher == "deepspeed" else LAUNCH_TIMEOUT_S)
+       for name, (launcher, flags) in PRETRAINED_BACKENDS.items()},
 }
 
 
@@ -284,6 +328,8 @@ class Launched:
             getattr(importlib.import_module(module), function)(directory)
         if launch.kind == "train":
             args = [arg.replace("{DIR}", str(directory)) for arg in launch.args]
+            if "{CKPT}" in args:
+                args = [arg.replace("{CKPT}", str(pretrained_checkpoint(self.root))) for arg in args]
             return train(directory, name, *args, launcher=launch.launcher, timeout=launch.timeout,
                          env=env, real=launch.real).check_ok()
         if launch.kind == "sweep":

@@ -23,7 +23,7 @@ from gptlite.errors import ConfigError
 
 DEVICES = ("auto", "cpu", "cuda")
 # The RunConfig fields that choose the model and its data (RunConfig.model_request).
-MODEL_FIELDS = ("model", "model_args", "preset", "n_layer", "n_embd", "n_head", "block_size", "dropout", "attention",
+MODEL_FIELDS = ("model", "model_name_or_path", "model_args", "preset", "n_layer", "n_embd", "n_head", "block_size", "dropout", "attention",
                 "data", "seed")
 _WORKLOADS: dict[tuple, object] = {}
 

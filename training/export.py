@@ -10,6 +10,9 @@ Each format has its library's own consolidation, run offline (no process group, 
   every rank's shards;
 - "deepspeed": deepspeed.utils.zero_to_fp32 (ZeRO 1-3: the fp32 master partitions merged), or the
   module weights of a ZeRO-0 checkpoint.
+A run trained from a transformers checkpoint (--model_name_or_path) is also written as one in --out
+(save_pretrained: config.json, model.safetensors in fp32, and the checkpoint's tokenizer where it had
+one): `AutoModelForCausalLM.from_pretrained(out)`, or `--model_name_or_path out` to train on.
 Parameter names are GPT-lite's own (wrapper prefixes such as `module.` or
 `_checkpoint_wrapped_module.` removed), so any backend can load the result (`--init_from`). The
 file, model.pt in the --out directory, holds {"model": state dict, "step": step of the checkpoint, "source": its meta.json},
@@ -30,6 +33,7 @@ from pathlib import Path
 import torch
 
 from gptlite.errors import ConfigError
+from models.spec import PRETRAINED
 from training import checkpoint, manifest
 
 def resolve(path: str | Path) -> Path:
@@ -134,7 +138,13 @@ def export(checkpoint_path: str | Path, out_dir: str | Path, trust: bool = False
             tmp.unlink(missing_ok=True)
             raise
     tmp.replace(out)
-    manifest.write(out.parent, files=[OUT_FILE])
+    written = [OUT_FILE]
+    if (meta.get("model") or {}).get("name") == PRETRAINED and (meta["model"].get("config")):
+        # A run from a transformers checkpoint (--model_name_or_path): also as one, for from_pretrained.
+        from models.pretrained import save_transformers
+
+        written += save_transformers(state, meta["model"], out.parent)
+    manifest.write(out.parent, files=written)
     return out
 
 

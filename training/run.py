@@ -34,6 +34,7 @@ from core.dist import DistEnv, broadcast_object, destroy_process_group, set_cpu_
 from core.environment import device_name, environment
 from core.faults import Fault
 from core.flops import planned_sample_flops, sample_flops
+from core.memory_profile import LoadPeak
 from core.peers import Peers
 from core.sdpa import apply_sdpa_kernel, check_device
 from core.records import SWEEP_KEY_ENV, SWEEP_KEY_FILE, Heartbeat, RecordNotWritable, RunRecord, atomic_write_text
@@ -154,7 +155,9 @@ def resolve(cfg: RunConfig, env: DistEnv | None = None, resolved: Resolved | Non
                           "(choose another --run_name, pass --overwrite, or --resume it)")
     # Before anything is built or recorded (a dry run builds nothing: it may describe a run meant
     # for a bigger machine).
-    memory_check.check_model_fits(cfg, env, workload.meta())
+    # A checkpoint FSDP2 or ZeRO-3 loads shard by shard is never whole on a rank (Backend.build_model).
+    if workload.pretrained is None or not resolved.backend.loads_checkpoint_sharded(resolved.plan):
+        memory_check.check_model_fits(cfg, env, workload.meta())
     if env.is_main:  # only rank 0 logs to trackers
         trackers.check(cfg.tracker)
     preflight.writable_out("runs_dir", cfg.runs_dir)  # records beside records, never inside one or a checkpoint
@@ -408,12 +411,13 @@ class Run:
         # Each rank's own dropout stream, the same in every run of this configuration.
         torch.manual_seed(cfg.seed * 1000 + env.rank)
         apply_sdpa_kernel(cfg.sdpa_kernel)
-        model = self.s.workload.build(cfg.seed)
+        self.backend = backend = self.s.resolved.build(env)
+        model = backend.build_model(self.s.workload, cfg.seed)  # a checkpoint: loaded as the backend can
         if self.s.init is not None:
             model.load_state_dict(self.s.init["model"])
             self.start_step = self.s.init["step"] + 1
-        self.backend = backend = self.s.resolved.build(env)
         backend.setup(model)
+        loading = checkpoint_loading(backend) if self.s.workload.pretrained is not None else None
         if self.s.resume is not None:
             checkpoint.load(backend, self.s.resume.directory, env.rank)
         start = self.start_step
@@ -423,7 +427,8 @@ class Run:
             config = {
                 **self.s.record(), "run_id": self.s.run_id, "start_step": start,
                 "resumed_from": str(self.s.resume.directory) if self.s.resume else None,
-                "backend": description, "threads_per_rank": threads, "environment": environment(env.device)}
+                "backend": description, "threads_per_rank": threads, "environment": environment(env.device),
+                **({"checkpoint_load": loading} if loading is not None else {})}
             self.record.write_config(config)
             self.heartbeat = Heartbeat(self.record.dir)  # first: a summary that says running has one beside it
             self.record.write_summary(self.summary)
@@ -559,3 +564,20 @@ class Run:
             self._finish_trackers({}, status)
         except Exception:  # noqa: BLE001
             traceback.print_exc()
+
+
+def checkpoint_loading(backend) -> dict:
+    """How loading the checkpoint went on each rank (collective): the peak bytes of the loading window
+    (core/memory_profile.py LoadPeak), the growth of peak RSS over it, and the parameter bytes the rank
+    holds after set-up (its share, where the backend shards)."""
+    peak = backend.load_peak
+    storages = {}
+    for t in backend.accounting().state_tensors()["parameter"]:
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    mine = {"peak_bytes": peak.peak_bytes if peak else None, "rss_growth_bytes": peak.rss_growth_bytes if peak else None,
+            "held_parameter_bytes": sum(storages.values())}
+    ranks = [mine]
+    if torch.distributed.is_initialized():
+        ranks = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(ranks, mine)
+    return {"measure": LoadPeak.MEASURE, "ranks": ranks}

@@ -181,7 +181,7 @@ class ModelEntry:
 # What a GPT-lite entry's args may set: its train.py model flags (the preset gives the rest).
 GPTLITE_ARGS = ("n_layer", "n_embd", "n_head", "block_size", "dropout", "attention")
 # The train.py flags that decide a run's model and data (what training/run.py check_model reads).
-MODEL_FLAGS = ("model", "model_args", "preset", *GPTLITE_ARGS, "data", "block_class")
+MODEL_FLAGS = ("model", "model_name_or_path", "model_args", "preset", *GPTLITE_ARGS, "data", "block_class")
 
 
 def model_entry(entry) -> ModelEntry:
