@@ -305,3 +305,42 @@ def test_the_estimator_counts_the_checkpoints_vocabulary_and_its_tied_embeddings
     assert counts.total == sum(p.numel() for p in net.parameters())  # each parameter once
     assert counts.total == workload.n_params
     assert sum(counts.per_block) + counts.root == counts.total
+
+
+def test_a_checkpoint_on_a_json_lines_file_reads_it_with_its_own_tokenizer(tmp_path, monkeypatch):
+    """--model_name_or_path with --train_file and no --tokenizer_name: the rows are tokenized with the
+    checkpoint's tokenizer, and the first batch's loss is transformers' own on those tokens."""
+    import transformers
+
+    import models
+    from core.config import RunConfig
+    from text_fixtures import corpus_rows, write_jsonl
+
+    monkeypatch.setenv("GPTLITE_CACHE", str(tmp_path / "cache"))
+    checkpoint = write_checkpoint(tmp_path / "gpt2", "gpt2", n_layer=1, width=32)
+    rows = write_jsonl(tmp_path / "train.jsonl", corpus_rows(400))
+    cfg = RunConfig(model_name_or_path=str(checkpoint), train_file=str(rows), block_size=BLOCK_SIZE, dropout=0.0)
+    workload = models.load(cfg.model_request())
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(checkpoint))
+    assert workload.description["tokenizer"] == str(checkpoint)
+    x, y = workload.data.batch("train", cfg.seed, 0, 0, 8, 8)
+    assert workload.data.vocab_size == len(tokenizer) and x.shape == (8, BLOCK_SIZE)
+    assert workload.data.describe()["tokenizer"] == str(checkpoint)
+    net = transformers.AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
+    with torch.no_grad():
+        expected = net(input_ids=x, labels=y, shift_labels=y.contiguous()).loss.item()
+        got = workload.build(cfg.seed).eval()(x, y)[1].item()
+    assert abs(got - expected) <= 1e-5 * expected, (got, expected)
+
+
+def test_a_tokenizer_larger_than_the_checkpoints_embedding_is_refused(tmp_path, monkeypatch):
+    from text_fixtures import corpus_rows, write_jsonl, write_tokenizer
+
+    monkeypatch.setenv("GPTLITE_CACHE", str(tmp_path / "cache"))
+    checkpoint = write_checkpoint(tmp_path / "gpt2", "gpt2", n_layer=1, width=32)  # vocabulary 96
+    tokenizer = write_tokenizer(tmp_path / "tok")  # 300 tokens and more
+    rows = write_jsonl(tmp_path / "train.jsonl", corpus_rows(100))
+    runs = tmp_path / "runs"
+    _check_refused(_in_process("train", ["--model_name_or_path", str(checkpoint), "--tokenizer_name", str(tokenizer),
+                                         "--train_file", str(rows), "--steps", "1", "--runs_dir", str(runs)]),
+                   "train.py", "tokenizer_name: the tokenizer", runs)
