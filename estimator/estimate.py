@@ -268,6 +268,8 @@ def estimate(cfg, backend: str, world: int = 1, micro_batch: int = 1, precision:
     elif lay.kind == "full_shard":
         params, grads, optimizer = F32 * P // W, F32 * Pt // W, 8 * Pt // W
         gathered = c * n.root if lay.fsdp1_root_gathered else 0
+        if lay.post_forward:  # FSDP2 resharded to a smaller group: 1/post of each unit from forward to backward
+            gathered = c * P // lay.post_forward
     elif lay.kind == "shard_grad_op":
         params, gathered, grads, optimizer = F32 * P // W, c * P, F32 * Pt // W, 8 * Pt // W
     elif lay.kind == "zero12":
@@ -334,8 +336,11 @@ def estimate(cfg, backend: str, world: int = 1, micro_batch: int = 1, precision:
     # NoGatherHandle), though the record counts it as gathered too (model_state_bytes); unless the
     # partition lives on the host (ZeRO-Infinity's offload_param on a GPU): copied to the device.
     alone = lay.kind == "zero3" and W == 1 and not params_host
-    if lay.kind == "shard_grad_op" or (lay.kind == "zero3" and not alone) or lay.fsdp1_root_gathered:
+    if lay.kind == "shard_grad_op" or (lay.kind == "zero3" and not alone) or lay.fsdp1_root_gathered \
+            or lay.post_forward:
         resident += gathered
+    if lay.hpz > 1:  # ZeRO++ hpZ: the secondary partition, each parameter's 1/hpz, kept beside the primary
+        resident += c * ((P - persistent) // lay.hpz)
     if lay.ddp_bucket:
         resident += grads
     if lay.kind == "zero3":
@@ -576,4 +581,6 @@ def record_arguments(config: dict) -> tuple:
                    int(run.get("ckpt_interval") or 0), device, options, ds), dict(
         grad_accum=int(run.get("grad_accum") or 1), ckpt_policy=policy if policy != "auto" else "full",
         save_ops=save_ops, ckpt_plan=[c.strip() for c in plan.split(",")] if plan else None,
+        # A record from before ranks_per_node was kept: HYBRID_SHARD's default group is then the world's.
+        ranks_per_node=config.get("ranks_per_node"),
         data_bytes=int(((config.get("data") or {}).get("held_tensor_bytes") or {}).get(device, 0)))
