@@ -186,8 +186,13 @@ def test_a_shard_group_spanning_nodes_is_refused_under_two_node_launchers(tmp_pa
         cwd=REPO, env=base_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for node in (0, 1)]
     outputs = [node.communicate(timeout=240) for node in nodes]
     assert all(n.returncode != 0 for n in nodes)
+    # Node 0's launcher prints its rank's error file; node 1's may lose the rendezvous store with it
+    # (torch's own agent then says so) before it prints its own.
     said = outputs[0][1] + outputs[1][1]
-    assert said.count("mesh.shard 2 spans nodes of 1 ranks") == 2, said[-3000:]  # once per node launcher
+    assert 1 <= said.count("mesh.shard 2 spans nodes of 1 ranks, and mesh.within_node asks") <= 2, said[-3000:]
+    ours = [line for line in said.splitlines()
+            if line.strip().startswith(f'File "{REPO}') and f"{REPO}/.venv" not in line]
+    assert not ours, "\n".join(ours)  # no traceback from the suite's code
     assert not list((tmp_path / "runs").rglob("summary.json"))
 
 
