@@ -221,7 +221,9 @@ class DeepSpeedBackend(Backend):
         if plan.stage in (1, 2):  # 0.19's reduction is counted as all-reduce (use_multi_rank_bucket_allreduce)
             reducing = (reduction, 0.0 if overlapped else 1.0)
             return {"reduce_scatter": reducing, "all_reduce": reducing, "all_gather": (math.inf, 1.0)}
-        prefetch = float(zero.get("stage3_prefetch_bucket_size", 5e7))
+        # DeepSpeed prefetches no more than stage3_max_live_parameters leaves room for: 0 of them, none.
+        prefetch = min(float(zero.get("stage3_prefetch_bucket_size", 5e7)),
+                       float(zero.get("stage3_max_live_parameters", 1e9)))
         return {"reduce_scatter": (reduction, 0.0 if overlapped else 1.0), "all_gather": (None, 0.0 if prefetch else 0.5)}
 
     def describe(self) -> dict:

@@ -424,6 +424,9 @@ def estimate(cfg, backend: str, world: int = 1, micro_batch: int = 1, precision:
         # of a small one) or at least the module fetched and the next one (a parameter can exceed
         # the bucket).
         prefetch = int(float(lay.ds.get("stage3_prefetch_bucket_size", DS_PREFETCH_BUCKET)))
+        # DeepSpeed prefetches no more than stage3_max_live_parameters leaves room for
+        # (PartitionedParameterCoordinator.fetch_sub_module): 0 of them, no prefetch.
+        prefetch = min(prefetch, int(float(lay.ds.get("stage3_max_live_parameters", DS_MAX_LIVE))))
         in_flight = c * max(min(P - persistent, prefetch), 2 * largest)
         moments.append((resident + sum(per_block) + in_flight, "end of forward", sum(per_block), blocks))
 
