@@ -155,7 +155,8 @@ HYBRID_READERS = ("test_hybrid::test_each_hybrid_configuration_trains_like_one_p
                   "test_hybrid::test_each_hybrid_configuration_communicates_per_link_as_its_theory_says",
                   "test_hybrid::test_hsdp_sends_only_the_gradient_all_reduce_between_nodes",
                   "test_hybrid::test_the_estimate_is_within_10_percent_of_each_measured_peak",
-                  "test_hybrid::test_a_hybrid_checkpoint_exports_the_plain_model")
+                  "test_hybrid::test_a_hybrid_checkpoint_exports_the_plain_model",
+                  "test_slurm_two_nodes::test_the_hybrid_family_over_two_slurm_nodes_records_the_losses_of_one_host")
 
 
 @dataclass
