@@ -152,7 +152,8 @@ def layout_for(backend: str, world: int, precision: str, fsdp_options=None, ds_c
         per_node = ranks_per_node or world
         _, shards = hybrid_groups(o, world, per_node)  # the mesh's shard group (the world without one)
         post = post_forward_group(o, shards, per_node)
-        kind = "shard_grad_op" if post == 1 else "full_shard"
+        # Resharded to the whole shard group (true; also on one rank) / kept whole (false) / to a smaller group.
+        kind = "full_shard" if post == shards else "shard_grad_op" if post == 1 else "full_shard"
         return Layout(kind, shards, offload=o.cpu_offload, compute_bytes=c if o.mixed_precision else F32,
                       post_forward=post if 1 < post < shards else 0)
     if backend == "deepspeed":
