@@ -62,7 +62,7 @@ def main(argv=None) -> int:
 
         config = describe(train_argv, args.world, args.gpus_per_node, planner=planner)
         model, positional, kwargs = record_arguments(config)
-        est = estimate(model, *positional, ranks_per_node=args.gpus_per_node, **kwargs)
+        est = estimate(model, *positional, **kwargs)  # the record says its ranks per node
     except (ConfigError, DataError) as e:
         print(f"estimate: error: {e}", file=sys.stderr)
         return 2

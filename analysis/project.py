@@ -158,10 +158,14 @@ def count_flags(flags: list[str], world: int, gpus_per_node: int, what: str) -> 
 
 
 def counted_traffic(counted: dict, theory: dict, world: int) -> dict:
-    """{kind: (group size, bus bytes, calls)} of a count (count_flags), each kind in the group its
-    theory names (the whole world where the theory has no such kind)."""
-    groups = {kind: term["group_size"] for kind, term in theory["by_kind"].items()}
-    return {kind: (groups.get(kind, world), v["bus_bytes"], v["calls"])
+    """{kind: (group size, bus bytes, calls, spans nodes)} of a count (count_flags), each kind in the
+    group its theory names first (the whole world where the theory has no such kind)."""
+    from core.comm import base_kind
+
+    groups: dict[str, tuple] = {}
+    for kind, term in theory["by_kind"].items():
+        groups.setdefault(base_kind(kind), (term["group_size"], term.get("spans_nodes")))
+    return {kind: (groups.get(kind, (world, None))[0], v["bus_bytes"], v["calls"], groups.get(kind, (world, None))[1])
             for kind, v in counted["comm"]["collectives"].items()}
 
 
@@ -214,7 +218,8 @@ def project(entry: str, train_argv: list[str], world: int, gpu: dict, net: dict,
     return {"config": label, "gpus": world, "nodes": math.ceil(world / per_node),
             "micro x accum": f"{cfg.micro_batch}x{samples // cfg.micro_batch}", "precision": cfg.precision,
             "memory GiB": memory.total_bytes / 2**30, "fits": memory.total_bytes <= gpu["memory_gib"] * 2**30,
-            "comm GiB/step": sum(bus for _, bus, _ in traffic.values()) / 2**30,
+            "comm GiB/step": sum(term[1] for term in traffic.values()) / 2**30,
+            "inter-node GiB/step": inter_node_bytes(traffic, per_node) / 2**30,
             "bytes": "counted" if counted is not None else "theory",
             **({"counted peak GiB": counted["mem_peak_bytes"] / 2**30} if counted is not None else {}),
             "compute ms": compute_s * 1e3, "comm ms": comm_s * 1e3, "wait ms": wait_s * 1e3,
@@ -222,25 +227,40 @@ def project(entry: str, train_argv: list[str], world: int, gpu: dict, net: dict,
 
 
 def theory_traffic(theory: dict, bucket_mib: float, schedule: dict | None = None) -> dict:
-    """{kind: (group size, bus bytes, calls)} of a backend's comm_theory, its bytes cut into calls of
-    the bytes its `schedule` (Backend.comm_schedule) gives a kind, else of bucket_mib."""
-    sizes = {kind: (schedule or {}).get(kind, (None, 0.0))[0] or bucket_mib * 2**20 for kind in theory["by_kind"]}
-    return {kind: (term["group_size"], term["bus_bytes"], max(1, math.ceil(term["bytes"] / sizes[kind] - 1e-9)))
+    """{kind: (group size, bus bytes, calls, spans nodes)} of a backend's comm_theory, its bytes cut into
+    calls of the bytes its `schedule` (Backend.comm_schedule) gives a kind, else of bucket_mib."""
+    from core.comm import base_kind
+
+    schedule = schedule or {}
+    sizes = {kind: schedule.get(kind, schedule.get(base_kind(kind), (None, 0.0)))[0] or bucket_mib * 2**20
+             for kind in theory["by_kind"]}
+    return {kind: (term["group_size"], term["bus_bytes"], max(1, math.ceil(term["bytes"] / sizes[kind] - 1e-9)),
+                   term.get("spans_nodes"))
             for kind, term in theory["by_kind"].items()}
 
 
 def comm_seconds(traffic: dict, per_node: int, inside: tuple[float, float], between: tuple[float, float]) -> float:
-    """Seconds of a step's collectives, `traffic` {kind: (group size, bus bytes, calls)}, over alpha-beta
-    links: `inside` a node and `between` nodes, each (GB/s, latency in microseconds); a kind whose
-    group fits in a node takes the inside link."""
+    """Seconds of a step's collectives, `traffic` {kind: (group size, bus bytes, calls[, spans nodes])},
+    over alpha-beta links: `inside` a node and `between` nodes, each (GB/s, latency in microseconds);
+    a kind whose group lies in one node takes the inside link: where the theory says where its group
+    lies (a replica group of HSDP spans nodes however few its ranks), else where it fits in a node."""
+    from core.comm import base_kind
+
     seconds = 0.0
-    for kind, (group, bus_bytes, calls) in traffic.items():
+    for kind, (group, bus_bytes, calls, *placed) in traffic.items():
         if group <= 1:
             continue
-        gb_s, latency_us = inside if group <= per_node else between
-        seconds += latency_us * 1e-6 * RING_STEPS.get(kind.split("_secondary")[0], 1) * (group - 1) * calls
+        crosses = placed[0] if placed and placed[0] is not None else group > per_node
+        gb_s, latency_us = between if crosses else inside
+        seconds += latency_us * 1e-6 * RING_STEPS.get(base_kind(kind), 1) * (group - 1) * calls
         seconds += bus_bytes / (gb_s * 1e9)
     return seconds
+
+
+def inter_node_bytes(traffic: dict, per_node: int) -> float:
+    """Bus bytes per rank of `traffic` (theory_traffic, counted_traffic) over the link between nodes."""
+    return sum(bus for group, bus, _, *placed in traffic.values()
+               if group > 1 and (placed[0] if placed and placed[0] is not None else group > per_node))
 
 
 def price_comm(setup, world: int, per_node: int, inside: tuple[float, float], between: tuple[float, float],
@@ -267,9 +287,11 @@ def comm_and_wait(traffic: dict, schedule: dict, per_node: int, inside: tuple[fl
     all-reduce after backward, ZeRO-1/2's gather in the optimizer step, gathers nothing prefetches);
     a kind the schedule does not name overlaps."""
     comm = wait = 0.0
+    from core.comm import base_kind
+
     for kind, term in traffic.items():
         seconds = comm_seconds({kind: term}, per_node, inside, between)
-        waits = schedule.get(kind, (None, 0.0))[1]
+        waits = schedule.get(kind, schedule.get(base_kind(kind), (None, 0.0)))[1]
         comm, wait = comm + (1 - waits) * seconds, wait + waits * seconds
     return comm, wait
 
@@ -292,11 +314,13 @@ def offload_seconds(resolved, n_params: int, world: int, gpu: dict, a: Assumptio
 
 
 def table(train_argv: list[str], worlds: list[int], gpu_name: str, network: str, a: Assumptions,
-          entries: list[str] | None = None, counted: bool = False):
+          entries: list[str] | None = None, counted: bool = False, gpus_per_node: int | None = None):
     import pandas as pd
 
     hw = yaml.safe_load(HARDWARE.read_text())
     gpu, net = hw["gpus"][gpu_name], hw["networks"][network]
+    if gpus_per_node:
+        gpu = {**gpu, "gpus_per_node": gpus_per_node}
     rows = []
     for w in worlds:
         for entry in entries or configurations():
@@ -310,7 +334,23 @@ def table(train_argv: list[str], worlds: list[int], gpu_name: str, network: str,
 
 
 def _runs_on(entry: str, world: int, gpu: dict) -> bool:
-    return not ("hybrid" in entry and world <= gpu["gpus_per_node"])  # one node: no replicas to hybridise
+    return not (node_hybrid(entry) and world <= gpu["gpus_per_node"])  # one node: no replicas to hybridise
+
+
+def node_hybrid(entry: str) -> bool:
+    """Whether configuration `entry` shapes its groups by the node (the hybrid family: FSDP1's
+    HYBRID_SHARD and _HYBRID_SHARD_ZERO2, FSDP2 on a mesh or resharding to a group): on one node
+    it is FULL_SHARD or SHARD_GRAD_OP again. (ZeRO++'s hpZ partitions by its own number, so it
+    differs from ZeRO-3 on one node too.)"""
+    if not entry.endswith(".yaml"):
+        return False
+    from backends import fsdp_config
+
+    path = Path(entry) if Path(entry).is_file() else REPO / entry
+    options = fsdp_config.load(str(path))
+    if isinstance(options, fsdp_config.FSDPConfig):
+        return options.sharding_strategy in fsdp_config.HYBRID_STRATEGIES
+    return options.mesh is not None or not isinstance(options.reshard_after_forward, bool)
 
 
 def main(argv=None) -> int:
@@ -329,6 +369,9 @@ def main(argv=None) -> int:
                              "on a GPU. The configuration itself is --configs'.\n\n" + "\n".join(__doc__.splitlines()[2:5]))
     p.add_argument("--world", type=int, nargs="+", default=[8, 64], help="world sizes (ranks, GPUs) to project to")
     add_gpu_flag(p, hw)
+    p.add_argument("--gpus_per_node", type=int, default=None,
+                   help="GPUs per node: where the intra-node link ends and the hybrid configurations' shard groups "
+                        "(default: the GPU's in analysis/hardware.yaml)")
     add_cost_flags(p, hw)
     p.add_argument("--configs", nargs="+", default=None, metavar="CONFIG",
                    help="ddp, fsdp, fsdp2, or fsdp_configs/ and ds_configs/ files (default: all shipped)")
@@ -366,9 +409,13 @@ def main(argv=None) -> int:
             p.error(str(e))
     if not 0 < args.mfu <= 1 or not 0 <= args.overlap <= 1:
         p.error("--mfu must be in (0, 1], --overlap in [0, 1]")
-    if any(w < 1 or (w > hw["gpus"][args.gpu]["gpus_per_node"] and w % hw["gpus"][args.gpu]["gpus_per_node"])
-           for w in args.world):
-        p.error(f"--world: each must be >= 1 and, beyond one node, whole nodes of {hw['gpus'][args.gpu]['gpus_per_node']}")
+    if args.gpus_per_node is not None:
+        if args.gpus_per_node < 1:
+            p.error(f"--gpus_per_node must be >= 1 (got {args.gpus_per_node})")
+        hw["gpus"][args.gpu] = {**hw["gpus"][args.gpu], "gpus_per_node": args.gpus_per_node}
+    per_node = hw["gpus"][args.gpu]["gpus_per_node"]
+    if any(w < 1 or (w > per_node and w % per_node) for w in args.world):
+        p.error(f"--world: each must be >= 1 and, beyond one node, whole nodes of {per_node}")
     a = Assumptions(mfu=args.mfu, overlap=args.overlap)
     try:  # the run's flags and every configuration file read before any work: a bad one is refused in one line
         from backends import deepspeed_config, fsdp_config
@@ -386,7 +433,7 @@ def main(argv=None) -> int:
                 deepspeed_config.read(str(REPO / c))
             elif c.endswith(".yaml"):
                 fsdp_config.load(str(REPO / c))
-        result = table(train_argv, args.world, args.gpu, args.network, a, args.configs, args.counted)
+        result = table(train_argv, args.world, args.gpu, args.network, a, args.configs, args.counted, per_node)
     except (ConfigError, DataError) as e:
         p.error(str(e))
     except RuntimeError as e:
@@ -397,7 +444,7 @@ def main(argv=None) -> int:
                   f"each backend's theory (comm_theory), cut into the configuration's buckets where it names "
                   f"them, else {a.bucket_mib} MiB")
     what = f"{given.preset} preset" if given.model == "gptlite" else given.model
-    lines = [f"{what} on {args.gpu} x W over {args.network}; the run: train.py {' '.join(train_argv) or '(defaults)'}",
+    lines = [f"{what} on {args.gpu} x W ({per_node} to a node) over {args.network}; the run: train.py {' '.join(train_argv) or '(defaults)'}",
              f"assumptions: MFU {a.mfu}, overlap {a.overlap}, CPU Adam {a.cpu_adam_gparams_s} G params/s per GPU, "
              "datasheet bandwidths and the precision's peak (analysis/hardware.yaml)", f"bytes and calls: {bytes_from}", ""]
     for w, group in result.groupby("gpus"):
@@ -433,7 +480,8 @@ def _write(out: Path, text: str, args, a: Assumptions, train_argv: list[str], wh
     import seaborn as sns
 
     out.mkdir(parents=True, exist_ok=True)
-    curve = table(train_argv, [8, 16, 32, 64, 128, 256, 512, 1024], args.gpu, args.network, a, args.configs)  # theory's bytes: counting 1024 ranks is not what this figure is for
+    curve = table(train_argv, [8, 16, 32, 64, 128, 256, 512, 1024], args.gpu, args.network, a, args.configs,
+                  gpus_per_node=args.gpus_per_node)  # theory's bytes: counting 1024 ranks is not what this figure is for
     fig, ax = plt.subplots(figsize=(9, 5))
     sns.lineplot(curve, x="gpus", y="samples/s", hue="config", marker="o", ax=ax)
     ax.set(xscale="log", yscale="log", xlabel="GPUs", title=f"Projected samples/s, {what}, {args.gpu}")

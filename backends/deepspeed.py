@@ -185,7 +185,8 @@ class DeepSpeedBackend(Backend):
         and 2 reduce-scatter them and all-gather the updated parameters (2 Psi (N-1)/N); stage 3
         gathers the parameters for forward and again for backward and reduce-scatters the gradients
         (3 Psi (N-1)/N). ZeRO++ quantizes the gathered weights (qwZ: int8) and the reduced gradients
-        (qgZ: int4) where it applies. Stage 3 gathers every micro-step; reductions follow the stage.
+        (qgZ: int4) where it applies, and with hpZ (zero_hpz_partition_size) backward gathers from a
+        secondary partition inside groups of that many ranks. Stage 3 gathers every micro-step; reductions follow the stage.
         Gradients, and stages 1-2's updated shards, of the trainable parameters alone (frozen ones
         are in no optimizer group); stage 3 partitions and gathers every parameter."""
         plan, n, accum = self.plan, self.env.world_size, self.cfg.grad_accum
@@ -196,15 +197,22 @@ class DeepSpeedBackend(Backend):
         c = _element_bytes(plan.precision)
         weights = 1 if zero.get("zero_quantized_weights") else c
         reduced = 0.5 if zero.get("zero_quantized_gradients") else c
+        per_node = self.env.local_world_size
         if plan.stage == 0:
-            return comm.theory("all-reduce of the gradients: 2 Psi (N-1)/N", {"all_reduce": (grads, c, n)}, n)
+            return comm.theory("all-reduce of the gradients: 2 Psi (N-1)/N", {"all_reduce": (grads, c, n)}, n, per_node)
         if plan.stage in (1, 2):
             reductions = accum if plan.stage == 2 else 1
             return comm.theory("reduce-scatter of the gradients, all-gather of the parameters: 2 Psi (N-1)/N",
-                               {"reduce_scatter": (reductions * grads, c, n), "all_gather": (grads, c, n)}, n)
+                               {"reduce_scatter": (reductions * grads, c, n), "all_gather": (grads, c, n)}, n, per_node)
+        hpz = int(zero.get("zero_hpz_partition_size") or 1)
+        if 1 < hpz < n:  # ZeRO++ hpZ: backward gathers from the secondary partition, inside groups of hpz ranks
+            return comm.theory(f"all-gather for forward, again for backward in groups of {hpz} (hpZ), reduce-scatter",
+                               {"all_gather": (accum * n_params, weights, n),
+                                "all_gather:secondary": (accum * n_params, weights, hpz),
+                                "reduce_scatter": (accum * grads, reduced, n)}, n, per_node)
         return comm.theory("all-gather for forward and backward, reduce-scatter: 3 Psi (N-1)/N",
                            {"all_gather": (2 * accum * n_params, weights, n),
-                            "reduce_scatter": (accum * grads, reduced, n)}, n)
+                            "reduce_scatter": (accum * grads, reduced, n)}, n, per_node)
 
     def comm_schedule(self, param_sizes: list[int], buffers: dict | None = None) -> dict[str, tuple[float | None, float]]:
         """What DeepSpeed 0.19 does with comm_theory's collectives (elements; its defaults where the
@@ -228,7 +236,9 @@ class DeepSpeedBackend(Backend):
         if plan.stage in (1, 2):  # 0.19's reduction is counted as all-reduce (use_multi_rank_bucket_allreduce)
             reducing = (reduction, 0.0 if overlapped else 1.0)
             return {"reduce_scatter": reducing, "all_reduce": reducing, "all_gather": (math.inf, 1.0)}
-        prefetch = float(zero.get("stage3_prefetch_bucket_size", 5e7))
+        # DeepSpeed prefetches no more than stage3_max_live_parameters leaves room for: 0 of them, none.
+        prefetch = min(float(zero.get("stage3_prefetch_bucket_size", 5e7)),
+                       float(zero.get("stage3_max_live_parameters", 1e9)))
         return {"reduce_scatter": (reduction, 0.0 if overlapped else 1.0), "all_gather": (None, 0.0 if prefetch else 0.5)}
 
     def describe(self) -> dict:

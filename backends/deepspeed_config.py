@@ -157,6 +157,9 @@ def _unknown(where: str, key: str, allowed) -> ConfigError:
 def validate(path: str, config: dict) -> None:
     """Raise ConfigError for the first problem in `config` (read from `path`)."""
     where = f"--deepspeed_config {shown(path)}"
+    if "mesh" in config:
+        raise ConfigError(f"{where}: mesh: DeepSpeed takes no device mesh; its sharding inside a node is "
+                          "zero_optimization.zero_hpz_partition_size (ZeRO++ hpZ, ds_configs/zeropp_hpz.json)")
     for key in config:
         if key not in KNOWN_TOP_LEVEL_KEYS:
             raise _unknown(where, key, KNOWN_TOP_LEVEL_KEYS)

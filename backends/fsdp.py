@@ -57,12 +57,13 @@ class FSDPBackend(DCPCheckpointMixin, TorchBackend):
     @classmethod
     def resolve(cls, cfg, env, options: fsdp_config.FSDPConfig | None = None):
         options = fsdp_config.resolve_options(cfg, cls.name, options)
-        if options.sharding_strategy == "HYBRID_SHARD":
+        if options.sharding_strategy in fsdp_config.HYBRID_STRATEGIES:
             size = options.hybrid_shard_size or env.local_world_size
             if size < 2 or env.world_size % size:
                 raise ConfigError(
                     f"hybrid_shard_size {size} must be >= 2 and divide the world size {env.world_size} "
-                    "(HYBRID_SHARD shards within groups of that many ranks and replicates across them)")
+                    f"({options.sharding_strategy} shards within groups of that many ranks and replicates across them)")
+            fsdp_config.hybrid_groups(options, env.world_size, env.local_world_size)  # inside a node, where asked
         cfg = dataclasses.replace(cfg, precision=fsdp_config.precision_of(options))
         super().resolve(cfg, env)  # the torch backends' checks
         return cls.resolved(cfg, env, plan=options)
@@ -97,7 +98,8 @@ class FSDPBackend(DCPCheckpointMixin, TorchBackend):
             use_orig_params=o.use_orig_params,
             sync_module_states=o.sync_module_states and not on_cpu,
         )
-        if o.sharding_strategy == "HYBRID_SHARD":
+        if o.sharding_strategy in fsdp_config.HYBRID_STRATEGIES:
+            # Shard groups of consecutive ranks (one node's, as torchrun numbers them), replica groups across.
             size = o.hybrid_shard_size or self.env.local_world_size
             kwargs["device_mesh"] = init_device_mesh(
                 self.env.device.type, (self.env.world_size // size, size), mesh_dim_names=("replicate", "shard"))
@@ -124,8 +126,8 @@ class FSDPBackend(DCPCheckpointMixin, TorchBackend):
     def comm_theory(self, n_params: int, trainable: int | None = None, buffers: dict | None = None) -> dict:
         """FULL_SHARD: each unit all-gathered for forward and again for backward, gradients
         reduce-scattered: 3 Psi (N-1)/N; SHARD_GRAD_OP gathers once: 2 Psi (N-1)/N; NO_SHARD
-        all-reduces; HYBRID_SHARD does FULL_SHARD within a shard group and all-reduces each shard
-        across the replicas. Gathers happen every micro-step, reductions once a step. Every parameter
+        all-reduces; HYBRID_SHARD (_HYBRID_SHARD_ZERO2) does FULL_SHARD (SHARD_GRAD_OP) within a
+        shard group and all-reduces each shard across the replicas: the only bytes between groups. Gathers happen every micro-step, reductions once a step. Every parameter
         is gathered, the trainable ones' gradients alone reduced (a unit of frozen parameters reduces
         nothing; one that mixes them with trainable ones, under use_orig_params, reduces its whole
         flat gradient: counted as its trainable part, the lower bound)."""
@@ -137,13 +139,15 @@ class FSDPBackend(DCPCheckpointMixin, TorchBackend):
         grads = n_params if trainable is None else trainable
         if o.sharding_strategy == "NO_SHARD":
             return comm.theory("all-reduce of the gradients: 2 Psi (N-1)/N", {"all_reduce": (grads, r, n)}, n)
-        shard = (o.hybrid_shard_size or self.env.local_world_size) if o.sharding_strategy == "HYBRID_SHARD" else n
-        gathers = 1 if o.sharding_strategy == "SHARD_GRAD_OP" else 2
+        hybrid = o.sharding_strategy in fsdp_config.HYBRID_STRATEGIES
+        shard = (o.hybrid_shard_size or self.env.local_world_size) if hybrid else n
+        gathers = 1 if o.sharding_strategy in ("SHARD_GRAD_OP", "_HYBRID_SHARD_ZERO2") else 2
+        # Shard groups of consecutive ranks; a replica group takes one rank of each, `shard` apart.
         terms = {"all_gather": (gathers * accum * n_params, c, shard), "reduce_scatter": (grads, r, shard),
-                 "all_reduce": (grads / shard, r, n // shard)}
+                 "all_reduce": (grads / shard, r, n // shard, shard)}
         formula = {1: "gather once, reduce-scatter: 2 Psi (N-1)/N", 2: "gather twice, reduce-scatter: 3 Psi (N-1)/N"}
         return comm.theory(formula[gathers] + (" within shard groups, all-reduce of the shards across replicas"
-                                               if shard < n else ""), terms, n)
+                                               if shard < n else ""), terms, n, self.env.local_world_size)
 
     def comm_schedule(self, param_sizes: list[int], buffers: dict | None = None) -> dict[str, tuple[float | None, float]]:
         """Resharded after forward (FULL_SHARD, HYBRID_SHARD), a unit is gathered again in backward:

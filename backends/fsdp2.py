@@ -1,6 +1,9 @@
 """`fsdp2`: torch's composable `fully_shard` on each block (core/blocks.py: GPT-lite's Block), then on the root.
 
-Parameters become DTensors sharded on dim 0 over a 1-D device mesh of all ranks. FSDP2 has no
+Parameters become DTensors sharded on dim 0 over a 1-D device mesh of all ranks, or (the file's
+`mesh`: HSDP) over the `shard` dimension of a replicate x shard mesh, replicated across the other,
+the shards' gradients all-reduced between replicas. `reshard_after_forward` as a group size keeps
+each parameter sharded over that smaller group between forward and backward. FSDP2 has no
 `sync_module_states`: every rank builds identical weights from the seed (gptlite.model.build_model),
 which is what makes the shards consistent. On CPU, CPUOffloadPolicy runs with pin_memory off
 (pinning needs an accelerator).
@@ -42,6 +45,8 @@ class FSDP2Backend(DCPCheckpointMixin, TorchBackend):
     @classmethod
     def resolve(cls, cfg, env, options: fsdp_config.FSDP2Config | None = None):
         options = fsdp_config.resolve_options(cfg, cls.name, options)
+        _, shard = fsdp_config.hybrid_groups(options, env.world_size, env.local_world_size)
+        fsdp_config.post_forward_group(options, shard, env.local_world_size)
         cfg = dataclasses.replace(cfg, precision=fsdp_config.precision_of(options))
         super().resolve(cfg, env)  # the torch backends' checks
         return cls.resolved(cfg, env, plan=options)
@@ -69,9 +74,17 @@ class FSDP2Backend(DCPCheckpointMixin, TorchBackend):
         o = self.options
         mp = o.mixed_precision
         dtype = fsdp_config.DTYPES
+        replicas, shard = self.groups()
+        if o.mesh is None:
+            mesh = init_device_mesh(self.env.device.type, (self.env.world_size,))
+        else:  # HSDP: shard groups of consecutive ranks (a node's), replica groups across them
+            mesh = init_device_mesh(self.env.device.type, (replicas, shard), mesh_dim_names=("replicate", "shard"))
+        post = fsdp_config.post_forward_group(o, shard, self.env.local_world_size)
         kwargs = dict(
-            mesh=init_device_mesh(self.env.device.type, (self.env.world_size,)),
-            reshard_after_forward=o.reshard_after_forward,
+            mesh=mesh,
+            # torch's own reading of an integer: 1 keeps parameters whole (false), the shard group's size reshards
+            # fully (true); said as the booleans, which it takes without a warning.
+            reshard_after_forward=post if 1 < post < shard else post == shard,
             mp_policy=MixedPrecisionPolicy(param_dtype=dtype[mp.param_dtype], reduce_dtype=dtype[mp.reduce_dtype])
             if mp else MixedPrecisionPolicy(),
             offload_policy=CPUOffloadPolicy(pin_memory=self.env.device.type == "cuda") if o.cpu_offload
@@ -96,6 +109,10 @@ class FSDP2Backend(DCPCheckpointMixin, TorchBackend):
         fully_shard(model, **kwargs)
         return model
 
+    def groups(self) -> tuple[int, int]:
+        """(replicas, ranks per shard group): (1, world) without a mesh."""
+        return fsdp_config.hybrid_groups(self.plan, self.env.world_size, self.env.local_world_size)
+
     def micro_step(self, sync: bool):
         # Skipping the reduce-scatter on non-final micro-steps: FSDP2's no_sync.
         self.model.set_requires_gradient_sync(sync)
@@ -113,17 +130,30 @@ class FSDP2Backend(DCPCheckpointMixin, TorchBackend):
 
     def comm_theory(self, n_params: int, trainable: int | None = None, buffers: dict | None = None) -> dict:
         """Resharding after forward: all-gathered for forward and again for backward, gradients
-        reduce-scattered (3 Psi (N-1)/N); without: gathered once (2 Psi (N-1)/N). Every parameter
-        gathered, the trainable ones' gradients alone reduced."""
-        o, n = self.plan, self.env.world_size  # the plan: no setup needed
+        reduce-scattered (3 Psi (N-1)/N); without: gathered once (2 Psi (N-1)/N); resharded to groups
+        of R ranks: backward's gather in those (Psi (R-1)/R). Every parameter gathered, the trainable
+        ones' gradients alone reduced. With a mesh (HSDP) N is the shard group, and each rank's shard
+        of the gradients is all-reduced across the replicas (2 Psi/S (R-1)/R): the only bytes between
+        shard groups."""
+        o, n, accum = self.plan, self.env.world_size, self.cfg.grad_accum  # the plan: no setup needed
         mp = o.mixed_precision
         c, r = (fsdp_config.BYTES[mp.param_dtype], fsdp_config.BYTES[mp.reduce_dtype]) if mp else (4, 4)
         if n == 1:
             return super(TorchBackend, self).comm_theory(n_params, trainable)
-        gathers = 2 if o.reshard_after_forward else 1
-        return comm.theory(f"gather {'twice' if gathers == 2 else 'once'}, reduce-scatter: {gathers + 1} Psi (N-1)/N",
-                           {"all_gather": (gathers * self.cfg.grad_accum * n_params, c, n),
-                            "reduce_scatter": (n_params if trainable is None else trainable, r, n)}, n)
+        grads = n_params if trainable is None else trainable
+        replicas, shard = self.groups()
+        post = fsdp_config.post_forward_group(o, shard, self.env.local_world_size)
+        terms = {"all_gather": ((2 if post == shard else 1) * accum * n_params, c, shard)}
+        if 1 < post < shard:
+            terms["all_gather:post_forward"] = (accum * n_params, c, post)
+        terms["reduce_scatter"] = (grads, r, shard)
+        if replicas > 1:
+            terms["all_reduce"] = (grads / shard, r, replicas, shard)
+        gathered = {shard: "gather twice", 1: "gather once"}.get(post, f"gather in {shard}, again in {post}")
+        formula = f"{gathered}, reduce-scatter: {2 if post == 1 else 3} Psi (N-1)/N"
+        if replicas > 1:
+            formula += f" within shard groups of {shard}, all-reduce of the shards across {replicas} replicas"
+        return comm.theory(formula, terms, n, self.env.local_world_size)
 
     def describe(self) -> dict:
         mp = self.options.mixed_precision
@@ -133,4 +163,7 @@ class FSDP2Backend(DCPCheckpointMixin, TorchBackend):
             "compute_dtype": mp.param_dtype if mp else "fp32",
             "reduce_dtype": mp.reduce_dtype if mp else "fp32",
             "cpu_offload_applied": self.options.cpu_offload,
+            "mesh": dict(zip(("replicate", "shard"), self.groups())),
+            "reshard_after_forward_group": fsdp_config.post_forward_group(
+                self.options, self.groups()[1], self.env.local_world_size),
         }

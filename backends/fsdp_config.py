@@ -18,7 +18,11 @@ from core.configfile import from_dict, read_yaml
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
-SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD")
+SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")
+# FSDP1's hybrid strategies: FULL_SHARD (HYBRID_SHARD) or SHARD_GRAD_OP (_HYBRID_SHARD_ZERO2) within a
+# shard group, the shards' gradients all-reduced across the groups.
+HYBRID_STRATEGIES = ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")
+NODE = "node"  # a group size given as the ranks of one node
 BACKWARD_PREFETCH = ("BACKWARD_PRE", "BACKWARD_POST")
 
 
@@ -57,9 +61,12 @@ class FSDPConfig:
 
     backend: str = "fsdp"
     sharding_strategy: str = "FULL_SHARD"
-    # HYBRID_SHARD: ranks per shard group (parameters sharded within it, replicated across groups).
-    # Default: the ranks of one node.
+    # HYBRID_SHARD, _HYBRID_SHARD_ZERO2: ranks per shard group (parameters sharded within it,
+    # replicated across groups). Default: the ranks of one node.
     hybrid_shard_size: int | None = None
+    # A shard group must lie inside one node (the ranks of a node a multiple of hybrid_shard_size):
+    # a group spanning nodes puts every all-gather on the slow link, which is what hybrid avoids.
+    shard_within_node: bool = True
     mixed_precision: MixedPrecisionConfig | None = None
     cpu_offload: bool = False  # CPUOffload(offload_params=True): parameters and gradients in host memory
     backward_prefetch: str | None = "BACKWARD_PRE"  # or BACKWARD_POST, or null for none
@@ -76,8 +83,9 @@ class FSDPConfig:
         if self.backward_prefetch is not None:
             _check_choice("backward_prefetch", self.backward_prefetch, (*BACKWARD_PREFETCH, None))
         if self.hybrid_shard_size is not None:
-            if self.sharding_strategy != "HYBRID_SHARD":
-                raise ConfigError("hybrid_shard_size applies only to sharding_strategy HYBRID_SHARD")
+            if self.sharding_strategy not in HYBRID_STRATEGIES:
+                raise ConfigError("hybrid_shard_size applies only to sharding_strategy HYBRID_SHARD or "
+                                  "_HYBRID_SHARD_ZERO2")
             if self.hybrid_shard_size < 2:
                 # FSDP1 turns a shard group of one into NO_SHARD over that group alone, so the
                 # replicas never average their gradients: silent divergence, not an error.
@@ -106,13 +114,36 @@ class MixedPrecisionPolicyConfig:
 
 
 @dataclass(frozen=True)
+class MeshConfig:
+    """FSDP2's 2-D device mesh (HSDP, torchtitan's dp_replicate x dp_shard): parameters sharded within
+    groups of `shard` ranks, replicated across `replicate` groups, the shards' gradients all-reduced
+    between the replicas."""
+
+    replicate: int | None = None  # replica groups; null: world / shard
+    shard: int | str = NODE  # ranks per shard group: an integer, or node (the ranks of one node)
+    # A shard group must lie inside one node: the all-gathers stay on the fast link.
+    within_node: bool = True
+
+    def __post_init__(self):
+        if isinstance(self.shard, str) and self.shard != NODE:
+            raise ConfigError(f"shard must be an integer >= 1 or {NODE} (got {self.shard!r})")
+        if isinstance(self.shard, int) and self.shard < 1:
+            raise ConfigError(f"shard must be an integer >= 1 or {NODE} (got {self.shard!r})")
+        if self.replicate is not None and self.replicate < 1:
+            raise ConfigError(f"replicate must be an integer >= 1 or null (got {self.replicate!r})")
+
+
+@dataclass(frozen=True)
 class FSDP2Config:
     """FSDP2 (torch.distributed.fsdp.fully_shard) on each block (core/blocks.py), then the root."""
 
     backend: str = "fsdp2"
     # true: parameters resharded after forward (FULL_SHARD's analogue); false: kept unsharded until
-    # backward (SHARD_GRAD_OP's analogue).
-    reshard_after_forward: bool = True
+    # backward (SHARD_GRAD_OP's analogue); an integer R or node: resharded to groups of R ranks (the
+    # ranks of one node), so backward's all-gather stays in that smaller group.
+    reshard_after_forward: bool | int | str = True
+    # null: a 1-D mesh of every rank; else a replicate x shard mesh (HSDP).
+    mesh: MeshConfig | None = None
     mixed_precision: MixedPrecisionPolicyConfig | None = None
     cpu_offload: bool = False  # CPUOffloadPolicy: sharded parameters, gradients, optimizer step on host
 
@@ -120,6 +151,56 @@ class FSDP2Config:
 
     def __post_init__(self):
         _check_choice("backend", self.backend, ("fsdp2",))
+        r = self.reshard_after_forward
+        if isinstance(r, str) and r != NODE:
+            raise ConfigError(f"reshard_after_forward must be true, false, an integer >= 1 or {NODE} (got {r!r})")
+        if isinstance(r, int) and not isinstance(r, bool) and r < 1:
+            raise ConfigError(f"reshard_after_forward must be true, false, an integer >= 1 or {NODE} (got {r!r})")
+
+
+def _size(value, per_node: int) -> int:
+    return per_node if value == NODE else value
+
+
+def hybrid_groups(options, world: int, per_node: int) -> tuple[int, int]:
+    """(replicas, ranks per shard group) of an FSDP1 or FSDP2 configuration on `world` ranks,
+    `per_node` to a node; a shape that does not fit, refused in one line naming its key.
+    Not hybrid: (1, world)."""
+    if isinstance(options, FSDPConfig):
+        if options.sharding_strategy not in HYBRID_STRATEGIES:
+            return 1, world
+        key, shard, within = "hybrid_shard_size", options.hybrid_shard_size or per_node, options.shard_within_node
+        replicate = None
+        within_key = "shard_within_node"
+    else:
+        if options.mesh is None:
+            return 1, world
+        m = options.mesh
+        key, shard, within, replicate, within_key = "mesh.shard", _size(m.shard, per_node), m.within_node, \
+            m.replicate, "mesh.within_node"
+    if shard > world or world % shard:
+        raise ConfigError(f"{key} {shard} must divide the world size {world} (ranks per shard group; "
+                          f"{world} = replicas x shard)")
+    if replicate is not None and replicate * shard != world:
+        raise ConfigError(f"mesh.replicate {replicate} x mesh.shard {shard} must equal the world size {world} "
+                          "(or leave mesh.replicate null)")
+    if within and (shard > per_node or per_node % shard):
+        raise ConfigError(f"{key} {shard} spans nodes of {per_node} ranks, and {within_key} asks for a shard group "
+                          f"inside one node: a size dividing {per_node}, or {within_key}: false")
+    return world // shard, shard
+
+
+def post_forward_group(options: "FSDP2Config", shard: int, per_node: int) -> int:
+    """The ranks a parameter is resharded to after forward (FSDP2): the shard group (true), 1 (false:
+    kept whole), or an integer / node that divides the shard group, refused in one line otherwise."""
+    r = options.reshard_after_forward
+    if isinstance(r, bool):
+        return shard if r else 1
+    size = _size(r, per_node)
+    if size > shard or shard % size:
+        raise ConfigError(f"reshard_after_forward {r} ({size} ranks) must divide the shard group of {shard} ranks "
+                          "(true: the whole group, false: none)")
+    return size
 
 
 CONFIG_CLASSES = {"fsdp": FSDPConfig, "fsdp2": FSDP2Config}
@@ -131,6 +212,10 @@ def load(path: str) -> FSDPConfig | FSDP2Config:
     backend = raw.get("backend", "fsdp")
     if not isinstance(backend, str) or backend not in CONFIG_CLASSES:
         raise ConfigError(f"--fsdp_config {path}: backend must be one of fsdp, fsdp2 (got {backend!r})")
+    if backend == "fsdp" and "mesh" in raw:
+        # FSDP1's 2-D mesh is hybrid_shard_size's: a readable refusal, not "unknown key".
+        raise ConfigError(f"--fsdp_config {path}: mesh: backend fsdp (FSDP1) takes no device mesh; use "
+                          "sharding_strategy HYBRID_SHARD with hybrid_shard_size, or backend fsdp2")
     return from_dict(CONFIG_CLASSES[backend], raw, where=f"--fsdp_config {path}")
 
 

@@ -167,7 +167,7 @@ class TorchBackend(Backend):
         if buffers and sum(buffers.values()):
             terms["broadcast"] = (sum(buffers.values()), 1, n)
             formula += "; the buffers broadcast from rank 0"
-        return comm.theory(formula, terms, n)
+        return comm.theory(formula, terms, n, self.env.local_world_size)
 
     def comm_schedule(self, param_sizes: list[int], buffers: dict | None = None) -> dict[str, tuple[float | None, float]]:
         """The buffers' broadcast (comm_theory), where the model has buffers: one call per dtype

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from core.comm import KINDS, collectives, transfers
+from core.comm import KINDS, collectives, process_groups, transfers
 from core.memory import MARK as _MARK
 from core.memory import PHASES, current_rss_bytes
 
@@ -74,6 +74,8 @@ class ProfiledWindow:
         # record_shapes: the sizes of tensors that existed before the window, from the ops using them.
         self.profiler = torch.profiler.profile(activities=activities, profile_memory=True, record_shapes=True)
         self.snapshots: list[dict[int, tuple[str, int, str]]] = []
+        self._groups_at_start: dict[str, tuple[tuple[int, ...], int]] = {}
+        self.group_calls: dict[str, tuple[tuple[int, ...], int]] = {}  # group name -> (ranks, calls)
 
     def __enter__(self):
         self.profiler.__enter__()
@@ -86,6 +88,19 @@ class ProfiledWindow:
             sort = "self_cuda_time_total" if self.device.type == "cuda" else "self_cpu_time_total"
             Path(table).write_text(self.profiler.key_averages().table(sort_by=sort, row_limit=40) + "\n")
         return False
+
+    def count_groups(self, start: bool) -> None:
+        """Called at a profiled step's start and end: the calls of each process group in between
+        (core.comm.process_groups; the harness's own exchanges between steps left out)."""
+        now = process_groups()
+        if start:
+            self._groups_at_start = now
+            return
+        for name, (ranks, seq) in now.items():
+            before = self._groups_at_start.get(name)
+            if before is not None:
+                calls = self.group_calls.get(name, (ranks, 0))[1]
+                self.group_calls[name] = (ranks, calls + seq - before[1])
 
     def snapshot(self, roles: dict[int, tuple[str, int, str]]) -> None:
         with torch.profiler.record_function(f"{_MARK}snapshot{len(self.snapshots)}"):
@@ -106,7 +121,9 @@ class ProfiledWindow:
                     snapshot_times[int(label[len("snapshot"):])] = e.start_time_ns
         world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
         spans = [(start, end) for start, end, _ in phases]
-        step = {"collectives": collectives(events, spans, world), "transfers": transfers(events, spans)}
+        step = {"collectives": collectives(events, spans, world), "transfers": transfers(events, spans),
+                "groups": [{"name": name, "ranks": list(r), "calls": c}
+                           for name, (r, c) in sorted(self.group_calls.items(), key=lambda x: (x[1][0], x[0]))]}
         blocks = self._blocks(events, _EventType)
         if not blocks:
             return step

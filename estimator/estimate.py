@@ -33,11 +33,14 @@ output, a reduce-scatter's input (ProcessGroupGloo); those copies are counted th
 
 Model states (per rank, fp32 master weights everywhere; c = bytes of the compute dtype):
 - replicated (single, ddp, FSDP NO_SHARD, ZeRO-0): params 4P, grads 4P, Adam state 8P;
-- FSDP FULL_SHARD / HYBRID_SHARD, FSDP2 resharding: everything / shard group, plus (FSDP1) the root
-  unit gathered after forward; SHARD_GRAD_OP / FSDP2 without resharding: all parameters gathered;
+- FSDP FULL_SHARD / HYBRID_SHARD, FSDP2 resharding (on a mesh: its shard group): everything / shard
+  group, plus (FSDP1) the root unit gathered after forward; FSDP2 resharding to a group of R ranks:
+  plus c P / R kept from forward to backward; SHARD_GRAD_OP / _HYBRID_SHARD_ZERO2 / FSDP2 without
+  resharding: all parameters gathered;
 - ZeRO-1/2: parameters whole (c P), gradients partitioned, fp32 master + Adam state partitioned
   (12 P / world); ZeRO-3: parameters partitioned, gathered from forward until backward while
-  stage3_max_live_parameters allows (DeepSpeed's 1e9 default: the whole model here).
+  stage3_max_live_parameters allows (DeepSpeed's 1e9 default: the whole model here); ZeRO++'s hpZ
+  keeps a second copy, c P / zero_hpz_partition_size.
 Offloaded states count the same bytes, in host memory (`host_bytes`).
 
 Activations per block (B micro-batch, T block size, C width, H heads, e bytes per activation,
@@ -65,7 +68,8 @@ run to run by up to two or three units, ResNet-18 129, 147 or 165 MiB: the memor
 gloo's collective buffers, freed by gloo's worker thread where the profiler does not see a free, as
 alive to the step's end. Since 2026-11-29 it ends them at their last use (core/memory_profile.py)
 and identical runs measure the same peak; the quick matrix's FSDP runs and the four models'
-FSDP2 runs lie within 10%.) The zoo: docs/estimator.md.
+FSDP2 runs lie within 10%.) The hybrid family at 4 ranks as 2 nodes of 2 (tests/test_hybrid.py): within
+-3.0% and -0.6% of the measured peak. The zoo: docs/estimator.md.
 """
 
 from __future__ import annotations
@@ -268,6 +272,8 @@ def estimate(cfg, backend: str, world: int = 1, micro_batch: int = 1, precision:
     elif lay.kind == "full_shard":
         params, grads, optimizer = F32 * P // W, F32 * Pt // W, 8 * Pt // W
         gathered = c * n.root if lay.fsdp1_root_gathered else 0
+        if lay.post_forward:  # FSDP2 resharded to a smaller group: 1/post of each unit from forward to backward
+            gathered = c * P // lay.post_forward
     elif lay.kind == "shard_grad_op":
         params, gathered, grads, optimizer = F32 * P // W, c * P, F32 * Pt // W, 8 * Pt // W
     elif lay.kind == "zero12":
@@ -334,8 +340,11 @@ def estimate(cfg, backend: str, world: int = 1, micro_batch: int = 1, precision:
     # NoGatherHandle), though the record counts it as gathered too (model_state_bytes); unless the
     # partition lives on the host (ZeRO-Infinity's offload_param on a GPU): copied to the device.
     alone = lay.kind == "zero3" and W == 1 and not params_host
-    if lay.kind == "shard_grad_op" or (lay.kind == "zero3" and not alone) or lay.fsdp1_root_gathered:
+    if lay.kind == "shard_grad_op" or (lay.kind == "zero3" and not alone) or lay.fsdp1_root_gathered \
+            or lay.post_forward:
         resident += gathered
+    if lay.hpz > 1:  # ZeRO++ hpZ: the secondary partition, each parameter's 1/hpz, kept beside the primary
+        resident += c * ((P - persistent) // lay.hpz)
     if lay.ddp_bucket:
         resident += grads
     if lay.kind == "zero3":
@@ -419,6 +428,9 @@ def estimate(cfg, backend: str, world: int = 1, micro_batch: int = 1, precision:
         # of a small one) or at least the module fetched and the next one (a parameter can exceed
         # the bucket).
         prefetch = int(float(lay.ds.get("stage3_prefetch_bucket_size", DS_PREFETCH_BUCKET)))
+        # DeepSpeed prefetches no more than stage3_max_live_parameters leaves room for
+        # (PartitionedParameterCoordinator.fetch_sub_module): 0 of them, no prefetch.
+        prefetch = min(prefetch, int(float(lay.ds.get("stage3_max_live_parameters", DS_MAX_LIVE))))
         in_flight = c * max(min(P - persistent, prefetch), 2 * largest)
         moments.append((resident + sum(per_block) + in_flight, "end of forward", sum(per_block), blocks))
 
@@ -576,4 +588,6 @@ def record_arguments(config: dict) -> tuple:
                    int(run.get("ckpt_interval") or 0), device, options, ds), dict(
         grad_accum=int(run.get("grad_accum") or 1), ckpt_policy=policy if policy != "auto" else "full",
         save_ops=save_ops, ckpt_plan=[c.strip() for c in plan.split(",")] if plan else None,
+        # A record from before ranks_per_node was kept: HYBRID_SHARD's default group is then the world's.
+        ranks_per_node=config.get("ranks_per_node"),
         data_bytes=int(((config.get("data") or {}).get("held_tensor_bytes") or {}).get(device, 0)))

@@ -12,6 +12,9 @@ Kinds:
     sweep   sweep.py on a spec built from a shipped one: the directory of its records
     probe   tests/ckpt_probe.py under torchrun, every group of PROBE_GROUPS in one launch: each rank's
             results ({group label: {case: result}})
+    nodes   train.py on 2 "nodes" of 2 ranks: two torchrun node launchers (--nnodes 2, c10d rendezvous on
+            127.0.0.1) on this machine, saving a checkpoint after step NODES_SAVE_AFTER; then the same run
+            resumed from it into the same record: a Nodes (the first run's record kept aside)
 
 The parity settings (PARITY_ARGS: no dropout, fp32, the learning rate moving the weights from step 0)
 make runs of different backends comparable step by step: the reference (one process, micro-batch 8)
@@ -136,6 +139,65 @@ PROBE_GROUPS = [
     _group("z3_infinity", "deepspeed", "ds_configs/z3_infinity.json", ZERO3_PLAN_CASES),
     _group("z3", "deepspeed", "ds_configs/z3.json", _union(_ds_ckpt_cases("z3"), OFFLOAD_CASES, DS_OFFLOAD_CASES)),
 ]
+
+
+# ------------------------------------------------------------------ 2 nodes x 2 ranks
+# The hybrid family (sharded within a node, replicated across nodes) needs more than one node to be
+# more than FULL_SHARD: 4 ranks as 2 torchrun nodes of 2, global batch 8 (micro-batch 2), so the first
+# NODES_STEPS losses compare with the committed one-process reference.
+NODES_STEPS = 6
+NODES_SAVE_AFTER = 3  # --save_every 4: one checkpoint, after step 3; the resume trains steps 4 and 5
+HYBRID = {"fsdp2_hsdp": ("--fsdp_config", "fsdp_configs/fsdp2_hsdp.yaml"),
+          "fsdp2_reshard_node": ("--fsdp_config", "fsdp_configs/fsdp2_reshard_node.yaml"),
+          "hybrid_shard": ("--fsdp_config", "fsdp_configs/hybrid_shard.yaml"),
+          "hybrid_shard_zero2": ("--fsdp_config", "fsdp_configs/hybrid_shard_zero2.yaml"),
+          "zeropp_hpz": ("--deepspeed_config", "ds_configs/zeropp_hpz.json")}
+HYBRID_READERS = ("test_hybrid::test_each_hybrid_configuration_trains_like_one_process",
+                  "test_hybrid::test_each_hybrid_configuration_resumes_exactly",
+                  "test_hybrid::test_each_hybrid_configuration_communicates_per_link_as_its_theory_says",
+                  "test_hybrid::test_hsdp_sends_only_the_gradient_all_reduce_between_nodes",
+                  "test_hybrid::test_the_estimate_is_within_10_percent_of_each_measured_peak",
+                  "test_hybrid::test_a_hybrid_checkpoint_exports_the_plain_model",
+                  "test_slurm_two_nodes::test_the_hybrid_family_over_two_slurm_nodes_records_the_losses_of_one_host")
+
+
+@dataclass
+class Nodes:
+    first: "object"  # conftest.Run: the uninterrupted run's record, kept aside before the resume
+    resumed: "object"  # conftest.Run: the same record after the resume
+    checkpoint: Path  # the checkpoint after step NODES_SAVE_AFTER
+
+    @property
+    def proc(self):  # what another pytest-xdist worker reads back (Launched._made_elsewhere)
+        return self.resumed.proc
+
+
+def two_nodes(directory: Path, name: str, args: list[str], timeout: float) -> subprocess.CompletedProcess:
+    """train.py under two torchrun node launchers of 2 ranks each on this machine: what a user runs on
+    each of two nodes, with the rendezvous on this host (tests/test_multinode.py's way)."""
+    import uuid
+
+    from conftest import base_env
+    from core.ports import free_port
+
+    endpoint, run_id = f"127.0.0.1:{free_port()}", uuid.uuid4().hex[:8]
+    nodes = [subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", str(node),
+         "--nproc_per_node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", run_id,
+         str(REPO / "train.py"), "--runs_dir", str(directory), "--run_name", name, "--quiet", *args],
+        cwd=REPO, env=base_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for node in (0, 1)]
+    outputs = [node.communicate(timeout=timeout) for node in nodes]
+    code = next((n.returncode for n in nodes if n.returncode), 0)
+    return subprocess.CompletedProcess(["torchrun --nnodes 2", *args], code, outputs[0][0] + outputs[1][0],
+                                       outputs[0][1][-4000:] + outputs[1][1][-4000:])
+
+
+def _nodes_launch(name: str) -> "Launch":
+    return Launch(f"{name}: 2 torchrun nodes x 2 ranks, a checkpoint after step {NODES_SAVE_AFTER}, then resumed",
+                  "nodes", readers=HYBRID_READERS, launcher="torchrun",
+                  args=(*PARITY_ARGS, *HYBRID[name], "--steps", str(NODES_STEPS), "--micro_batch", "2",
+                        "--mem_profile_steps", "1", "--save_every", str(NODES_SAVE_AFTER + 1)),
+                  timeout=DS_TIMEOUT_S, real=True)
 
 
 # ------------------------------------------------------------------ the table
@@ -263,6 +325,7 @@ LAUNCHES: dict[str, Launch] = {
                     launcher=launcher, args=(*PRETRAINED_ARGS, *flags),
                     timeout=DS_TIMEOUT_S if launcher == "deepspeed" else LAUNCH_TIMEOUT_S)
        for name, (launcher, flags) in PRETRAINED_BACKENDS.items()},
+    **{f"{name}-2x2": _nodes_launch(name) for name in HYBRID},
 }
 
 
@@ -314,6 +377,9 @@ class Launched:
             return Run(subprocess.CompletedProcess(*made["proc"]), directory / name)
         if launch.kind == "sweep":
             return directory / "runs"
+        if launch.kind == "nodes":
+            return Nodes(Run(subprocess.CompletedProcess([], 0, "", ""), directory / "first"),
+                         Run(subprocess.CompletedProcess(*made["proc"]), directory / name), directory / "kept")
         import torch
 
         return [torch.load(p) for p in sorted((directory / "out").glob("rank*.pt"))]
@@ -339,6 +405,18 @@ class Launched:
             proc = sweep_forked(path, env)
             assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
             return directory / "runs"
+        if launch.kind == "nodes":
+            import shutil
+
+            from conftest import Run
+
+            save = directory / "save"
+            args = [*launch.args, "--save_dir", str(save)]
+            first = Run(two_nodes(directory, name, args, launch.timeout), directory / name).check_ok()
+            shutil.copytree(first.dir, directory / "first")  # the uninterrupted record, before the resume
+            shutil.copytree(save, directory / "kept")  # the checkpoint after step NODES_SAVE_AFTER
+            resumed = Run(two_nodes(directory, name, [*args, "--resume"], launch.timeout), directory / name).check_ok()
+            return Nodes(Run(first.proc, directory / "first"), resumed, directory / "kept")
         if launch.kind == "probe":
             import torch
 

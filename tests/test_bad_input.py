@@ -214,6 +214,12 @@ CASES = [
      "mixed_precision.param_dtype must be one of fp32, bf16, fp16"),
     ("fsdp hybrid shard of one", "train", ["--fsdp_config", "{FILE}"],
      ("c.yaml", "sharding_strategy: HYBRID_SHARD\nhybrid_shard_size: 1\n"), "hybrid_shard_size must be >= 2"),
+    ("fsdp2 mesh not dividing the world", "train", ["--fsdp_config", "{FILE}"],
+     ("c.yaml", "backend: fsdp2\nmesh:\n  shard: 2\n"), "mesh.shard 2 must divide the world size 1"),
+    ("fsdp mesh on FSDP1", "train", ["--fsdp_config", "{FILE}"],
+     ("c.yaml", "sharding_strategy: HYBRID_SHARD\nmesh:\n  shard: 2\n"), "c.yaml: mesh: backend fsdp (FSDP1) takes no device mesh"),
+    ("ds mesh", "train", ["--deepspeed_config", "{FILE}"], ("c.json", json.dumps(ds(mesh={"shard": 2}))),
+     "mesh: DeepSpeed takes no device mesh"),
     # DeepSpeed JSON
     ("ds top-level typo", "train", ["--deepspeed_config", "{FILE}"], ("c.json", json.dumps(ds(zero_optimisation={}))),
      "unknown key 'zero_optimisation', which DeepSpeed would silently ignore (did you mean 'zero_optimization'?)"),

@@ -129,3 +129,33 @@ def test_a_node_lost_mid_run_ends_the_run_failed_not_a_sweep_waiting(two_nodes, 
     job = _job(job_id, two_nodes)
     assert job["JobState"] == "NODE_FAIL" and job["Requeue"] == "0", job
     assert revived.returncode == 0 and "gl-node2" in revived.stdout, revived.stdout + revived.stderr
+
+
+@pytest.mark.slurm
+def test_the_hybrid_family_over_two_slurm_nodes_records_the_losses_of_one_host(two_nodes, launches, request, tmp_path):
+    """The hybrid configurations at 2 nodes x 2 ranks as Slurm jobs (torchrun on each node): each job on
+    both nodes, its record's ranks per node 2, and the losses the same runs make on one host as two
+    torchrun nodes (tests/launches.py HYBRID), bit for bit."""
+    from launches import HYBRID
+
+    configs = [flags[1] for flags in HYBRID.values()]
+    path = _spec(tmp_path, "hybrid_two_nodes", configs)
+    spec = yaml.safe_load(path.read_text())
+    spec["matrix"].update(world_size=[4], micro_batch=[2])
+    path.write_text(yaml.safe_dump(spec))
+    proc = _sweep(path, env=two_nodes, timeout=3000)
+    assert proc.returncode == 0 and f"{len(configs)} ok" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+    jobs = json.loads((tmp_path / "runs" / ".slurm" / "jobs.json").read_text())
+    assert len(jobs) == len(configs)
+    by_config = {}
+    for name, entry in jobs.items():
+        record = tmp_path / "runs" / name
+        config = json.loads((record / "config.json").read_text())
+        assert config["world_size"] == 4 and config["ranks_per_node"] == 2, name
+        job = _job(entry["job_id"], two_nodes)
+        assert job["NodeList"] == "gl-node[1-2]" and job["NumNodes"] == "2", job
+        run = config["run"]
+        by_config[os.path.basename(run["fsdp_config"] or run["deepspeed_config"])] = _losses(record)
+    for name, flags in HYBRID.items():
+        one_host = launches.get(f"{name}-2x2", request).first.losses
+        assert by_config[os.path.basename(flags[1])] == one_host, name

@@ -128,6 +128,7 @@ class StepLoop:
         snapshot = (lambda: window.snapshot({**self.data_roles(), **states.roles()})) if window is not None else None
         if snapshot:
             snapshot()
+            window.count_groups(start=True)
         lr = backend.lr()
         if last:
             states.watch_gathered()  # for model_state_bytes below
@@ -141,6 +142,7 @@ class StepLoop:
         with phase("optimizer"):
             backend.step()
         if snapshot:
+            window.count_groups(start=False)
             snapshot()
         synchronize(self.device)
         return {"loss": loss, "lr": lr, "dt": time.perf_counter() - t0}

@@ -42,17 +42,22 @@ def gather_ranks(result: LoopResult) -> list[dict]:
     return ranks
 
 
-def comm_record(measured: dict | None, theory: dict, host_device: dict | None = None) -> dict | None:
+def comm_record(measured: dict | None, theory: dict, host_device: dict | None = None,
+                groups: list | None = None) -> dict | None:
     """summary.json's `comm`: the profiled step's collectives (rank 0's), the theory, their ratio,
-    and its host<->device copies."""
+    its host<->device copies, the calls of each process group (`groups`) and the traffic by link
+    (inside a node, between nodes: core.comm.by_link)."""
     if measured is None:
         return None
-    groups = {kind: v["group_size"] for kind, v in theory["by_kind"].items()}
-    measured = comm.in_groups(measured, groups, theory["world_size"])
+    sizes: dict[str, int] = {}
+    for kind, v in theory["by_kind"].items():  # a kind's first term names its group ("kind:label" ones after)
+        sizes.setdefault(comm.base_kind(kind), v["group_size"])
+    measured = comm.in_groups(measured, sizes, theory["world_size"])
     total, bus = comm.totals(measured)
+    calls = [(tuple(g["ranks"]), g["calls"]) for g in groups] if groups is not None else None
     return {"collectives": measured, "bytes": total, "bus_bytes": bus, "theory": theory,
             "measured_over_theory": bus / theory["bus_bytes"] if theory["bus_bytes"] else None,
-            "host_device": host_device}
+            "host_device": host_device, "groups": groups, "links": comm.by_link(measured, calls, theory)}
 
 
 def quartiles(rates: list[float]) -> tuple[float, float]:
@@ -103,7 +108,8 @@ def finished_summary(base: RunSummary, result: LoopResult, ranks: list[dict], wo
         mem_breakdown=peak_rank["profiled"].get("breakdown") if peak_rank and result.profiled else None,
         mem_activation_peak_bytes=max((r["profiled"].get("activation_peak_bytes", 0) for r in ranks), default=None)
         if result.profiled else None,
-        comm=comm_record(ranks[0]["profiled"].get("collectives"), comm_theory, ranks[0]["profiled"].get("transfers")),
+        comm=comm_record(ranks[0]["profiled"].get("collectives"), comm_theory, ranks[0]["profiled"].get("transfers"),
+                         ranks[0]["profiled"].get("groups")),
         model_state_bytes=states,
         final_loss=result.final_loss,
         val_loss=result.val_loss,

@@ -61,6 +61,7 @@ class Setup:
             "model": self.workload.description,
             "n_params": self.n_params,
             "world_size": self.env.world_size,
+            "ranks_per_node": self.env.local_world_size,
             "global_batch": self.layout.global_batch,
             "tokens_per_step": (self.layout.global_batch * self.workload.tokens_per_sample
                                 if self.workload.tokens_per_sample else None),
