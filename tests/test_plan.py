@@ -285,7 +285,10 @@ def test_ctrl_c_is_one_line_exit_130_and_writes_nothing(tmp_path):
     out = tmp_path / "out"
     proc = subprocess.Popen([sys.executable, "-m", "analysis.plan", "--world", "2", "--gpu", "here", "--mem_budget_gb",
                              "1", "--global_batch", "16", "--out", str(out), *TINY], cwd=REPO, env=base_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            # as from a terminal: a shell's background job (`make test &`) starts with SIGINT
+                            # ignored, which the plan would rightly inherit
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     before = []  # what it said before its progress line
     while not (before and before[-1].startswith("calibrating this machine")):
         before.append(proc.stderr.readline())
@@ -339,9 +342,14 @@ def test_a_ctrl_c_while_the_processes_start_is_not_lost():
         def start(self):
             os.kill(os.getpid(), signal.SIGINT)
 
-    with pytest.raises(KeyboardInterrupt):  # raised as the handler comes back, or in the body at the latest
-        with started([SignalledWhileStarting()]):
-            time.sleep(0.5)
+    # Python's own handler, as in a process a terminal started (one started in the background ignores SIGINT)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):  # raised during the starts, or in the body at the latest
+            with started([SignalledWhileStarting()]):
+                time.sleep(0.5)
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 @pytest.mark.distributed  # all_reduce timed between two local processes
