@@ -141,23 +141,11 @@ class ProfiledWindow:
 
     def _blocks(self, events, _EventType) -> list[_Block]:
         device = self.device
-        blocks: list[_Block] = []
-        live: dict[int, _Block] = {}
         early: dict[int, _Block] = {}  # existed before the window, by pointer
         allocations = sorted(
             (e for e in events if e.typed[0] == _EventType.Allocation and e.typed[1].device == device),
             key=lambda e: e.start_time_ns)
-        for e in allocations:
-            a, t = e.typed[1], e.start_time_ns
-            if a.alloc_size > 0:
-                before = live.get(a.ptr)
-                if before is not None:  # the address is handed out again: the block there was freed
-                    before.end, before.unseen_free = t, True
-                live[a.ptr] = block = _Block(a.ptr, a.alloc_size, t, float("inf"), collective=_within_collective(e))
-                blocks.append(block)
-            elif a.ptr in live:
-                live.pop(a.ptr).end = t
-            # A free of a block allocated before profiling carries no event (torch warns instead).
+        blocks = _replay(allocations)
         _end_unseen_frees(blocks, events, _EventType)
 
         # A pointer names a block from before the window until the window first allocates there.
@@ -195,6 +183,25 @@ def _within_collective(event) -> bool:
             return True
         parent = parent.parent
     return False
+
+
+def _replay(allocations) -> list[_Block]:
+    """The blocks that the profiler's allocation events (in time order) describe: each from its
+    allocation to its free. An address handed out again ends the block there (freed unseen); a free of
+    a block allocated before profiling carries no event (torch warns instead)."""
+    blocks: list[_Block] = []
+    live: dict[int, _Block] = {}
+    for e in allocations:
+        a, t = e.typed[1], e.start_time_ns
+        if a.alloc_size > 0:
+            before = live.get(a.ptr)
+            if before is not None:
+                before.end, before.unseen_free = t, True
+            live[a.ptr] = block = _Block(a.ptr, a.alloc_size, t, float("inf"), collective=_within_collective(e))
+            blocks.append(block)
+        elif a.ptr in live:
+            live.pop(a.ptr).end = t
+    return blocks
 
 
 def _end_unseen_frees(blocks: list[_Block], events, _EventType) -> None:
@@ -352,17 +359,7 @@ class LoadPeak:
         events = list(traverse_dfs(self._profiler.profiler.kineto_results.experimental_event_tree()))
         allocations = sorted((e for e in events if e.typed[0] == _EventType.Allocation
                               and e.typed[1].device.type == self.device.type), key=lambda e: e.start_time_ns)
-        blocks, live = [], {}
-        for e in allocations:
-            a, t = e.typed[1], e.start_time_ns
-            if a.alloc_size > 0:
-                before = live.get(a.ptr)
-                if before is not None:  # the address handed out again: the block there was freed unseen
-                    before.end, before.unseen_free = t, True
-                live[a.ptr] = block = _Block(a.ptr, a.alloc_size, t, float("inf"), collective=_within_collective(e))
-                blocks.append(block)
-            elif a.ptr in live:
-                live.pop(a.ptr).end = t
+        blocks = _replay(allocations)
         # gloo's worker threads free what a collective held unrecorded: as the run's memory profile does.
         _end_unseen_frees(blocks, events, _EventType)
         # A checkpoint file mapped whole to read from it and let go in the window: its pages are the page

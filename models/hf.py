@@ -16,18 +16,9 @@ import re
 
 from gptlite.data import CharDataset
 from gptlite.errors import ConfigError, one_line
+from models.hub import import_transformers as _import
 from models.spec import ModelRequest
 from models.workload import Workload, WithLoss
-
-
-def _import():
-    try:
-        import transformers
-    except ImportError:
-        raise ConfigError("model hf:...: transformers is not installed (pip install transformers; `make setup` "
-                          "installs it)") from None
-    transformers.logging.set_verbosity_error()  # no advice about generation or weights loading per rank
-    return transformers
 
 
 def task_of(model_type: str) -> str:

@@ -31,6 +31,7 @@ import torch
 
 from gptlite.data import CharDataset, DataError
 from gptlite.errors import ConfigError, one_line
+from models.hub import hub_unreachable, import_transformers as _transformers
 from models.spec import ModelRequest
 from models.workload import Workload, WithLoss
 
@@ -40,16 +41,6 @@ INDEX = "model.safetensors.index.json"
 HUB_FILES = ["config.json", "generation_config.json", "*.safetensors", INDEX, "tokenizer*", "vocab*", "merges.txt",
              "special_tokens_map.json", "*.model"]
 _HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$")
-
-
-def _transformers():
-    from models.hf import _import
-
-    return _import()
-
-
-def _hub_offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def resolve_checkpoint(name_or_path: str) -> Path:
@@ -74,7 +65,7 @@ def resolve_checkpoint(name_or_path: str) -> Path:
     except Exception:  # noqa: BLE001 - not cached (huggingface_hub's LocalEntryNotFoundError, or a bad name)
         found = None
     if found is None:
-        why = "HF_HUB_OFFLINE is set" if _hub_offline() else None
+        why = hub_unreachable()
         if why is None:
             try:
                 found = Path(snapshot_download(name_or_path, allow_patterns=HUB_FILES, etag_timeout=10))

@@ -36,6 +36,7 @@ import torch
 
 from gptlite.data import DataError, draw_indices
 from gptlite.errors import ConfigError, one_line
+from models.hub import hub_unreachable, import_transformers as _transformers
 from models.spec import TextRequest, text_file_builder
 from models.workload import IGNORE_INDEX
 
@@ -45,22 +46,6 @@ VERSION = 1  # of the tokenizing and packing below: a change makes new cache ent
 
 def cache_dir() -> Path:
     return Path(os.environ.get("GPTLITE_CACHE") or Path.home() / ".cache" / "gptlite") / "datasets"
-
-
-def _hub_unreachable() -> str | None:
-    """Why the Hugging Face Hub cannot be reached (offline mode, no route), or None. One request
-    with a short timeout: transformers and datasets retry for a minute before they give up."""
-    from huggingface_hub import constants
-
-    if constants.HF_HUB_OFFLINE:
-        return "HF_HUB_OFFLINE is set"
-    try:
-        from huggingface_hub.utils import get_session
-
-        get_session().head(constants.ENDPOINT, timeout=5)
-    except Exception as e:  # noqa: BLE001 - no name resolution, no route, refused, timed out
-        return f"{constants.ENDPOINT} cannot be reached: {one_line(e)}"
-    return None
 
 
 def _local(name: str) -> bool:
@@ -92,7 +77,7 @@ def load_tokenizer(name: str | None, flag: str = "tokenizer_name"):
         return tokenizer
     with contextlib.suppress(Exception):  # in the Hugging Face cache already: no network needed
         return transformers.AutoTokenizer.from_pretrained(name, local_files_only=True)
-    why = _hub_unreachable()
+    why = hub_unreachable()
     if why is not None:
         raise ConfigError(f"{flag}: {name!r} is not a local directory and the Hugging Face Hub is out of reach "
                           f"({why}); pass a local path: a directory with the tokenizer's files")
@@ -101,13 +86,6 @@ def load_tokenizer(name: str | None, flag: str = "tokenizer_name"):
     except Exception as e:  # noqa: BLE001 - not on the Hub, gated, not a tokenizer
         raise ConfigError(f"{flag}: {name!r}: no tokenizer loads from it ({one_line(e)}); pass a local path: a "
                           "directory with the tokenizer's files") from None
-
-
-def _transformers():
-    import transformers
-
-    transformers.logging.set_verbosity_error()  # "sequence longer than the model's maximum": we cut it ourselves
-    return transformers
 
 
 def tokenizer_id(tokenizer) -> str:
@@ -136,7 +114,7 @@ def _rows(request: TextRequest) -> tuple[dict, str]:
     name, config = request.dataset_name, request.dataset_config_name
     source = name + (f" ({config})" if config else "")
     if not _local(name) and not (datasets.config.HF_HUB_OFFLINE or datasets.config.HF_DATASETS_OFFLINE):
-        why = _hub_unreachable()
+        why = hub_unreachable()
         if why is not None:
             raise ConfigError(f"dataset_name: {name!r} is not a local directory and the Hugging Face Hub is out of "
                               f"reach ({why}); pass local files: --train_file (and --validation_file), .txt, .jsonl "
