@@ -47,8 +47,8 @@ def main(argv=None) -> int:
     args, train_argv = p.parse_known_args(argv)
     chosen = []
 
-    def planner(*a, **k):  # the run's own (estimator/ckpt_plan.py), keeping what it chose to print it
-        from estimator.ckpt_plan import plan_for_record
+    def planner(*a, **k):  # the run's own (estimator/checkpointing_plan.py), keeping what it chose to print it
+        from estimator.checkpointing_plan import plan_for_record
 
         chosen.append(plan_for_record(*a, **k))
         return chosen[-1]

@@ -172,7 +172,7 @@ def counted_traffic(counted: dict, theory: dict, world: int) -> dict:
 def resolve_entry(entry: str, train_argv: list[str], world: int, per_node: int):
     """training.run.Setup of configuration `entry` of the run `train_argv` on `world` GPUs, `per_node` to a
     node, resolved as train.py resolves it (training/describe.py), --ckpt_policy auto's plan included."""
-    from estimator.ckpt_plan import plan_for_record
+    from estimator.checkpointing_plan import plan_for_record
     from training.describe import resolve_flags
 
     return resolve_flags(run_flags(entry, train_argv), world, per_node, planner=plan_for_record)

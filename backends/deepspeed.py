@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from backends import deepspeed_plan
+from backends import deepspeed_spec
 from backends.activation_checkpointing import apply_ac
 from backends.activation_offload import make_offloader
 from backends.base import Backend, Resolved
@@ -97,7 +97,7 @@ class DeepSpeedBackend(Backend):
     def resolve(cls, cfg, env) -> Resolved:
         if cfg.deepspeed_config is None:
             raise ConfigError("backend deepspeed needs --deepspeed_config (a JSON file; see ds_configs/)")
-        plan = deepspeed_plan.plan(cfg, env.world_size, env.device.type)
+        plan = deepspeed_spec.plan(cfg, env.world_size, env.device.type)
         return cls.resolved(dataclasses.replace(
             cfg, micro_batch=plan.micro_batch, grad_accum=plan.grad_accum, precision=plan.precision, lr=plan.lr,
             lr_warmup_steps=plan.lr_warmup_steps, grad_clip=plan.grad_clip), env, plan=plan)

@@ -7,7 +7,7 @@ number is a number, not "0.001") and for being finite, with errors naming the fi
 DeepSpeed checks its pydantic sections (zero_optimization, bf16, ...) but silently ignores
 unknown top-level keys and typos inside `activation_checkpointing`, `optimizer` and `scheduler`
 (DeepSpeed issues 774, 1809). `validate` checks those itself, then runs DeepSpeed's own parser,
-and reports the first problem in one line naming the file and key. backends/deepspeed_plan.py
+and reports the first problem in one line naming the file and key. backends/deepspeed_spec.py
 turns a valid file and the command line into the config a run uses.
 """
 

@@ -46,7 +46,7 @@ BACKENDS = {"single": ["--backend", "single"], "ddp": ["--backend", "ddp"],
 HAND_SET = {"none": [], **{f"full/{k}": ["--ckpt_interval", str(k)] for k in (1, 2, 4)},
             **{f"selective/{k}": ["--ckpt_interval", str(k), "--ckpt_policy", "selective"] for k in (1, 2)}}
 # Inside the range, not at its ends: a budget exactly at a policy's estimated peak leaves the plan no room
-# for the estimator's error (estimator/ckpt_plan.py HEADROOM).
+# for the estimator's error (estimator/checkpointing_plan.py HEADROOM).
 FRACTIONS = (0.05, 0.275, 0.5, 0.725, 0.95)
 
 

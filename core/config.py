@@ -131,7 +131,7 @@ class RunConfig:
         "T x T scores) are recomputed. Applies to the blocks --ckpt_interval picks; needs ckpt_impl "
         "torch_nonreentrant. auto: with --mem_budget_gb and without --ckpt_interval, none, selective or full "
         "for each block, the plan of least recompute cost (--ckpt_cost) whose estimated peak per rank fits "
-        "the budget (estimator/ckpt_plan.py, on the memory estimator), printed before training and recorded "
+        "the budget (estimator/checkpointing_plan.py, on the memory estimator), printed before training and recorded "
         "as --ckpt_plan.", "full", choices=CKPT_POLICIES, group="activation checkpointing")
     ckpt_cost: str = _flag(
         "With --ckpt_policy auto, what a block's recompute costs. measured: rank 0 times the real model's "
@@ -615,7 +615,7 @@ def interval_choices(blocks: int, interval: int, policy: str = "full") -> list[s
 
 def plan_choices_under(zero_stage: int | None) -> tuple[str, ...]:
     """What a checkpointing plan (--ckpt_policy auto) may choose per block: none and full under ZeRO-3,
-    where selective checkpointing is refused (backends/deepspeed_plan.py); all of CKPT_CHOICES else."""
+    where selective checkpointing is refused (backends/deepspeed_spec.py); all of CKPT_CHOICES else."""
     return ("none", "full") if zero_stage == 3 else CKPT_CHOICES
 
 

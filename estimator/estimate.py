@@ -99,7 +99,7 @@ class Estimate:
     terms: dict = field(default_factory=dict)  # the named pieces of the peak
     peak_moment: str = ""  # when in the step the peak falls: "backward of block 3", "optimizer step", ...
     assumptions: list[str] = field(default_factory=list)
-    # For a checkpointing plan (estimator/ckpt_plan.py): each moment of the step as (bytes besides the
+    # For a checkpointing plan (estimator/checkpointing_plan.py): each moment of the step as (bytes besides the
     # activations kept by the first k blocks, k, name), the batch's bytes, and the activation terms.
     moment_bases: list = field(default_factory=list, repr=False)
     batch_bytes: int = field(default=0, repr=False)

@@ -97,7 +97,7 @@ def _ds_ckpt_cases(config: str) -> list[str]:
              else ("deepspeed", "torch_nonreentrant", "torch_reentrant"))
     cases = [CKPT_BASELINE] + [f"{k}:{impl}:0" for impl in impls for k in (1, 2, N_LAYER)]
     cases.append("2:deepspeed:1")  # with --ckpt_offload: DeepSpeed's cpu_checkpointing
-    if config == "z2":  # selective is refused under ZeRO-3 (backends/deepspeed_plan.py)
+    if config == "z2":  # selective is refused under ZeRO-3 (backends/deepspeed_spec.py)
         cases += ["1:torch_nonreentrant:0:selective", "2:torch_nonreentrant:0:selective",
                   "0:torch_nonreentrant:0:full:0.1", "1:torch_nonreentrant:0:selective:0.1",
                   "0:torch_nonreentrant:0:selective+full+none+full:0.1"]

@@ -266,7 +266,7 @@ def test_a_selective_checkpoint_recomputes_only_the_ops_it_does_not_keep():
 def test_a_plan_leaves_losses_and_gradients_unchanged_on_the_rest_of_the_quick_matrix(name, launches, request):
     """The rest of the quick matrix (sweeps/cpu_quick.yaml) and accelerate: a plan per block (what
     --ckpt_policy auto runs) leaves losses and gradients unchanged, with dropout 0.1 too. Selective
-    blocks except under ZeRO-3, where plans hold none and full (backends/deepspeed_plan.py)."""
+    blocks except under ZeRO-3, where plans hold none and full (backends/deepspeed_spec.py)."""
     ranks = [rank[name] for rank in launches.get("probe", request)]
     cases = list(ranks[0])
     assert len(ranks) == 2 and len(cases) == 4

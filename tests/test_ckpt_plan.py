@@ -1,4 +1,4 @@
-"""Checkpointing by memory budget (estimator/ckpt_plan.py): the solver against brute force, and the
+"""Checkpointing by memory budget (estimator/checkpointing_plan.py): the solver against brute force, and the
 plans of GPT-lite and an HF Llama-style model against the hand-set policies, on the estimator."""
 
 import itertools
@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from estimator import ckpt_plan
+from estimator import checkpointing_plan as ckpt_plan
 from estimator.estimate import estimate
 from backends.activation_checkpointing import save_ops_for
 from conftest import TRAIN, python

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.profiler import profile
 
-from backends.deepspeed_plan import check_arch_list
+from backends.deepspeed_spec import check_arch_list
 from core.config import RunConfig
 from core.sdpa import SDPA_KERNELS, apply_sdpa_kernel, sdpa_backends
 from gptlite.errors import ConfigError

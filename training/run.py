@@ -209,7 +209,7 @@ def resolve(cfg: RunConfig, env: DistEnv | None = None, resolved: Resolved | Non
 def planned_checkpointing(setup: Setup, planner: Callable | None) -> Resolved:
     """--ckpt_policy auto: the run with the plan that fits --mem_budget_gb as its --ckpt_plan, printed.
     The plan comes from the memory estimator (the estimator layer, below training: `planner(config,
-    budget_gb, workload, choices)`, estimator/ckpt_plan.plan_for_record unless a caller hands in its own,
+    budget_gb, workload, choices)`, estimator/checkpointing_plan.plan_for_record unless a caller hands in its own,
     as analysis.estimate does to print the plan). With --ckpt_cost measured rank 0 times the recompute;
     the plan each rank runs is rank 0's (Run.agree_on_plan). Raises ConfigError naming the smallest budget
     a plan fits."""
@@ -227,7 +227,7 @@ def planned_checkpointing(setup: Setup, planner: Callable | None) -> Resolved:
                   f"{describe_plan(recorded['ckpt_plan'].split(','))}", flush=True)
         return dataclasses.replace(setup.resolved, cfg=dataclasses.replace(cfg, ckpt_plan=recorded["ckpt_plan"]))
     if planner is None:
-        from estimator.ckpt_plan import plan_for_record as planner
+        from estimator.checkpointing_plan import plan_for_record as planner
     config = {**setup.record(), "environment": {"device": str(setup.env.device)}}
     choices = plan_choices_under(((config.get("plan") or {}).get("config") or {}).get("zero_optimization", {}).get("stage"))
     if cfg.ckpt_save_ops is not None and "selective" not in choices:

@@ -436,11 +436,11 @@ def expand(spec: SweepSpec) -> tuple[list[PlannedRun], list[str]]:
                  **({"compile": True, "compile_backend": compiled} if compiled != "none" else {}), **spec.train_args,
                  **({"grad_accum": accum} if stands_in else {})}
         if config_file and backend == "deepspeed":
-            from backends import deepspeed_config, deepspeed_plan
+            from backends import deepspeed_config, deepspeed_spec
 
             config = deepspeed_config.read(str(REPO / config_file))
-            if "nvme" in (deepspeed_plan.offload_device(config, "offload_optimizer"),
-                          deepspeed_plan.offload_device(config, "offload_param")):
+            if "nvme" in (deepspeed_spec.offload_device(config, "offload_optimizer"),
+                          deepspeed_spec.offload_device(config, "offload_param")):
                 flags.setdefault("nvme_path", str(spec.directory / ".nvme" / name))
         if spec.train_args.get("save_every"):  # its own checkpoints, continued when the run starts again
             flags.update(save_dir=str(spec.directory / ".ckpt" / name), resume=True)
@@ -470,7 +470,7 @@ def check_runs(runs: list[PlannedRun], directory: Path, planner=None) -> None:
     """Every planned run resolved as train.py will resolve it (flags, config files, world size, and
     its model and data: training/run.py check_model, each distinct model once), before the first
     starts: a bad spec is refused whole (ConfigError naming the run). Each `auto:<GiB>` run is planned
-    too (by `planner`, else the estimator's, estimator/ckpt_plan.plan_for_record), on counted costs
+    too (by `planner`, else the estimator's, estimator/checkpointing_plan.plan_for_record), on counted costs
     (whether a plan fits does not depend on them): a budget no plan fits is refused here, naming the
     smallest budget a plan fits, rather than when its turn comes."""
     import dataclasses
@@ -503,7 +503,7 @@ def check_runs(runs: list[PlannedRun], directory: Path, planner=None) -> None:
             # Each run: its backend or flags may need blocks the model does not have (fsdp, not ddp).
             check_blocks(checked[model], cfg)
             if cfg.ckpt_policy == "auto":
-                from estimator.ckpt_plan import plan_for_record
+                from estimator.checkpointing_plan import plan_for_record
                 from training.run import resolve
 
                 plans = planner or plan_for_record

@@ -76,10 +76,10 @@ def calibrate(workload, block_class: str | None, micro_batches: tuple[int, int],
     micro-step's forward and backward at two micro-batches (each shape's first call untimed, a GPU
     warmed up on the larger, then the two taking turns, the median of `reps` each) fitted as fixed +
     per-sample seconds; the optimizer's step (AdamW); and what full and selective checkpointing
-    of every block add, as a share of the larger micro-batch's time (ckpt_plan.measured_costs)."""
+    of every block add, as a share of the larger micro-batch's time (checkpointing_plan.measured_costs)."""
     import torch
 
-    from estimator.ckpt_plan import forward_backward, measured_costs, seconds_of
+    from estimator.checkpointing_plan import forward_backward, measured_costs, seconds_of
 
     dev = torch.device(device)
     model = workload.build(0).to(dev)
