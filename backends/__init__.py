@@ -33,6 +33,11 @@ _REGISTRY: dict[str, tuple[str, str, str]] = {
                    "Hugging Face accelerate's Accelerator (DDP; its FSDP or DeepSpeed plugin on GPUs)"),
 }
 BACKEND_NAMES: tuple[str, ...] = tuple(_REGISTRY)
+# The backend a run without --backend, --deepspeed_config or --fsdp_config gets, and the one every
+# other is checked against: one process, no wrapper.
+REFERENCE = "single"
+# The backend --deepspeed_config (or --deepspeed) implies.
+DEEPSPEED = "deepspeed"
 BACKEND_SUMMARIES: dict[str, str] = {name: entry[2] for name, entry in _REGISTRY.items()}
 
 
@@ -56,8 +61,8 @@ def resolve(cfg: RunConfig, env: DistEnv) -> Resolved:
         options = fsdp_config.load(cfg.fsdp_config)
         return get_backend(options.backend).resolve(dataclasses.replace(cfg, backend=options.backend), env,
                                                     options=options)
-    name = cfg.backend or ("deepspeed" if cfg.deepspeed_config is not None or cfg.deepspeed else "single")
+    name = cfg.backend or (DEEPSPEED if cfg.deepspeed_config is not None or cfg.deepspeed else REFERENCE)
     return get_backend(name).resolve(dataclasses.replace(cfg, backend=name), env)
 
 
-__all__ = ["BACKEND_NAMES", "BACKEND_SUMMARIES", "get_backend", "resolve"]
+__all__ = ["BACKEND_NAMES", "BACKEND_SUMMARIES", "DEEPSPEED", "REFERENCE", "get_backend", "resolve"]

@@ -24,6 +24,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 
+from backends.memory_layout import Layout
 from backends.torch_backend import TorchBackend
 from core.dist import fake_world_allreduce_hook, is_fake_process_group
 from gptlite.errors import ConfigError
@@ -33,6 +34,11 @@ PLUGINS = ("none", "fsdp", "deepspeed")
 
 class AccelerateBackend(TorchBackend):
     name = "accelerate"
+
+    @classmethod
+    def memory_layout(cls, world, precision, options=None, ranks_per_node=None) -> Layout:
+        # accelerate's Accelerator runs DDP underneath, without gradients as views of its buckets.
+        return Layout("replicated", ddp_bucket=True, grads_beside_buckets=True, autocast=True)
     uses_autocast = False  # the prepared model autocasts itself
 
     @classmethod

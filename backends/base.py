@@ -30,6 +30,7 @@ import torch.nn as nn
 from core.config import (DEFAULT_GRAD_ACCUM, DEFAULT_GRAD_CLIP, DEFAULT_LR, DEFAULT_LR_WARMUP_STEPS,
                          DEFAULT_MICRO_BATCH, RunConfig)
 from backends.compile import apply_compile, uses_cudagraphs
+from backends.memory_layout import Layout
 from core.blocks import find_blocks
 from core.dist import DistEnv, init_process_group
 from core import comm
@@ -144,6 +145,40 @@ class Backend(ABC):
     def loads_checkpoint_sharded(cls, plan) -> bool:
         """Whether build_model loads a checkpoint without a whole copy on any rank (FSDP2, ZeRO-3)."""
         return False
+
+    @classmethod
+    def memory_layout(cls, world: int, precision: str, options=None, ranks_per_node: int | None = None) -> Layout:
+        """How this backend holds the model's states on each rank of `world` (backends/memory_layout.py),
+        for the estimator: `options` its recorded plan's options (FSDP's, DeepSpeed's zero_optimization
+        section's config), `ranks_per_node` the hosts' size where a hybrid group defaults to it."""
+        raise ConfigError(f"the estimator has no memory layout for backend {cls.name}")
+
+    @classmethod
+    def estimator_options(cls, plan: dict | None, described: dict) -> dict:
+        """The keyword arguments of estimator/estimate.py:estimate this backend's record gives (its
+        recorded plan, or, for records from before plans were recorded, its `backend` section)."""
+        return {}
+
+    @classmethod
+    def output_dirs(cls, cfg: RunConfig, spec: Any) -> list[tuple[str, str]]:
+        """(where, directory) of each directory outside the record this backend writes to (DeepSpeed's
+        monitors): the run checks it can write there before it starts."""
+        return []
+
+    @classmethod
+    def swap_dirs(cls, spec: Any) -> list[str]:
+        """The directories this backend swaps model states into (ZeRO-Infinity's NVMe), which one run
+        must own while it trains (training/preflight.py NVMeLock)."""
+        return []
+
+    @classmethod
+    def check_unused_parameters(cls, cfg: RunConfig, what: str) -> None:
+        """Refuse (ConfigError, starting with `what`) a model that leaves parameters without a gradient
+        (conditional computation), where this backend would train it differently from one process or stop
+        on mismatched collectives; one process (and DDP with --find_unused_parameters) trains it as is."""
+        raise ConfigError(f"{what}; backend {cls.name} would train it differently from one process (a missing gradient "
+                          "becomes a zero one that AdamW still moves) or stop on mismatched collectives: train it with "
+                          "--backend ddp --find_unused_parameters, or in one process")
 
     @abstractmethod
     def setup(self, model: nn.Module) -> None:

@@ -7,6 +7,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 
+from backends.memory_layout import Layout
 from backends.torch_backend import TorchBackend
 from core.dist import fake_world_allreduce_hook, is_fake_process_group
 from gptlite.errors import ConfigError
@@ -49,6 +50,18 @@ class _DDP(DistributedDataParallel):
 
 class DDPBackend(TorchBackend):
     name = "ddp"
+
+    @classmethod
+    def memory_layout(cls, world, precision, options=None, ranks_per_node=None) -> Layout:
+        # A full replica, the gradients views into DDP's buckets (gradient_as_bucket_view), autocast.
+        return Layout("replicated", ddp_bucket=True, autocast=True)
+
+    @classmethod
+    def check_unused_parameters(cls, cfg, what: str) -> None:
+        if cfg.find_unused_parameters:
+            return  # a parameter no rank used then keeps no gradient, and AdamW skips it, as in one process
+        raise ConfigError(f"{what}; DDP waits for every gradient: give --find_unused_parameters (DDP's own setting; "
+                          "a parameter no rank used then gets no update, as in one process)")
 
     def wrap(self, model: nn.Module) -> nn.Module:
         device_ids = [self.env.device.index] if self.env.device.type == "cuda" else None

@@ -20,9 +20,11 @@ import torch
 import torch.nn as nn
 
 from backends import deepspeed_spec
+from backends.deepspeed_config import monitor_paths
 from backends.activation_checkpointing import apply_ac
 from backends.activation_offload import make_offloader
 from backends.base import Backend, Resolved
+from backends.memory_layout import Layout, compute_bytes
 from backends.deepspeed_support import (deepspeed_wrapper, import_deepspeed, model_state_estimate,
                                         replay_adam_step_count, unlink_shm_allreduce_buffer)
 from core.dist import ensure_rendezvous_env
@@ -101,6 +103,35 @@ class DeepSpeedBackend(Backend):
         return cls.resolved(dataclasses.replace(
             cfg, micro_batch=plan.micro_batch, grad_accum=plan.grad_accum, precision=plan.precision, lr=plan.lr,
             lr_warmup_steps=plan.lr_warmup_steps, grad_clip=plan.grad_clip), env, plan=plan)
+
+    @classmethod
+    def memory_layout(cls, world, precision, options=None, ranks_per_node=None) -> Layout:
+        """`options`: the DeepSpeed config (its zero_optimization section is what counts)."""
+        zero = (options or {}).get("zero_optimization") or {}
+        stage = int(zero.get("stage", 0))
+        offload = any(((zero.get(k) or {}).get("device") or "none") != "none"
+                      for k in ("offload_optimizer", "offload_param"))
+        kind = {0: "replicated", 1: "zero12", 2: "zero12", 3: "zero3"}[stage]
+        hpz = int(zero.get("zero_hpz_partition_size") or 1) if stage == 3 else 1
+        return Layout(kind, world, offload=offload, compute_bytes=compute_bytes(precision), ds=zero,
+                      hpz=hpz if 1 < hpz < world else 1, master_in_optimizer=True, flat_allreduce=True,
+                      offload_params=(zero.get("offload_param") or {}).get("device", "none") != "none")
+
+    @classmethod
+    def output_dirs(cls, cfg, spec) -> list[tuple[str, str]]:
+        # DeepSpeed's monitors write where the file says.
+        return monitor_paths(cfg.deepspeed_config, spec.config) if cfg.deepspeed_config and spec is not None else []
+
+    @classmethod
+    def swap_dirs(cls, spec) -> list[str]:
+        """The NVMe directories the spec swaps into (ZeRO-Infinity)."""
+        zero = (getattr(spec, "config", None) or {}).get("zero_optimization") or {}
+        return sorted({zero[s]["nvme_path"] for s in ("offload_optimizer", "offload_param")
+                       if (zero.get(s) or {}).get("device") == "nvme" and zero[s].get("nvme_path")})
+
+    @classmethod
+    def estimator_options(cls, plan, described) -> dict:
+        return {"ds_config": plan["config"] if plan is not None else described["config"]}
 
     @classmethod
     def init_distributed(cls, env, timeout_s: float) -> None:

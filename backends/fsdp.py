@@ -26,6 +26,7 @@ from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 from backends import fsdp_config
 from backends.dcp_checkpoint import DCPCheckpointMixin
+from backends.memory_layout import Layout, compute_bytes
 from backends.torch_backend import TorchAccounting, TorchBackend
 from core import comm
 from gptlite.errors import ConfigError
@@ -67,6 +68,27 @@ class FSDPBackend(DCPCheckpointMixin, TorchBackend):
         cfg = dataclasses.replace(cfg, precision=fsdp_config.precision_of(options))
         super().resolve(cfg, env)  # the torch backends' checks
         return cls.resolved(cfg, env, plan=options)
+
+    @classmethod
+    def memory_layout(cls, world, precision, options=None, ranks_per_node=None) -> Layout:
+        o = options or fsdp_config.FSDPConfig()
+        mp = compute_bytes(precision) if o.mixed_precision else 4
+        if o.sharding_strategy == "NO_SHARD" or world == 1:
+            # FSDP1 runs every strategy as NO_SHARD on one rank (it switches and warns).
+            return Layout("replicated", offload=o.cpu_offload, compute_bytes=mp, offload_params=o.cpu_offload)
+        shards = world
+        if o.sharding_strategy in fsdp_config.HYBRID_STRATEGIES:
+            shards = o.hybrid_shard_size or ranks_per_node or world
+            if shards < 2 or world % shards:
+                raise ConfigError(f"hybrid_shard_size {shards} must be >= 2 and divide the world size {world}")
+        kind = "shard_grad_op" if o.sharding_strategy in ("SHARD_GRAD_OP", "_HYBRID_SHARD_ZERO2") else "full_shard"
+        # Flat parameters per unit: a unit's gradients flattened whole on their way into the reduce-scatter.
+        return Layout(kind, shards, fsdp1_root_gathered=True, offload=o.cpu_offload, compute_bytes=mp,
+                      offload_params=o.cpu_offload, sharded_units=True, flat_unit_grads=True)
+
+    @classmethod
+    def estimator_options(cls, plan, described) -> dict:
+        return {"fsdp_options": fsdp_config.from_record(plan if plan is not None else described["options"])}
 
     def setup(self, model: nn.Module) -> None:
         self.options = self.plan

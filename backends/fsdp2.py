@@ -19,6 +19,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 
 from backends import fsdp_config
 from backends.dcp_checkpoint import DCPCheckpointMixin
+from backends.memory_layout import Layout, compute_bytes
 from backends.torch_backend import TorchAccounting, TorchBackend
 from core import comm
 from core.memory_profile import LoadPeak
@@ -50,6 +51,22 @@ class FSDP2Backend(DCPCheckpointMixin, TorchBackend):
         cfg = dataclasses.replace(cfg, precision=fsdp_config.precision_of(options))
         super().resolve(cfg, env)  # the torch backends' checks
         return cls.resolved(cfg, env, plan=options)
+
+    @classmethod
+    def memory_layout(cls, world, precision, options=None, ranks_per_node=None) -> Layout:
+        o = options or fsdp_config.FSDP2Config()
+        per_node = ranks_per_node or world
+        _, shards = fsdp_config.hybrid_groups(o, world, per_node)  # the mesh's shard group (the world without one)
+        post = fsdp_config.post_forward_group(o, shards, per_node)
+        # Resharded to the whole shard group (true; also on one rank) / kept whole (false) / to a smaller group.
+        kind = "full_shard" if post == shards else "shard_grad_op" if post == 1 else "full_shard"
+        return Layout(kind, shards, offload=o.cpu_offload, compute_bytes=compute_bytes(precision) if o.mixed_precision
+                      else 4, post_forward=post if 1 < post < shards else 0, offload_params=o.cpu_offload,
+                      sharded_units=True, holds_reduce_scatter_input=True)
+
+    @classmethod
+    def estimator_options(cls, plan, described) -> dict:
+        return {"fsdp_options": fsdp_config.from_record(plan if plan is not None else described["options"])}
 
     pretrained = None  # a checkpoint to load shard by shard after sharding (build_model)
 

@@ -25,12 +25,22 @@ the selective checkpoint's per-operator dispatch cost nearly as much time as the
 from __future__ import annotations
 
 import math
+import statistics
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from estimator.estimate import Estimate
-from backends.activation_checkpointing import save_ops_for
+import psutil
+import torch
+
+import backends
+from backends.activation_checkpointing import apply_ac, save_ops_for
+from backends.torch_backend import AUTOCAST_DTYPES
+from core.blocks import find_blocks
+from core.dist import synchronize
+from core.flops import block_flops_by_op
 from core.config import CKPT_CHOICES
+from estimator.estimate import Estimate, estimate, record_arguments
 from gptlite.errors import ConfigError
 
 GiB = 2**30
@@ -41,7 +51,7 @@ HEADROOM = 0.03
 
 
 @dataclass
-class CkptPlan:
+class CheckpointingPlan:
     choices: list[str]  # per block: none, selective or full
     peak_bytes: int  # the estimated peak per rank with this plan
     cost: tuple[float, float]  # (recomputed FLOPs, recomputed bytes) per sample; measured: (seconds per micro-batch, bytes)
@@ -87,7 +97,7 @@ def peak_of(est: Estimate, kept_bytes: Sequence[int]) -> int:
 
 
 def plan(est: Estimate, budget_gb: float, block_flops: Sequence[dict], save_ops: Sequence[str] | None = None,
-         choices: Sequence[str] = CKPT_CHOICES, measured: dict | None = None) -> CkptPlan:
+         choices: Sequence[str] = CKPT_CHOICES, measured: dict | None = None) -> CheckpointingPlan:
     """The plan for an estimate `est` (any plan: its moments do not depend on it), within `budget_gb`.
     `block_flops`: each block's forward FLOPs by operator (core/flops.block_flops_by_op). `measured`
     (measured_costs): the seconds every block's recompute costs under full and selective, shared
@@ -125,20 +135,17 @@ def plan(est: Estimate, budget_gb: float, block_flops: Sequence[dict], save_ops:
                           f"a plan fits is {math.ceil(least / GiB * 1000) / 1000:.3f} GiB (every block keeping least: "
                           f"{', '.join(sorted({min(k, key=k.get) for k in kept}))}; a plan keeps {HEADROOM:.0%} of the "
                           "budget for the estimator's error); raise the budget or lower the micro-batch")
-    return CkptPlan(chosen, peak_of(est, [kept[i][c] for i, c in enumerate(chosen)]),
+    return CheckpointingPlan(chosen, peak_of(est, [kept[i][c] for i, c in enumerate(chosen)]),
                     tuple(sum(cost[i][c][j] for i, c in enumerate(chosen)) for j in range(2)), bool(measured))
 
 
 def plan_for_record(config: dict, budget_gb: float, workload, choices: Sequence[str] = CKPT_CHOICES,
-                    measure: bool = False) -> CkptPlan:
+                    measure: bool = False) -> CheckpointingPlan:
     """The plan for a run described as its config.json would describe it (train.py --dry_run's
     output; `run.ckpt_policy` auto), within `budget_gb`: what train.py's --ckpt_policy auto runs.
     `workload`: the run's model (models.load), whose FLOPs are counted per block and operator. With
     `measure` and `run.ckpt_cost` measured, the recompute is timed on the run's device
     (measured_costs) where the model can be built whole there."""
-    from estimator.estimate import estimate, record_arguments
-    from core.flops import block_flops_by_op
-
     model, args, kwargs = record_arguments(config)
     backend, world, micro_batch, precision, _, *rest = args
     kwargs.update(ckpt_plan=None, ckpt_policy="selective")  # every block selective: the operators' outputs traced
@@ -151,7 +158,7 @@ def plan_for_record(config: dict, budget_gb: float, workload, choices: Sequence[
     if not (measure and run.get("ckpt_cost", "measured") == "measured"):
         return counted
     device = (config.get("environment") or {}).get("device", "cpu")
-    single = estimate(model, "single", 1, micro_batch, precision, 0, *rest[:1], **{**kwargs, "ckpt_policy": "full"})
+    single = estimate(model, backends.REFERENCE, 1, micro_batch, precision, 0, *rest[:1], **{**kwargs, "ckpt_policy": "full"})
     measured = measured_costs(workload, run.get("block_class"), micro_batch, device, kwargs["save_ops"],
                               [c for c in choices if c != "none"], single.total_bytes, precision=precision)
     return plan(est, budget_gb, flops, kwargs["save_ops"], choices, measured) if measured else counted
@@ -165,21 +172,12 @@ def measured_costs(workload, block_class: str | None, micro_batch: int, device: 
     `reps` after a warm-up, the policies alternating. None where the
     model's step (`needs_bytes`, the estimator's single-process peak) would take more than half the
     device's free memory: the plan then weighs counted work."""
-    import statistics
-
-    import torch
-
-    from backends.activation_checkpointing import apply_ac
-    from core.blocks import find_blocks
-
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         return None  # a GPU run described on a machine without one (training/describe.py): counted
     if dev.type == "cuda":
         free = torch.cuda.mem_get_info(dev)[0]
     else:
-        import psutil
-
         free = psutil.virtual_memory().available
     if needs_bytes * (1 + len(policies)) > free / 2:
         return None
@@ -206,10 +204,6 @@ def forward_backward(model, x, y, precision: str) -> None:
     """One micro-batch's forward and backward as the torch backends run it: under autocast to
     `precision`'s dtype (none for fp32). Timing it in fp32 for a bf16 run would time other kernels
     (on a GPU, fp32 matrix products several times slower than bf16)."""
-    import torch
-
-    from backends.torch_backend import AUTOCAST_DTYPES
-
     dtype = AUTOCAST_DTYPES[precision]
     with torch.autocast(x.device.type, dtype=dtype, enabled=dtype is not None):
         loss = model(x, y)[1]
@@ -218,10 +212,6 @@ def forward_backward(model, x, y, precision: str) -> None:
 
 def seconds_of(dev, fn) -> float:
     """Wall seconds of `fn()` on device `dev`, the work it queued there included."""
-    import time
-
-    from core.dist import synchronize
-
     synchronize(dev)
     started = time.perf_counter()
     fn()

@@ -7,10 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gptlite.errors import ConfigError
 from gptlite.model import GPTConfig, meta_model
 
-F32 = 4
+from backends.memory_layout import F32
 # DeepSpeed's defaults, when a config does not set them.
 DS_REDUCE_BUCKET = 5e8
 DS_PREFETCH_BUCKET = 5e7
@@ -100,68 +99,3 @@ def backward_transient(cfg: GPTConfig, micro_batch: int, act_bytes: int, mask_by
     freed = btc * (residual_bytes + ln_out + 4 * act_bytes + act_bytes) + (2 * btc * mask_bytes if cfg.dropout > 0 else 0)
     # The feed-forward's own backward: its two 4C-wide gradients beside everything the block keeps.
     return max((2 * B * H * T * T + btc) * act_bytes - freed, 8 * btc * act_bytes)
-
-
-@dataclass
-class Layout:
-    """How a backend holds the model: the inputs of the estimate that depend on the backend."""
-
-    kind: str  # replicated | full_shard | shard_grad_op | zero12 | zero3
-    shards: int = 1
-    ddp_bucket: bool = False  # DDP keeps a gradient bucket the size of all gradients
-    grads_beside_buckets: bool = False  # and the gradients apart from it (not bucket views)
-    fsdp1_root_gathered: bool = False
-    # FSDP2 resharding to a group of this many ranks after forward (reshard_after_forward as an
-    # integer): each parameter's 1/post_forward kept from its forward until its backward.
-    post_forward: int = 0
-    # ZeRO++ hpZ: a secondary copy of the parameters partitioned over this many ranks.
-    hpz: int = 1
-    offload: bool = False
-    compute_bytes: int = F32  # bytes of the parameters the forward computes with
-    ds: dict = field(default_factory=dict)
-
-
-def layout_for(backend: str, world: int, precision: str, fsdp_options=None, ds_config: dict | None = None,
-               ranks_per_node: int | None = None) -> Layout:
-    c = 2 if precision in ("bf16", "fp16") else F32
-    if backend in ("single", "ddp", "accelerate"):
-        # accelerate's Accelerator runs DDP underneath, without gradients as views of its buckets.
-        return Layout("replicated", ddp_bucket=backend != "single", grads_beside_buckets=backend == "accelerate")
-    if backend == "fsdp":
-        from backends import fsdp_config
-        from backends.fsdp_config import FSDPConfig
-
-        o = fsdp_options or FSDPConfig()
-        mp = c if o.mixed_precision else F32
-        if o.sharding_strategy == "NO_SHARD" or world == 1:
-            # FSDP1 runs every strategy as NO_SHARD on one rank (it switches and warns).
-            return Layout("replicated", offload=o.cpu_offload, compute_bytes=mp)
-        shards = world
-        if o.sharding_strategy in fsdp_config.HYBRID_STRATEGIES:
-            shards = o.hybrid_shard_size or ranks_per_node or world
-            if shards < 2 or world % shards:
-                raise ConfigError(f"hybrid_shard_size {shards} must be >= 2 and divide the world size {world}")
-        kind = "shard_grad_op" if o.sharding_strategy in ("SHARD_GRAD_OP", "_HYBRID_SHARD_ZERO2") else "full_shard"
-        return Layout(kind, shards, fsdp1_root_gathered=True, offload=o.cpu_offload, compute_bytes=mp)
-    if backend == "fsdp2":
-        from backends.fsdp_config import FSDP2Config
-
-        from backends.fsdp_config import hybrid_groups, post_forward_group
-
-        o = fsdp_options or FSDP2Config()
-        per_node = ranks_per_node or world
-        _, shards = hybrid_groups(o, world, per_node)  # the mesh's shard group (the world without one)
-        post = post_forward_group(o, shards, per_node)
-        # Resharded to the whole shard group (true; also on one rank) / kept whole (false) / to a smaller group.
-        kind = "full_shard" if post == shards else "shard_grad_op" if post == 1 else "full_shard"
-        return Layout(kind, shards, offload=o.cpu_offload, compute_bytes=c if o.mixed_precision else F32,
-                      post_forward=post if 1 < post < shards else 0)
-    if backend == "deepspeed":
-        zero = (ds_config or {}).get("zero_optimization") or {}
-        stage = int(zero.get("stage", 0))
-        offload = any(((zero.get(k) or {}).get("device") or "none") != "none"
-                      for k in ("offload_optimizer", "offload_param"))
-        kind = {0: "replicated", 1: "zero12", 2: "zero12", 3: "zero3"}[stage]
-        hpz = int(zero.get("zero_hpz_partition_size") or 1) if stage == 3 else 1
-        return Layout(kind, world, offload=offload, compute_bytes=c, ds=zero, hpz=hpz if 1 < hpz < world else 1)
-    raise ConfigError(f"backend must be one of single, ddp, accelerate, fsdp, fsdp2, deepspeed (got {backend!r})")

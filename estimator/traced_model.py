@@ -38,14 +38,18 @@ from __future__ import annotations
 import functools
 import json
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from estimator.memory_model import Counts
+import models
 from core.blocks import find_blocks
+from core.config import RunConfig
+from estimator.memory_model import Counts
+from gptlite.model import GPTConfig, GPTLite, meta_model
+from models.workload import Workload
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -280,26 +284,17 @@ class _Tokens:
 
 def _gptlite_workload(cfg):
     """GPT-lite of GPTConfig `cfg` as a workload, to count its FLOPs by operator."""
-    from gptlite.model import GPTLite, meta_model
-    from models.workload import Workload
-
     return Workload("gptlite", {"name": "gptlite", **cfg.to_dict()}, _Tokens(cfg.block_size), lambda: GPTLite(cfg),
                     _meta=meta_model(cfg))
 
 
 @functools.lru_cache(maxsize=16)
 def _gptlite_cached(key: str) -> TracedModel:
-    from gptlite.model import GPTConfig
-
-
     return TracedModel.of(_gptlite_workload(GPTConfig(**json.loads(key))))
 
 
 @functools.lru_cache(maxsize=16)
 def _cached(key: str) -> TracedModel:
-    import models
-    from core.config import RunConfig
-
     run = json.loads(key)
     cfg = RunConfig(**run)
     return TracedModel.of(models.load(cfg.model_request()), cfg.block_class)
@@ -307,10 +302,6 @@ def _cached(key: str) -> TracedModel:
 
 def traced_for_run(run: dict) -> TracedModel:
     """The traced model of a config.json's `run` (every train.py flag), traced once per model."""
-    from dataclasses import fields
-
-    from core.config import RunConfig
-
     names = {f.name for f in fields(RunConfig)}
     wanted = ("model", "model_name_or_path", "model_args", "data", "preset", "block_size", "dropout", "block_class")
     return _cached(json.dumps({k: run.get(k) for k in wanted if k in names and k in run}, sort_keys=True))

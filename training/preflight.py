@@ -323,13 +323,6 @@ class SaveDirLock(FileLock):
                            "wait for it to finish, or choose another --save_dir", e.holder) from None
 
 
-def nvme_paths(plan) -> list[str]:
-    """The NVMe directories a DeepSpeed plan swaps into (ZeRO-Infinity), none for other backends."""
-    zero = (getattr(plan, "config", None) or {}).get("zero_optimization") or {}
-    return sorted({zero[s]["nvme_path"] for s in ("offload_optimizer", "offload_param")
-                   if (zero.get(s) or {}).get("device") == "nvme" and zero[s].get("nvme_path")})
-
-
 class NVMeLock(FileLock):
     """One run per NVMe swap directory: DeepSpeed deletes each rank's swap folder there as it
     starts, which would pull another live run's parameters from under it."""

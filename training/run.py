@@ -27,7 +27,6 @@ import backends
 from backends.activation_checkpointing import save_ops_for
 from backends.base import Backend, Resolved
 from backends.compile import compile_stats
-from backends.deepspeed_config import monitor_paths
 from core.blocks import find_blocks
 from core.config import RunConfig, describe_plan, plan_choices_under
 from core.dist import DistEnv, broadcast_object, destroy_process_group, set_cpu_threads, stop_with_launcher
@@ -161,9 +160,8 @@ def resolve(cfg: RunConfig, env: DistEnv | None = None, resolved: Resolved | Non
     if env.is_main:  # only rank 0 logs to trackers
         trackers.check(cfg.tracker)
     preflight.writable_out("runs_dir", cfg.runs_dir)  # records beside records, never inside one or a checkpoint
-    if cfg.deepspeed_config and resolved.plan is not None:  # DeepSpeed's monitors write where the file says
-        for where, path in monitor_paths(cfg.deepspeed_config, resolved.plan.config):
-            preflight.writable_dir(where, path)
+    for where, path in resolved.backend.output_dirs(cfg, resolved.plan):  # DeepSpeed's monitors, where the file says
+        preflight.writable_dir(where, path)
     record_dir = Path(cfg.runs_dir) / cfg.run_name if cfg.run_name else None
     if cfg.save_dir:
         preflight.writable_dir("save_dir", cfg.save_dir)
@@ -196,7 +194,7 @@ def resolve(cfg: RunConfig, env: DistEnv | None = None, resolved: Resolved | Non
                 preflight.own_save_dir(cfg.save_dir, setup.run_id, cfg.run_name, record_dir)
             if cfg.save_every:
                 manifest.signing_key()  # made (or found unusable) now, not at the first save
-            for path in preflight.nvme_paths(resolved.plan):
+            for path in resolved.backend.swap_dirs(resolved.plan):
                 setup.nvme_locks.append(preflight.NVMeLock(path))
         except ConfigError:
             for lock in (setup.lock, setup.save_lock, *setup.nvme_locks):
@@ -259,7 +257,7 @@ def check_model(cfg: RunConfig, workload: Workload | None = None) -> Workload:
 def check_blocks(workload: Workload, cfg: RunConfig) -> None:
     """The model's blocks are found where the run needs them (Backend.blocks_needed_by: FSDP's units,
     checkpointing, --compile); a model without any trains where nothing does (single, ddp, ZeRO)."""
-    needed_by = backends.get_backend(cfg.backend or "single").blocks_needed_by(cfg)
+    needed_by = backends.get_backend(cfg.backend or backends.REFERENCE).blocks_needed_by(cfg)
     blocks = find_blocks(workload.meta(), cfg.block_class, needed_by)
     if cfg.ckpt_plan is not None:
         cfg.ckpt_choices(len(blocks))  # one entry per block
@@ -275,17 +273,12 @@ def check_unused(workload: Workload, cfg: RunConfig) -> None:
     experts), FSDP2 and DeepSpeed ZeRO abort on mismatched collectives when the ranks' unused parameters
     differ. Refused before anything runs (ConfigError)."""
     unused = workload.unused_parameters
-    if not unused or cfg.backend in (None, "single") or (cfg.backend == "ddp" and cfg.find_unused_parameters):
+    if not unused:
         return
     names = ", ".join(unused[:3]) + (f" and {len(unused) - 3} more" if len(unused) > 3 else "")
     what = (f"model {workload.name} leaves parameters without a gradient on its first 2 training samples ({names}: "
             "conditional computation, such as experts that get no token or an unused parameter)")
-    if cfg.backend == "ddp":
-        raise ConfigError(f"{what}; DDP waits for every gradient: give --find_unused_parameters (DDP's own setting; "
-                          "a parameter no rank used then gets no update, as in one process)")
-    raise ConfigError(f"{what}; backend {cfg.backend} would train it differently from one process (a missing gradient "
-                      "becomes a zero one that AdamW still moves) or stop on mismatched collectives: train it with "
-                      "--backend ddp --find_unused_parameters, or in one process")
+    backends.get_backend(cfg.backend or backends.REFERENCE).check_unused_parameters(cfg, what)
 
 
 @dataclass
