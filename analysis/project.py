@@ -35,16 +35,32 @@ model for comparing backends, checked only where runs can measure (the bytes, te
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import json
 import math
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
+import torch
 import yaml
 
+from analysis.runs import config_label
+from backends import BACKEND_NAMES, deepspeed_config, fsdp_config, get_backend
+from backends.activation_checkpointing import save_ops_for
+from core.comm import base_kind
+from core.flops import planned_sample_flops, sample_flops
+from estimator.checkpointing_plan import plan_for_record
+from estimator.estimate import estimate_from_record
 from gptlite.data import DataError
 from gptlite.errors import ConfigError
+from training import launch
+from training.cli import OneLineParser, config_from_argv, refuse_renamed
+from training.describe import resolve_flags
+from training.preflight import writable_out
 
 REPO = Path(__file__).resolve().parent.parent
 HARDWARE = Path(__file__).resolve().parent / "hardware.yaml"
@@ -79,8 +95,6 @@ def gpu_here(hw: dict, device_name: str | None = None) -> str | None:
     """This machine's GPU as analysis/hardware.yaml names it ('NVIDIA H100 80GB HBM3' is H100-SXM),
     from `device_name` or CUDA's device 0; None without a GPU or for one the file does not list."""
     if device_name is None:
-        import torch
-
         if not torch.cuda.is_available():
             return None
         device_name = torch.cuda.get_device_name(0)
@@ -101,8 +115,6 @@ def add_cost_flags(p, hw: dict) -> None:
 def kept_ops(cfg) -> tuple[str, ...] | None:
     """The ops a checkpointed block of run `cfg` keeps (None: full's inputs only), as train.py
     resolves them: the selective default set unless --ckpt_save_ops."""
-    from backends.activation_checkpointing import save_ops_for
-
     return save_ops_for(cfg.ckpt_policy, cfg.save_ops()) if cfg.ckpt_policy in ("full", "selective") else None
 
 
@@ -142,11 +154,6 @@ def count(entry: str, train_argv: list[str], world: int, gpus_per_node: int) -> 
 def count_flags(flags: list[str], world: int, gpus_per_node: int, what: str) -> dict:
     """train.py's `flags` run as rank 0 of `world` under the fake process group, on this machine's
     device (the same collectives): training/fake_world.py's result. Failing, a RuntimeError naming `what`."""
-    import json
-    import tempfile
-
-    from training import launch
-
     with tempfile.TemporaryDirectory() as tmp:
         proc = launch.run_python("-m", "training.fake_world", "--world", world, "--gpus_per_node", gpus_per_node,
                                  "--out", tmp, "--", *flags, "--device", "auto")
@@ -160,8 +167,6 @@ def count_flags(flags: list[str], world: int, gpus_per_node: int, what: str) -> 
 def counted_traffic(counted: dict, theory: dict, world: int) -> dict:
     """{kind: (group size, bus bytes, calls, spans nodes)} of a count (count_flags), each kind in the
     group its theory names first (the whole world where the theory has no such kind)."""
-    from core.comm import base_kind
-
     groups: dict[str, tuple] = {}
     for kind, term in theory["by_kind"].items():
         groups.setdefault(base_kind(kind), (term["group_size"], term.get("spans_nodes")))
@@ -172,9 +177,6 @@ def counted_traffic(counted: dict, theory: dict, world: int) -> dict:
 def resolve_entry(entry: str, train_argv: list[str], world: int, per_node: int):
     """training.run.Setup of configuration `entry` of the run `train_argv` on `world` GPUs, `per_node` to a
     node, resolved as train.py resolves it (training/describe.py), --ckpt_policy auto's plan included."""
-    from estimator.checkpointing_plan import plan_for_record
-    from training.describe import resolve_flags
-
     return resolve_flags(run_flags(entry, train_argv), world, per_node, planner=plan_for_record)
 
 
@@ -185,11 +187,6 @@ def project(entry: str, train_argv: list[str], world: int, gpu: dict, net: dict,
     calls are the backend's real ones at that world size; otherwise its theory's, cut into calls by
     the configuration's own bucket sizes where it names them (Backend.comm_schedule), else
     a.bucket_mib; either way the share its schedule puts on the critical path is `wait ms`."""
-    from estimator.estimate import estimate_from_record
-    from analysis.runs import config_label
-    from backends.activation_checkpointing import save_ops_for
-    from core.flops import planned_sample_flops, sample_flops
-
     per_node = min(world, gpu["gpus_per_node"])
     setup = resolve_entry(entry, train_argv, world, per_node)
     resolved, cfg = setup.resolved, setup.cfg
@@ -229,8 +226,6 @@ def project(entry: str, train_argv: list[str], world: int, gpu: dict, net: dict,
 def theory_traffic(theory: dict, bucket_mib: float, schedule: dict | None = None) -> dict:
     """{kind: (group size, bus bytes, calls, spans nodes)} of a backend's comm_theory, its bytes cut into
     calls of the bytes its `schedule` (Backend.comm_schedule) gives a kind, else of bucket_mib."""
-    from core.comm import base_kind
-
     schedule = schedule or {}
     sizes = {kind: schedule.get(kind, schedule.get(base_kind(kind), (None, 0.0)))[0] or bucket_mib * 2**20
              for kind in theory["by_kind"]}
@@ -244,8 +239,6 @@ def comm_seconds(traffic: dict, per_node: int, inside: tuple[float, float], betw
     over alpha-beta links: `inside` a node and `between` nodes, each (GB/s, latency in microseconds);
     a kind whose group lies in one node takes the inside link: where the theory says where its group
     lies (a replica group of HSDP spans nodes however few its ranks), else where it fits in a node."""
-    from core.comm import base_kind
-
     seconds = 0.0
     for kind, (group, bus_bytes, calls, *placed) in traffic.items():
         if group <= 1:
@@ -287,8 +280,6 @@ def comm_and_wait(traffic: dict, schedule: dict, per_node: int, inside: tuple[fl
     all-reduce after backward, ZeRO-1/2's gather in the optimizer step, gathers nothing prefetches);
     a kind the schedule does not name overlaps."""
     comm = wait = 0.0
-    from core.comm import base_kind
-
     for kind, term in traffic.items():
         seconds = comm_seconds({kind: term}, per_node, inside, between)
         waits = schedule.get(kind, schedule.get(base_kind(kind), (None, 0.0)))[1]
@@ -297,16 +288,11 @@ def comm_and_wait(traffic: dict, schedule: dict, per_node: int, inside: tuple[fl
 
 
 def offload_seconds(resolved, n_params: int, world: int, gpu: dict, a: Assumptions) -> float:
-    """Host<->device traffic and the CPU optimizer step of the offloading configurations."""
-    plan = resolved.plan
-    offload_params = offload_opt = False
-    if resolved.cfg.backend == "deepspeed":
-        offload_opt, offload_params = plan.offload_optimizer != "none", plan.offload_param != "none"
-    elif resolved.cfg.backend in ("fsdp", "fsdp2"):
-        offload_opt = offload_params = plan.cpu_offload
+    """Host<->device traffic and the CPU optimizer step of the offloading configurations (what each
+    backend offloads under its spec: Backend.offload)."""
+    offload_opt, offload_params, shard = resolved.backend.offload(resolved.spec, n_params, world)
     if not offload_opt:
         return 0.0
-    shard = n_params / world if resolved.cfg.backend != "deepspeed" or plan.stage > 0 else n_params
     moved = shard * 2 * 2  # 16-bit gradients out, 16-bit parameters back
     if offload_params:
         moved += 2 * n_params * 2  # every parameter fetched for forward and again for backward
@@ -315,8 +301,6 @@ def offload_seconds(resolved, n_params: int, world: int, gpu: dict, a: Assumptio
 
 def table(train_argv: list[str], worlds: list[int], gpu_name: str, network: str, a: Assumptions,
           entries: list[str] | None = None, counted: bool = False, gpus_per_node: int | None = None):
-    import pandas as pd
-
     hw = yaml.safe_load(HARDWARE.read_text())
     gpu, net = hw["gpus"][gpu_name], hw["networks"][network]
     if gpus_per_node:
@@ -344,8 +328,6 @@ def node_hybrid(entry: str) -> bool:
     differs from ZeRO-3 on one node too.)"""
     if not entry.endswith(".yaml"):
         return False
-    from backends import fsdp_config
-
     path = Path(entry) if Path(entry).is_file() else REPO / entry
     options = fsdp_config.load(str(path))
     if isinstance(options, fsdp_config.FSDPConfig):
@@ -354,10 +336,6 @@ def node_hybrid(entry: str) -> bool:
 
 
 def main(argv=None) -> int:
-    import argparse
-
-    from training.cli import OneLineParser
-
     hw = yaml.safe_load(HARDWARE.read_text())
     p = OneLineParser(prog="python -m analysis.project", description=__doc__.splitlines()[0], allow_abbrev=False,
                       formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -374,7 +352,8 @@ def main(argv=None) -> int:
                         "(default: the GPU's in analysis/hardware.yaml)")
     add_cost_flags(p, hw)
     p.add_argument("--configs", nargs="+", default=None, metavar="CONFIG",
-                   help="ddp, fsdp, fsdp2, or fsdp_configs/ and ds_configs/ files (default: all shipped)")
+                   help="a backend priced by its name (ddp, fsdp, fsdp2, ...), or fsdp_configs/ and ds_configs/ files "
+                        "(default: all shipped)")
     p.add_argument("--counted", action="store_true",
                    help="count each configuration's real collectives at each W by running it as rank 0 under "
                         "torch's fake process group (training/fake_world.py), instead of its theory: one short "
@@ -383,26 +362,22 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None, metavar="DIR", help="directory for projection.md and samples_vs_gpus.png")
     p.add_argument("--json", action="store_true", help="print one JSON object (the GPU, network, assumptions and "
                    "every configuration's row at each W) instead of the tables")
-    from training.cli import refuse_renamed
-
     refuse_renamed(p, argv)
     args, train_argv = p.parse_known_args(argv)
     if args.gpu == HERE:
         args.gpu = gpu_here(hw) or p.error(
             "--gpu here: this machine has no GPU that analysis/hardware.yaml lists, and the projection is to W of "
             f"them: name one ({', '.join(hw['gpus'])})")
+    by_name = [name for name in BACKEND_NAMES if get_backend(name).projected_by_name]
     for c in args.configs or []:
-        if c in ("single", "accelerate") or (c not in ("ddp", "fsdp", "fsdp2") and not (
-                c.endswith((".yaml", ".json")) and (REPO / c).is_file())):
-            p.error(f"--configs {c}: must be ddp, fsdp, fsdp2, or an existing fsdp_configs/*.yaml or "
+        if c not in by_name and not (c.endswith((".yaml", ".json")) and (REPO / c).is_file()):
+            p.error(f"--configs {c}: must be {', '.join(by_name)}, or an existing fsdp_configs/*.yaml or "
                     "ds_configs/*.json file (relative to the repository)")
     for flag, values in (("--world", args.world), ("--configs", args.configs or [])):
         twice = next((v for v in values if values.count(v) > 1), None)
         if twice is not None:
             p.error(f"{flag}: each at most once ({twice} is given {values.count(twice)} times)")
     if args.out:
-        from training.preflight import writable_out
-
         try:
             writable_out("--out", args.out)
         except ConfigError as e:
@@ -418,9 +393,6 @@ def main(argv=None) -> int:
         p.error(f"--world: each must be >= 1 and, beyond one node, whole nodes of {per_node}")
     a = Assumptions(mfu=args.mfu, overlap=args.overlap)
     try:  # the run's flags and every configuration file read before any work: a bad one is refused in one line
-        from backends import deepspeed_config, fsdp_config
-        from training.cli import config_from_argv
-
         given = config_from_argv(train_argv)
         defaults = config_from_argv([])
         for name in CONFIG_FLAGS:
@@ -461,8 +433,6 @@ def main(argv=None) -> int:
         lines.append(f"  same order: {projected == order} (projected: {', '.join(projected)})")
     text = "\n".join(lines)
     if args.json:
-        import json
-
         print(json.dumps({"gpu": args.gpu, "network": args.network, "train_argv": train_argv, "bytes": bytes_from,
                           "assumptions": dataclasses.asdict(a), "rows": json.loads(result.to_json(orient="records"))}))
     else:

@@ -34,6 +34,7 @@ PLUGINS = ("none", "fsdp", "deepspeed")
 
 class AccelerateBackend(TorchBackend):
     name = "accelerate"
+    owned_flags = ("accelerate_plugin",)
 
     @classmethod
     def memory_layout(cls, world, precision, options=None, ranks_per_node=None) -> Layout:

@@ -10,8 +10,8 @@ The loop (training/loop.py) never branches on the backend. For each optimizer st
 
 A backend owns the wrapped model, the optimizer, the learning-rate schedule and the precision
 handling. Before any process exists, `resolve` completes the run configuration and freezes the
-backend's plan (its config file, read once: FSDPConfig, FSDP2Config, the DeepSpeed plan), which
-the backend keeps and the record stores whole. What it holds per rank it reports through a small
+backend's spec (BackendSpec: its config file, read once: FSDPConfig, FSDP2Config, DeepSpeedSpec), which
+the backend keeps and the record stores whole (config.json's `plan`). What it holds per rank it reports through a small
 separate interface (`accounting()`, core/memory.py); how it is set up through `describe`.
 """
 
@@ -31,6 +31,7 @@ from core.config import (DEFAULT_GRAD_ACCUM, DEFAULT_GRAD_CLIP, DEFAULT_LR, DEFA
                          DEFAULT_MICRO_BATCH, RunConfig)
 from backends.compile import apply_compile, uses_cudagraphs
 from backends.memory_layout import Layout
+from backends.registry import flag_owners
 from core.blocks import find_blocks
 from core.dist import DistEnv, init_process_group
 from core import comm
@@ -60,21 +61,28 @@ def warmup_factor(step: int, warmup_steps: int) -> float:
     return iteration / warmup if iteration < warmup else 1.0
 
 
+class BackendSpec:
+    """A backend's frozen, recorded spec: what `Backend.resolve` decided from its config file and the
+    flags (FSDPConfig, FSDP2Config, DeepSpeedSpec; frozen dataclasses). The backend, the run record
+    (config.json's `plan`, its name there kept for the records already written) and the estimator all
+    read this one object."""
+
+
 @dataclass(frozen=True)
 class Resolved:
     """What `Backend.resolve` decided: the backend, the completed run configuration, and the
-    backend's frozen plan (None for backends without options: single, ddp, accelerate)."""
+    backend's spec (None for backends without options: single, ddp, accelerate)."""
 
     backend: type["Backend"]
     cfg: RunConfig
-    plan: Any = None
+    spec: BackendSpec | None = None
 
-    def plan_record(self) -> dict | None:
-        """The plan as the record stores it (config.json's `plan`)."""
-        return dataclasses.asdict(self.plan) if self.plan is not None else None
+    def spec_record(self) -> dict | None:
+        """The spec as the record stores it (config.json's `plan`)."""
+        return dataclasses.asdict(self.spec) if self.spec is not None else None
 
     def build(self, env: DistEnv) -> "Backend":
-        return self.backend(self.cfg, env, self.plan)
+        return self.backend(self.cfg, env, self.spec)
 
 
 class Backend(ABC):
@@ -86,30 +94,37 @@ class Backend(ABC):
     # How save_checkpoint writes: "torch" (state dicts), "dcp" (torch.distributed.checkpoint) or
     # "deepspeed" (the engine's own); training/export.py reads each back into one state dict.
     checkpoint_format: ClassVar[str] = "torch"
+    # The run's flags only this backend reads (core/config.py marks them backend_flag); another
+    # backend refuses them.
+    owned_flags: ClassVar[tuple[str, ...]] = ()
+    # Whether the projection (analysis/project.py --configs) prices it by its name alone, no config file:
+    # a distributed backend whose every option has a default it can price.
+    projected_by_name: ClassVar[bool] = False
     # Loading a checkpoint (--model_name_or_path): the window's peak bytes (core/memory_profile.py LoadPeak).
     load_peak: LoadPeak | None = None
 
-    def __init__(self, cfg: RunConfig, env: DistEnv, plan: Any = None):
+    def __init__(self, cfg: RunConfig, env: DistEnv, spec: BackendSpec | None = None):
         self.cfg = cfg
         self.env = env
-        self.plan = plan
+        self.spec = spec
         self.model: nn.Module | None = None
 
     @classmethod
     def resolve(cls, cfg: RunConfig, env: DistEnv) -> Resolved:
-        """`cfg` completed with this backend's defaults, and its plan.
+        """`cfg` completed with this backend's defaults, and its spec.
 
         Raises ConfigError for what this backend cannot run (world size, options); called before
         any process group exists, so bad input fails fast with a one-line error. Subclasses with
-        a config file read it here, once, and pass the result on as the plan.
+        a config file read it here, once, and pass the result on as the spec.
         """
         return cls.resolved(cfg, env)
 
     @classmethod
-    def resolved(cls, cfg: RunConfig, env: DistEnv, plan: Any = None) -> Resolved:
+    def resolved(cls, cfg: RunConfig, env: DistEnv, spec: BackendSpec | None = None) -> Resolved:
         """The checks and defaults every backend shares: options other backends own are refused."""
-        for name, owners in cfg.backend_specific().items():
-            if cls.name not in owners:
+        for name in cfg.backend_specific():
+            if name not in cls.owned_flags:
+                owners = flag_owners(name)
                 which = f"backends {' and '.join(owners)}" if len(owners) > 1 else f"backend {owners[0]}"
                 raise ConfigError(f"{name} applies to {which} (got backend {cls.name!r})")
 
@@ -125,7 +140,7 @@ class Backend(ABC):
             lr=default(cfg.lr, DEFAULT_LR),
             lr_warmup_steps=default(cfg.lr_warmup_steps, DEFAULT_LR_WARMUP_STEPS),
             grad_clip=default(cfg.grad_clip, DEFAULT_GRAD_CLIP),
-        ), plan)
+        ), spec)
 
     @classmethod
     def init_distributed(cls, env: DistEnv, timeout_s: float) -> None:
@@ -142,21 +157,21 @@ class Backend(ABC):
             return workload.build(seed)
 
     @classmethod
-    def loads_checkpoint_sharded(cls, plan) -> bool:
+    def loads_checkpoint_sharded(cls, spec) -> bool:
         """Whether build_model loads a checkpoint without a whole copy on any rank (FSDP2, ZeRO-3)."""
         return False
 
     @classmethod
     def memory_layout(cls, world: int, precision: str, options=None, ranks_per_node: int | None = None) -> Layout:
         """How this backend holds the model's states on each rank of `world` (backends/memory_layout.py),
-        for the estimator: `options` its recorded plan's options (FSDP's, DeepSpeed's zero_optimization
+        for the estimator: `options` its recorded spec's options (FSDP's, DeepSpeed's zero_optimization
         section's config), `ranks_per_node` the hosts' size where a hybrid group defaults to it."""
         raise ConfigError(f"the estimator has no memory layout for backend {cls.name}")
 
     @classmethod
-    def estimator_options(cls, plan: dict | None, described: dict) -> dict:
+    def estimator_options(cls, spec: dict | None, described: dict) -> dict:
         """The keyword arguments of estimator/estimate.py:estimate this backend's record gives (its
-        recorded plan, or, for records from before plans were recorded, its `backend` section)."""
+        recorded spec, or, for records from before plans were recorded, its `backend` section)."""
         return {}
 
     @classmethod
@@ -170,6 +185,13 @@ class Backend(ABC):
         """The directories this backend swaps model states into (ZeRO-Infinity's NVMe), which one run
         must own while it trains (training/preflight.py NVMeLock)."""
         return []
+
+    @classmethod
+    def offload(cls, spec: Any, n_params: int, world: int) -> tuple[bool, bool, float]:
+        """(the optimizer state on the host, the parameters on the host, the parameters the host's
+        optimizer steps on each rank) under this backend's spec, for the projection and the planner's
+        host<->device traffic and CPU optimizer time (analysis/project.py offload_seconds)."""
+        return False, False, n_params / world
 
     @classmethod
     def check_unused_parameters(cls, cfg: RunConfig, what: str) -> None:

@@ -50,6 +50,8 @@ class _DDP(DistributedDataParallel):
 
 class DDPBackend(TorchBackend):
     name = "ddp"
+    owned_flags = ("ddp_bucket_cap_mb", "find_unused_parameters")
+    projected_by_name = True
 
     @classmethod
     def memory_layout(cls, world, precision, options=None, ranks_per_node=None) -> Layout:

@@ -92,6 +92,7 @@ class DeepSpeedAccounting(MemoryAccounting):
 
 class DeepSpeedBackend(Backend):
     name = "deepspeed"
+    owned_flags = ("deepspeed_config", "deepspeed", "nvme_path")
     checkpoint_format = "deepspeed"
     CHECKPOINT_TAG = "ckpt"
 
@@ -99,10 +100,10 @@ class DeepSpeedBackend(Backend):
     def resolve(cls, cfg, env) -> Resolved:
         if cfg.deepspeed_config is None:
             raise ConfigError("backend deepspeed needs --deepspeed_config (a JSON file; see ds_configs/)")
-        plan = deepspeed_spec.plan(cfg, env.world_size, env.device.type)
+        spec = deepspeed_spec.spec_of(cfg, env.world_size, env.device.type)
         return cls.resolved(dataclasses.replace(
-            cfg, micro_batch=plan.micro_batch, grad_accum=plan.grad_accum, precision=plan.precision, lr=plan.lr,
-            lr_warmup_steps=plan.lr_warmup_steps, grad_clip=plan.grad_clip), env, plan=plan)
+            cfg, micro_batch=spec.micro_batch, grad_accum=spec.grad_accum, precision=spec.precision, lr=spec.lr,
+            lr_warmup_steps=spec.lr_warmup_steps, grad_clip=spec.grad_clip), env, spec=spec)
 
     @classmethod
     def memory_layout(cls, world, precision, options=None, ranks_per_node=None) -> Layout:
@@ -130,8 +131,14 @@ class DeepSpeedBackend(Backend):
                        if (zero.get(s) or {}).get("device") == "nvme" and zero[s].get("nvme_path")})
 
     @classmethod
-    def estimator_options(cls, plan, described) -> dict:
-        return {"ds_config": plan["config"] if plan is not None else described["config"]}
+    def offload(cls, spec, n_params, world) -> tuple[bool, bool, float]:
+        # ZeRO-0's CPU optimizer steps every parameter on every rank; ZeRO 1-3's, this rank's partition.
+        return (spec.offload_optimizer != "none", spec.offload_param != "none",
+                n_params / world if spec.stage > 0 else n_params)
+
+    @classmethod
+    def estimator_options(cls, spec, described) -> dict:
+        return {"ds_config": spec["config"] if spec is not None else described["config"]}
 
     @classmethod
     def init_distributed(cls, env, timeout_s: float) -> None:
@@ -148,26 +155,26 @@ class DeepSpeedBackend(Backend):
             unlink_shm_allreduce_buffer(env.rank)
 
     @classmethod
-    def loads_checkpoint_sharded(cls, plan) -> bool:
-        return plan.stage == 3
+    def loads_checkpoint_sharded(cls, spec) -> bool:
+        return spec.stage == 3
 
     def build_model(self, workload, seed: int) -> nn.Module:
         """A checkpoint under ZeRO-3: built under zero.Init (each rank its partition) and loaded module
         by module (models/pretrained.py); otherwise whole, as every backend."""
-        if workload.pretrained is not None and self.loads_checkpoint_sharded(self.plan):
+        if workload.pretrained is not None and self.loads_checkpoint_sharded(self.spec):
             import_deepspeed()
             with LoadPeak(self.env.device, workload.pretrained.checkpoint.file_sizes()) as self.load_peak:
-                return workload.pretrained.zero3(self.plan.config, self.env.rank)
+                return workload.pretrained.zero3(self.spec.config, self.env.rank)
         return super().build_model(workload, seed)
 
     def setup(self, model: nn.Module) -> None:
         deepspeed = import_deepspeed()
-        cfg, plan = self.cfg, self.plan
+        cfg, spec = self.cfg, self.spec
         blocks = self.prepare_blocks(model)  # before initialize, as for the torch backends
         # ds_numel: a parameter built under zero.Init is empty here, its size DeepSpeed's.
         self.largest_layer_params = max(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
         if cfg.ckpt_impl.startswith("deepspeed"):
-            deepspeed.checkpointing.configure(None, deepspeed_config=plan.config)
+            deepspeed.checkpointing.configure(None, deepspeed_config=spec.config)
             wrapper = deepspeed_wrapper(cfg.ckpt_impl)
         else:
             wrapper = None
@@ -178,10 +185,10 @@ class DeepSpeedBackend(Backend):
                                                  save_ops=cfg.save_ops(),
                                                  choices=cfg.ckpt_choices(len(blocks)) if cfg.ckpt_plan is not None else None)
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
-            model=model, model_parameters=[p for p in model.parameters() if p.requires_grad], config=plan.config)
+            model=model, model_parameters=[p for p in model.parameters() if p.requires_grad], config=spec.config)
         # DeepCompile (the config's compile block, {"deepcompile": true}): DeepSpeed compiles the
         # whole engine with its ZeRO passes; engine.compile() is what turns it on.
-        self.deepcompile = bool((plan.config.get("compile") or {}).get("deepcompile"))
+        self.deepcompile = bool((spec.config.get("compile") or {}).get("deepcompile"))
         if self.deepcompile:
             self.engine.compile()
         self.model = self.engine
@@ -220,19 +227,19 @@ class DeepSpeedBackend(Backend):
         secondary partition inside groups of that many ranks. Stage 3 gathers every micro-step; reductions follow the stage.
         Gradients, and stages 1-2's updated shards, of the trainable parameters alone (frozen ones
         are in no optimizer group); stage 3 partitions and gathers every parameter."""
-        plan, n, accum = self.plan, self.env.world_size, self.cfg.grad_accum
+        spec, n, accum = self.spec, self.env.world_size, self.cfg.grad_accum
         if n == 1:
             return super().comm_theory(n_params, trainable)
         grads = n_params if trainable is None else trainable
-        zero = plan.config.get("zero_optimization") or {}
-        c = _element_bytes(plan.precision)
+        zero = spec.config.get("zero_optimization") or {}
+        c = _element_bytes(spec.precision)
         weights = 1 if zero.get("zero_quantized_weights") else c
         reduced = 0.5 if zero.get("zero_quantized_gradients") else c
         per_node = self.env.local_world_size
-        if plan.stage == 0:
+        if spec.stage == 0:
             return comm.theory("all-reduce of the gradients: 2 Psi (N-1)/N", {"all_reduce": (grads, c, n)}, n, per_node)
-        if plan.stage in (1, 2):
-            reductions = accum if plan.stage == 2 else 1
+        if spec.stage in (1, 2):
+            reductions = accum if spec.stage == 2 else 1
             return comm.theory("reduce-scatter of the gradients, all-gather of the parameters: 2 Psi (N-1)/N",
                                {"reduce_scatter": (reductions * grads, c, n), "all_gather": (grads, c, n)}, n, per_node)
         hpz = int(zero.get("zero_hpz_partition_size") or 1)
@@ -256,15 +263,15 @@ class DeepSpeedBackend(Backend):
         fetched ahead; with a prefetch bucket of 0 nothing is fetched ahead and forward's gathers
         wait (backward's mostly find the parameters still gathered: stage3_max_reuse_distance).
         Its calls follow the modules, not a bucket size: the projection's bucket size prices them."""
-        plan = self.plan
-        zero = plan.config.get("zero_optimization") or {}
-        c = _element_bytes(plan.precision)
-        if plan.stage == 0:
+        spec = self.spec
+        zero = spec.config.get("zero_optimization") or {}
+        c = _element_bytes(spec.precision)
+        if spec.stage == 0:
             return {"all_reduce": (c * 5e8, 1.0)}
-        reduce_bytes = 0.5 if plan.stage == 3 and zero.get("zero_quantized_gradients") else c  # qgZ: int4
+        reduce_bytes = 0.5 if spec.stage == 3 and zero.get("zero_quantized_gradients") else c  # qgZ: int4
         reduction = reduce_bytes * float(zero.get("reduce_bucket_size", 5e8))
-        overlapped = plan.stage == 3 if zero.get("overlap_comm") is None else bool(zero["overlap_comm"])
-        if plan.stage in (1, 2):  # 0.19's reduction is counted as all-reduce (use_multi_rank_bucket_allreduce)
+        overlapped = spec.stage == 3 if zero.get("overlap_comm") is None else bool(zero["overlap_comm"])
+        if spec.stage in (1, 2):  # 0.19's reduction is counted as all-reduce (use_multi_rank_bucket_allreduce)
             reducing = (reduction, 0.0 if overlapped else 1.0)
             return {"reduce_scatter": reducing, "all_reduce": reducing, "all_gather": (math.inf, 1.0)}
         # DeepSpeed prefetches no more than stage3_max_live_parameters leaves room for: 0 of them, none.
@@ -273,7 +280,7 @@ class DeepSpeedBackend(Backend):
         return {"reduce_scatter": (reduction, 0.0 if overlapped else 1.0), "all_gather": (None, 0.0 if prefetch else 0.5)}
 
     def describe(self) -> dict:
-        plan = self.plan
+        spec = self.spec
         opt = self.engine.optimizer
         inner = getattr(opt, "optimizer", opt)
         n_params = sum(getattr(p, "ds_numel", p.numel()) for p in self.engine.module.parameters())
@@ -282,18 +289,18 @@ class DeepSpeedBackend(Backend):
             "activation_checkpointing": self.activation_checkpointing,
             "compile": self.compiled,
             "deepcompile": self.deepcompile,
-            "zero_stage": plan.stage,
-            "offload_optimizer": plan.offload_optimizer,
-            "offload_param": plan.offload_param,
+            "zero_stage": spec.stage,
+            "offload_optimizer": spec.offload_optimizer,
+            "offload_param": spec.offload_param,
             "optimizer": f"{type(inner).__module__}.{type(inner).__name__}",
             "optimizer_wrapper": type(opt).__name__,
             "master_dtype": "fp32",
-            "compute_dtype": plan.precision,
-            "reduce_dtype": plan.config.get("communication_data_type") or plan.precision,
-            "loss_scaling": "dynamic (DeepSpeed)" if plan.precision == "fp16" else None,
+            "compute_dtype": spec.precision,
+            "reduce_dtype": spec.config.get("communication_data_type") or spec.precision,
+            "loss_scaling": "dynamic (DeepSpeed)" if spec.precision == "fp16" else None,
             "model_state_estimate": model_state_estimate(
-                plan.stage, n_params, self.largest_layer_params, self.env.world_size, self.env.local_world_size,
-                plan.offload_optimizer, plan.offload_param),
+                spec.stage, n_params, self.largest_layer_params, self.env.world_size, self.env.local_world_size,
+                spec.offload_optimizer, spec.offload_param),
         }
 
     def save_checkpoint(self, directory: Path) -> None:

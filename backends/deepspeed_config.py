@@ -254,7 +254,7 @@ def _validate_with_deepspeed(where: str, config: dict) -> None:
     from deepspeed.runtime.config import DeepSpeedConfig
 
     probe = {k: v for k, v in config.items() if k not in ("train_batch_size", "gradient_accumulation_steps")}
-    probe["train_micro_batch_size_per_gpu"] = 1  # batch sizes are checked by resolve_batch
+    probe["train_micro_batch_size_per_gpu"] = 1  # batch sizes are checked by batch_sizes
     try:
         DeepSpeedConfig(probe)
     except Exception as e:  # noqa: BLE001 - pydantic, assertions, ValueError: all mean a bad config

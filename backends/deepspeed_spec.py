@@ -1,8 +1,8 @@
 """The config a DeepSpeed run actually uses: batch arithmetic, precision, optimizer, offload.
 
-`plan` turns a --deepspeed_config file and the command line into the effective config: batch
+`spec_of` turns a --deepspeed_config file and the command line into the effective config: batch
 sizes, precision, learning rate and warm-up from the flags when given; what cannot run on this
-machine switched off with a note that the run record keeps. The Plan is frozen: the backend, the
+machine switched off with a note that the run record keeps. The DeepSpeedSpec is frozen: the backend, the
 run record (config.json's `plan`) and the memory estimator all read this one object.
 """
 
@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from backends.base import ADAM_BETAS, ADAM_EPS, WEIGHT_DECAY
+from backends.base import ADAM_BETAS, ADAM_EPS, WEIGHT_DECAY, BackendSpec
 from backends.deepspeed_config import LIBAIO_HINT, number, read, shown, validate
 from core.config import DEFAULT_LR
 from gptlite.errors import ConfigError
@@ -21,7 +21,7 @@ from gptlite.errors import ConfigError
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 
 
-def resolve_batch(config: dict, micro: int | None, accum: int | None, world: int, where: str) -> tuple[int, int, int]:
+def batch_sizes(config: dict, micro: int | None, accum: int | None, world: int, where: str) -> tuple[int, int, int]:
     """(micro-batch per rank, accumulation steps, train_batch_size) for this run.
 
     --micro_batch / --grad_accum override the file and train_batch_size follows them; otherwise the
@@ -77,7 +77,7 @@ def offload_device(config: dict, section: str) -> str:
 
 
 @dataclass(frozen=True)
-class Plan:
+class DeepSpeedSpec(BackendSpec):
     """What a DeepSpeed run uses: the effective config and what was resolved into it."""
 
     config: dict
@@ -93,7 +93,7 @@ class Plan:
     notes: list[str] = field(default_factory=list)
 
 
-def plan(cfg, world_size: int, device_type: str) -> Plan:
+def spec_of(cfg, world_size: int, device_type: str) -> DeepSpeedSpec:
     """The effective DeepSpeed config of run `cfg` (a RunConfig) at this world size and device."""
     path = cfg.deepspeed_config
     where = f"--deepspeed_config {shown(path)}"
@@ -102,7 +102,7 @@ def plan(cfg, world_size: int, device_type: str) -> Plan:
     config = copy.deepcopy(raw)
     notes: list[str] = []
 
-    micro, accum, train_batch = resolve_batch(raw, cfg.micro_batch, cfg.grad_accum, world_size, where)
+    micro, accum, train_batch = batch_sizes(raw, cfg.micro_batch, cfg.grad_accum, world_size, where)
     config.update(train_micro_batch_size_per_gpu=micro, gradient_accumulation_steps=accum,
                   train_batch_size=train_batch)
 
@@ -133,7 +133,7 @@ def plan(cfg, world_size: int, device_type: str) -> Plan:
                 notes.append(f"zero_optimization.{key}: not applied; DeepSpeed {_version()} has no quantizer op on "
                              "the CPU accelerator (it raises 'This op had not been implemented on CPU backend')")
     _plan_checkpointing(cfg, config, stage, notes)
-    return Plan(config, stage, micro, accum, precision, lr, warmup, config["gradient_clipping"], offload_opt,
+    return DeepSpeedSpec(config, stage, micro, accum, precision, lr, warmup, config["gradient_clipping"], offload_opt,
                 offload_param, notes)
 
 

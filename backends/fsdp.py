@@ -52,12 +52,14 @@ class FSDPAccounting(TorchAccounting):
 
 class FSDPBackend(DCPCheckpointMixin, TorchBackend):
     name = "fsdp"
+    owned_flags = ("fsdp_config",)
+    projected_by_name = True
     wraps_blocks = True  # one FSDP unit per block
     uses_autocast = False  # FSDP casts parameters itself; autocast on top would change what mixed precision means
 
     @classmethod
     def resolve(cls, cfg, env, options: fsdp_config.FSDPConfig | None = None):
-        options = fsdp_config.resolve_options(cfg, cls.name, options)
+        options = fsdp_config.options_for(cfg, cls.name, options)
         if options.sharding_strategy in fsdp_config.HYBRID_STRATEGIES:
             size = options.hybrid_shard_size or env.local_world_size
             if size < 2 or env.world_size % size:
@@ -67,7 +69,7 @@ class FSDPBackend(DCPCheckpointMixin, TorchBackend):
             fsdp_config.hybrid_groups(options, env.world_size, env.local_world_size)  # inside a node, where asked
         cfg = dataclasses.replace(cfg, precision=fsdp_config.precision_of(options))
         super().resolve(cfg, env)  # the torch backends' checks
-        return cls.resolved(cfg, env, plan=options)
+        return cls.resolved(cfg, env, spec=options)
 
     @classmethod
     def memory_layout(cls, world, precision, options=None, ranks_per_node=None) -> Layout:
@@ -87,11 +89,15 @@ class FSDPBackend(DCPCheckpointMixin, TorchBackend):
                       offload_params=o.cpu_offload, sharded_units=True, flat_unit_grads=True)
 
     @classmethod
-    def estimator_options(cls, plan, described) -> dict:
-        return {"fsdp_options": fsdp_config.from_record(plan if plan is not None else described["options"])}
+    def offload(cls, spec, n_params, world) -> tuple[bool, bool, float]:
+        return spec.cpu_offload, spec.cpu_offload, n_params / world  # CPU offload: parameters and optimizer
+
+    @classmethod
+    def estimator_options(cls, spec, described) -> dict:
+        return {"fsdp_options": fsdp_config.from_record(spec if spec is not None else described["options"])}
 
     def setup(self, model: nn.Module) -> None:
-        self.options = self.plan
+        self.options = self.spec
         self.notes: list[str] = []
         super().setup(model)
 
@@ -153,7 +159,7 @@ class FSDPBackend(DCPCheckpointMixin, TorchBackend):
         is gathered, the trainable ones' gradients alone reduced (a unit of frozen parameters reduces
         nothing; one that mixes them with trainable ones, under use_orig_params, reduces its whole
         flat gradient: counted as its trainable part, the lower bound)."""
-        o, n, accum = self.plan, self.env.world_size, self.cfg.grad_accum  # the plan: no setup needed
+        o, n, accum = self.spec, self.env.world_size, self.cfg.grad_accum  # the plan: no setup needed
         mp = o.mixed_precision
         c, r = (fsdp_config.BYTES[mp.param_dtype], fsdp_config.BYTES[mp.reduce_dtype]) if mp else (4, 4)
         if n == 1:
@@ -176,7 +182,7 @@ class FSDPBackend(DCPCheckpointMixin, TorchBackend):
         half the gathered bytes, less the root's (never resharded). With backward_prefetch null
         nothing issues the next unit's gather ahead and those wait: counted as the half, an upper
         bound. Calls follow the units, not a bucket size: the projection's bucket size prices them."""
-        o = self.plan
+        o = self.spec
         waits = 0.5 if o.sharding_strategy in ("FULL_SHARD", "HYBRID_SHARD") and o.backward_prefetch is None else 0.0
         return {"all_gather": (None, waits)}
 

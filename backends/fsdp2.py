@@ -40,17 +40,19 @@ class FSDP2Accounting(TorchAccounting):
 
 class FSDP2Backend(DCPCheckpointMixin, TorchBackend):
     name = "fsdp2"
+    owned_flags = ("fsdp_config",)
+    projected_by_name = True
     wraps_blocks = True  # fully_shard on each block
     uses_autocast = False  # the MixedPrecisionPolicy casts; no autocast on top
 
     @classmethod
     def resolve(cls, cfg, env, options: fsdp_config.FSDP2Config | None = None):
-        options = fsdp_config.resolve_options(cfg, cls.name, options)
+        options = fsdp_config.options_for(cfg, cls.name, options)
         _, shard = fsdp_config.hybrid_groups(options, env.world_size, env.local_world_size)
         fsdp_config.post_forward_group(options, shard, env.local_world_size)
         cfg = dataclasses.replace(cfg, precision=fsdp_config.precision_of(options))
         super().resolve(cfg, env)  # the torch backends' checks
-        return cls.resolved(cfg, env, plan=options)
+        return cls.resolved(cfg, env, spec=options)
 
     @classmethod
     def memory_layout(cls, world, precision, options=None, ranks_per_node=None) -> Layout:
@@ -65,13 +67,17 @@ class FSDP2Backend(DCPCheckpointMixin, TorchBackend):
                       sharded_units=True, holds_reduce_scatter_input=True)
 
     @classmethod
-    def estimator_options(cls, plan, described) -> dict:
-        return {"fsdp_options": fsdp_config.from_record(plan if plan is not None else described["options"])}
+    def offload(cls, spec, n_params, world) -> tuple[bool, bool, float]:
+        return spec.cpu_offload, spec.cpu_offload, n_params / world  # CPU offload: parameters and optimizer
+
+    @classmethod
+    def estimator_options(cls, spec, described) -> dict:
+        return {"fsdp_options": fsdp_config.from_record(spec if spec is not None else described["options"])}
 
     pretrained = None  # a checkpoint to load shard by shard after sharding (build_model)
 
     @classmethod
-    def loads_checkpoint_sharded(cls, plan) -> bool:
+    def loads_checkpoint_sharded(cls, spec) -> bool:
         return True
 
     def build_model(self, workload, seed: int) -> nn.Module:
@@ -84,7 +90,7 @@ class FSDP2Backend(DCPCheckpointMixin, TorchBackend):
         return model
 
     def setup(self, model: nn.Module) -> None:
-        self.options = self.plan
+        self.options = self.spec
         super().setup(model)
 
     def wrap(self, model: nn.Module) -> nn.Module:
@@ -128,7 +134,7 @@ class FSDP2Backend(DCPCheckpointMixin, TorchBackend):
 
     def groups(self) -> tuple[int, int]:
         """(replicas, ranks per shard group): (1, world) without a mesh."""
-        return fsdp_config.hybrid_groups(self.plan, self.env.world_size, self.env.local_world_size)
+        return fsdp_config.hybrid_groups(self.spec, self.env.world_size, self.env.local_world_size)
 
     def micro_step(self, sync: bool):
         # Skipping the reduce-scatter on non-final micro-steps: FSDP2's no_sync.
@@ -152,7 +158,7 @@ class FSDP2Backend(DCPCheckpointMixin, TorchBackend):
         ones' gradients alone reduced. With a mesh (HSDP) N is the shard group, and each rank's shard
         of the gradients is all-reduced across the replicas (2 Psi/S (R-1)/R): the only bytes between
         shard groups."""
-        o, n, accum = self.plan, self.env.world_size, self.cfg.grad_accum  # the plan: no setup needed
+        o, n, accum = self.spec, self.env.world_size, self.cfg.grad_accum  # the plan: no setup needed
         mp = o.mixed_precision
         c, r = (fsdp_config.BYTES[mp.param_dtype], fsdp_config.BYTES[mp.reduce_dtype]) if mp else (4, 4)
         if n == 1:

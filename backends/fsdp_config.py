@@ -13,8 +13,9 @@ from typing import ClassVar
 
 import torch
 
-from gptlite.errors import ConfigError
+from backends.base import BackendSpec
 from core.configfile import from_dict, read_yaml
+from gptlite.errors import ConfigError
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -56,7 +57,7 @@ class MixedPrecisionConfig:
 
 
 @dataclass(frozen=True)
-class FSDPConfig:
+class FSDPConfig(BackendSpec):
     """FSDP1 (torch.distributed.fsdp.FullyShardedDataParallel), auto-wrapped on the model's blocks (core/blocks.py)."""
 
     backend: str = "fsdp"
@@ -134,7 +135,7 @@ class MeshConfig:
 
 
 @dataclass(frozen=True)
-class FSDP2Config:
+class FSDP2Config(BackendSpec):
     """FSDP2 (torch.distributed.fsdp.fully_shard) on each block (core/blocks.py), then the root."""
 
     backend: str = "fsdp2"
@@ -228,7 +229,7 @@ def precision_of(options: FSDPConfig | FSDP2Config) -> str:
     return options.mixed_precision.precision if options.mixed_precision else "fp32"
 
 
-def resolve_options(cfg, backend: str, loaded: FSDPConfig | FSDP2Config | None = None) -> FSDPConfig | FSDP2Config:
+def options_for(cfg, backend: str, loaded: FSDPConfig | FSDP2Config | None = None) -> FSDPConfig | FSDP2Config:
     """The options a run of `backend` uses: its --fsdp_config file (`loaded` when the caller has
     read it already; else read now) or the default, with --precision, when given, replacing the
     file's mixed precision."""

@@ -86,35 +86,35 @@ class RunConfig:
         "--fsdp_config, else single.", None, group="backend")
     deepspeed_config: str | None = _flag(
         "DeepSpeed JSON config (ds_configs/); implies --backend deepspeed.", None, group="backend",
-        metavar="JSON", backends=("deepspeed",))
+        metavar="JSON", backend_flag=True)
     deepspeed: bool = _flag("Accepted for DeepSpeed scripts' conventions; --deepspeed_config selects DeepSpeed.",
-                            False, group="backend", backends=("deepspeed",))
+                            False, group="backend", backend_flag=True)
     local_rank: int | None = _flag(
         "Set by the deepspeed launcher; the rank's LOCAL_RANK environment variable is what counts.",
         None, group="backend")
     accelerate_plugin: str = _flag(
         "With --backend accelerate: Accelerator-managed DDP (none), or accelerate's FSDP or DeepSpeed "
         "plugin (GPUs only: accelerate supports neither on CPU).", "none",
-        choices=("none", "fsdp", "deepspeed"), group="backend", backends=("accelerate",))
+        choices=("none", "fsdp", "deepspeed"), group="backend", backend_flag=True)
     nvme_path: str | None = _flag(
         "Directory on the NVMe drive for ZeRO-Infinity NVMe offload (ds_configs/z3_infinity_nvme.json).",
-        None, group="backend", metavar="DIR", backends=("deepspeed",))
+        None, group="backend", metavar="DIR", backend_flag=True)
     fsdp_config: str | None = _flag(
         "YAML file of FSDP or FSDP2 options (fsdp_configs/). Default for --backend fsdp: FULL_SHARD, "
         "fp32; for fsdp2: reshard after forward, fp32.", None, group="backend", metavar="YAML",
-        backends=("fsdp", "fsdp2"))
+        backend_flag=True)
     ddp_bucket_cap_mb: float | None = _flag(
         "DistributedDataParallel's gradient bucket size in MiB (its bucket_cap_mb): gradients are all-reduced a "
         "bucket at a time as backward fills them, so smaller buckets start sooner and leave less to wait for after "
         "backward, at more calls. Default: DDP's own, 25 MiB after a first bucket of 1 MiB (given, every bucket "
         "is this size, the first too); the planner's --variants tries a quarter and four times 25.", None,
-        group="backend", metavar="MIB", backends=("ddp",))
+        group="backend", metavar="MIB", backend_flag=True)
     find_unused_parameters: bool = _flag(
         "DistributedDataParallel's find_unused_parameters, for a model that leaves parameters without a gradient "
         "in a step (a mixture of experts whose experts may get no token, an unused branch or parameter): DDP then "
         "waits for no gradient it will not get, and a parameter no rank used gets no update, as in one process. "
         "Such a model is refused under DDP without it, and under FSDP, FSDP2, DeepSpeed and accelerate.", False,
-        group="backend", backends=("ddp",))
+        group="backend", backend_flag=True)
     ckpt_interval: int = _flag(
         "Activation checkpointing of every k-th transformer block (block index %% k == 0); 0: off. "
         "--activation_checkpoint_interval is the same flag, by the article's name.",
@@ -581,10 +581,10 @@ class RunConfig:
         elif self.model == PRETRAINED:
             raise ConfigError("model pretrained needs --model_name_or_path (a checkpoint directory or hub name)")
 
-    def backend_specific(self) -> dict[str, tuple[str, ...]]:
-        """The fields set away from their defaults that only some backends read: {field: those backends}."""
-        return {f.name: f.metadata["backends"] for f in fields(self)
-                if f.metadata.get("backends") and getattr(self, f.name) != f.default}
+    def backend_specific(self) -> tuple[str, ...]:
+        """The fields set away from their defaults that only some backends read (each backend names those
+        it owns: Backend.owned_flags)."""
+        return tuple(f.name for f in fields(self) if f.metadata.get("backend_flag") and getattr(self, f.name) != f.default)
 
     def model_dropout(self) -> float | None:
         """The model's dropout where known: GPT-lite's (its preset's, or --dropout), an hf: or user model's

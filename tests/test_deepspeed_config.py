@@ -20,7 +20,7 @@ def _plan(path, tmp_path=None, world=2, device=None, **flags):
     device = device or ("cuda" if "deepcompile" in Path(path).stem else "cpu")  # DeepCompile: CUDA only
     if "nvme" in Path(path).stem:
         flags.setdefault("nvme_path", str(tmp_path))
-    return deepspeed_spec.plan(RunConfig(deepspeed_config=str(path), **flags), world, device)
+    return deepspeed_spec.spec_of(RunConfig(deepspeed_config=str(path), **flags), world, device)
 
 
 def test_required_configs_are_shipped():
@@ -150,9 +150,9 @@ def test_batch_arithmetic(file_values, flags, world, expected):
                                     "gradient_accumulation_steps"), file_values) if v is not None}
     if isinstance(expected, str):
         with pytest.raises(ConfigError, match=re.escape(expected)):
-            deepspeed_spec.resolve_batch(config, *flags, world, "cfg.json")
+            deepspeed_spec.batch_sizes(config, *flags, world, "cfg.json")
     else:
-        assert deepspeed_spec.resolve_batch(config, *flags, world, "cfg.json") == expected
+        assert deepspeed_spec.batch_sizes(config, *flags, world, "cfg.json") == expected
         micro, accum, train_batch = expected
         assert micro * accum * world == train_batch
 
@@ -180,7 +180,7 @@ def test_nvme_needs_a_directory_and_libaio(tmp_path, monkeypatch):
     nvme = REPO / "ds_configs" / "z3_infinity_nvme.json"
     monkeypatch.setattr("backends.deepspeed_support.async_io_available", lambda: True)
     with pytest.raises(ConfigError, match="pass --nvme_path DIR"):
-        deepspeed_spec.plan(RunConfig(deepspeed_config=str(nvme)), 2, "cpu")
+        deepspeed_spec.spec_of(RunConfig(deepspeed_config=str(nvme)), 2, "cpu")
     plan = _plan(nvme, tmp_path)
     zero = plan.config["zero_optimization"]
     assert zero["offload_param"]["nvme_path"] == zero["offload_optimizer"]["nvme_path"] == str(tmp_path)
@@ -229,7 +229,7 @@ def test_a_config_given_inline_as_base64_plans_as_its_file_does(path):
     encoded = base64.urlsafe_b64encode(path.read_bytes()).decode()
     assert deepspeed_config.inline(str(path)) is None
     device = "cuda" if "deepcompile" in path.stem else "cpu"
-    assert deepspeed_spec.plan(RunConfig(deepspeed_config=encoded), 2, device).config == _plan(path).config
+    assert deepspeed_spec.spec_of(RunConfig(deepspeed_config=encoded), 2, device).config == _plan(path).config
     from analysis.runs import config_label
     assert config_label("deepspeed", None, encoded) == "deepspeed.inline"
     assert config_label("deepspeed", None, str(path)) == f"deepspeed.{path.stem}"

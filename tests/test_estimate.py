@@ -91,13 +91,13 @@ def test_the_estimate_of_a_run_comes_from_its_recorded_plan():
     cfg = RunConfig(preset="paper", attention="sdpa", fsdp_config=str(REPO / "fsdp_configs" / "full_shard.yaml"),
                     precision="bf16", micro_batch=2)
     resolved = FSDPBackend.resolve(cfg, env)
-    record = {"run": resolved.cfg.to_dict(), "plan": resolved.plan_record(), "world_size": 8,
+    record = {"run": resolved.cfg.to_dict(), "plan": resolved.spec_record(), "world_size": 8,
               "model": resolved.cfg.model_config(vocab_size=65).to_dict(), "environment": {"device": "cuda:0"}}
     est = estimate_from_record(record)
     root = Counts.of(preset("paper", vocab_size=65)).root
     assert est.params_gathered == 2 * root
     assert est.activation_bytes == estimate(preset("paper", attention="sdpa", vocab_size=65), "fsdp", 8, 2, "bf16",
-                                            device="cuda", fsdp_options=resolved.plan).activation_bytes
+                                            device="cuda", fsdp_options=resolved.spec).activation_bytes
 
 
 # The peak within 10% under every backend. FSDP2 and FSDP1's sharded strategies had 20-25% here, and

@@ -77,13 +77,13 @@ def test_precision_comes_from_the_file_unless_the_flag_overrides_it():
     assert FSDPBackend.resolve(RunConfig(fsdp_config=bf16, precision="fp32"), env).cfg.precision == "fp32"
     full = str(REPO / "fsdp_configs" / "full_shard.yaml")
     assert FSDPBackend.resolve(RunConfig(fsdp_config=full), env).cfg.precision == "fp32"
-    options = fsdp_config.resolve_options(RunConfig(fsdp_config=full, precision="bf16"), "fsdp")
+    options = fsdp_config.options_for(RunConfig(fsdp_config=full, precision="bf16"), "fsdp")
     assert (options.mixed_precision.param_dtype, options.mixed_precision.reduce_dtype) == ("bf16", "fp32")
 
 
 def test_the_backend_is_inferred_from_the_config_file():
     env = DistEnv(0, 0, 2, 2, torch.device("cpu"), "torchrun")
     fsdp2 = backends.resolve(RunConfig(fsdp_config=str(REPO / "fsdp_configs" / "fsdp2.yaml")), env)
-    assert fsdp2.cfg.backend == "fsdp2" and fsdp2.backend.name == "fsdp2" and fsdp2.plan.reshard_after_forward
+    assert fsdp2.cfg.backend == "fsdp2" and fsdp2.backend.name == "fsdp2" and fsdp2.spec.reshard_after_forward
     fsdp = backends.resolve(RunConfig(fsdp_config=str(REPO / "fsdp_configs" / "no_shard.yaml")), env)
-    assert fsdp.cfg.backend == "fsdp" and fsdp.plan.sharding_strategy == "NO_SHARD"
+    assert fsdp.cfg.backend == "fsdp" and fsdp.spec.sharding_strategy == "NO_SHARD"

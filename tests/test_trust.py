@@ -393,6 +393,7 @@ def test_an_nvme_swap_directory_has_one_run_at_a_time(tmp_path):
     from backends.base import Resolved
     from core.dist import DistEnv
     from gptlite.errors import ConfigError
+    from backends.deepspeed import DeepSpeedBackend
     from test_loop import FakeBackend, make_setup
     from training.locks import FileLock
     from training.run import resolve
@@ -401,15 +402,17 @@ def test_an_nvme_swap_directory_has_one_run_at_a_time(tmp_path):
     nvme.mkdir()
     plan = type("Plan", (), {"config": {"zero_optimization": {
         "stage": 3, "offload_param": {"device": "nvme", "nvme_path": str(nvme)}}}})()
+    # A backend that swaps where DeepSpeed's spec says (DeepSpeedBackend.swap_dirs).
+    Swapping = type("Swapping", (FakeBackend,), {"swap_dirs": classmethod(DeepSpeedBackend.swap_dirs.__func__)})
     cfg = make_setup(tmp_path).cfg
     env = DistEnv(rank=0, local_rank=0, world_size=1, local_world_size=1, device=torch.device("cpu"), launcher="python")
     held = FileLock(nvme / "gptlite.lock")  # as a live run using it holds it
     try:
         with pytest.raises(ConfigError, match=r"nvme_path: .*nvme is being used by pid \d+"):
-            resolve(cfg, env, Resolved(FakeBackend, cfg, plan))
+            resolve(cfg, env, Resolved(Swapping, cfg, plan))
     finally:
         held.release()
-    assert resolve(cfg, env, Resolved(FakeBackend, cfg, plan)).nvme_locks
+    assert resolve(cfg, env, Resolved(Swapping, cfg, plan)).nvme_locks
 
 
 def test_replacing_a_record_never_deletes_checkpoints_inside_it(tmp_path):

@@ -155,12 +155,12 @@ def resolve(cfg: RunConfig, env: DistEnv | None = None, resolved: Resolved | Non
     # Before anything is built or recorded (a dry run builds nothing: it may describe a run meant
     # for a bigger machine).
     # A checkpoint FSDP2 or ZeRO-3 loads shard by shard is never whole on a rank (Backend.build_model).
-    if workload.pretrained is None or not resolved.backend.loads_checkpoint_sharded(resolved.plan):
+    if workload.pretrained is None or not resolved.backend.loads_checkpoint_sharded(resolved.spec):
         memory_check.check_model_fits(cfg, env, workload.meta())
     if env.is_main:  # only rank 0 logs to trackers
         trackers.check(cfg.tracker)
     preflight.writable_out("runs_dir", cfg.runs_dir)  # records beside records, never inside one or a checkpoint
-    for where, path in resolved.backend.output_dirs(cfg, resolved.plan):  # DeepSpeed's monitors, where the file says
+    for where, path in resolved.backend.output_dirs(cfg, resolved.spec):  # DeepSpeed's monitors, where the file says
         preflight.writable_dir(where, path)
     record_dir = Path(cfg.runs_dir) / cfg.run_name if cfg.run_name else None
     if cfg.save_dir:
@@ -194,7 +194,7 @@ def resolve(cfg: RunConfig, env: DistEnv | None = None, resolved: Resolved | Non
                 preflight.own_save_dir(cfg.save_dir, setup.run_id, cfg.run_name, record_dir)
             if cfg.save_every:
                 manifest.signing_key()  # made (or found unusable) now, not at the first save
-            for path in resolved.backend.swap_dirs(resolved.plan):
+            for path in resolved.backend.swap_dirs(resolved.spec):
                 setup.nvme_locks.append(preflight.NVMeLock(path))
         except ConfigError:
             for lock in (setup.lock, setup.save_lock, *setup.nvme_locks):

@@ -57,7 +57,7 @@ class Setup:
         """config.json's description of the run (the part known before training)."""
         return {
             "run": self.cfg.to_dict(),
-            "plan": self.resolved.plan_record(),
+            "plan": self.resolved.spec_record(),
             "model": self.workload.description,
             "n_params": self.n_params,
             "world_size": self.env.world_size,

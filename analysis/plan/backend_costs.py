@@ -39,12 +39,25 @@ full protocol took 938 s on the 2-core CPU before the first prediction (six conf
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import platform
+import statistics
 import sys
 import tempfile
+import time
+from importlib.metadata import version
 from pathlib import Path
+
+import numpy as np
+import torch
+from scipy.optimize import nnls
+
+from analysis.plan.candidates import _source
+from backends import get_backend
+from core.blocks import find_blocks
+from core.environment import cpu_name
 
 PROBE = Path(__file__).resolve().with_name("probe_model.py")
 # (blocks, micro-batch, accumulation) of the three probe points, at the probe's width.
@@ -113,11 +126,6 @@ def reference_seconds() -> float:
     """This machine's speed now, as one step of a fixed tiny model (REFERENCE, in this process): a step
     of it is mostly per-operator overhead, as a configuration's own cost is. About a second: its calls
     in REFERENCE_BATCHES batches, REFERENCE_GAP_S apart (steady_seconds)."""
-    import importlib.util
-    import time
-
-    import torch
-
     spec = importlib.util.spec_from_file_location("gptlite_probe_model", PROBE)  # a model file, as train.py loads one
     probe_model = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(probe_model)
@@ -148,8 +156,6 @@ def steady_seconds(batches: list[list[float]]) -> float:
     """The machine's speed from batches of one call's timings taken apart in time: the fastest
     batch's median. Something else running slows the batches it overlaps; the machine slowing down
     slows them all."""
-    import statistics
-
     return min(statistics.median(b) for b in batches)
 
 
@@ -170,8 +176,6 @@ def point_seconds(times: list[float], rule: str = POINT_RULE) -> float:
     """A probe point's step from its repeats, by `rule`: "median" (POINT_RULE: the step of a run of the
     kind a plan is judged against) or "fastest" (the rule until 2026-12-02, which benchmarks/own_costs_replay.py
     replays kept runs with)."""
-    import statistics
-
     if rule == "median":
         return statistics.median(times)
     if rule == "fastest":
@@ -202,8 +206,6 @@ def shipped_path() -> Path:
 
 def probe_device() -> str:
     """The device type the probe runs train on here (train.py's default device: a GPU where there is one)."""
-    import torch
-
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
@@ -246,14 +248,8 @@ def runs_per_point(entry: dict) -> int:
 
 def machine() -> dict:
     """What the costs were measured on: a change of any of these measures them again."""
-    import torch
-
-    from core.environment import cpu_name
-
     cpu = cpu_name() or platform.processor()
     try:
-        from importlib.metadata import version
-
         deepspeed = version("deepspeed")
     except Exception:  # not installed: its configurations are refused before they are probed
         deepspeed = None
@@ -264,8 +260,6 @@ def machine() -> dict:
 def key(config: str, world: int) -> str:
     """The cache's key of `config` at `world`: its name, and a file's contents (a changed file is
     another configuration)."""
-    from analysis.plan.candidates import _source
-
     entry = config.split(" ")[0]
     digest = ""
     if entry.endswith((".json", ".yaml")):
@@ -284,7 +278,7 @@ def items(setup, backend: str) -> tuple[str, float]:
     train, so its per-unit price is of the three. Replayed on the ten committed evenings' frozen_tied
     grids (benchmarks/own_costs_replay.py; nothing run, no other model's prediction changes), the
     median error fell on all ten, by 0.6 to 2.9 points (cpu-2core-zoo-race-share of docs/results/zoo_accuracy_2026-12-05.md: 25.7% to 23.1%)."""
-    if backend in ("fsdp", "fsdp2"):
+    if get_backend(backend).wraps_blocks:
         units, frozen = frozen_units(setup.workload.meta(), setup.cfg.block_class)
         return "FSDP unit", units - frozen * (1 - FROZEN_UNIT)
     return "trainable tensor", len(setup.workload.param_sizes)
@@ -298,8 +292,6 @@ def frozen_units(model, block_class: str | None) -> tuple[int, int]:
     """(FSDP's units of `model`: its blocks and the root, of them those whose parameters are all
     frozen). The root holds what no block holds; a root that holds nothing counts as a unit that trains
     (FSDP wraps it all the same)."""
-    from core.blocks import find_blocks
-
     blocks = find_blocks(model, block_class)
     inside = {id(p) for block in blocks for p in block.parameters()}
     root = [p for p in model.parameters() if id(p) not in inside]
@@ -331,9 +323,6 @@ def fit(residuals: dict[tuple, float], n: dict, params: dict | None = None) -> d
     the 2-core CPU (cpu-2core-zoo-wide-point of docs/results/zoo_accuracy_2026-12-05.md) left 7.0 ms at 12 blocks 8 x 1 and 21.8 at
     4 x 2, so its micro-step got 12.9 ms, its step -7.8 set to 0, and every 8 x 1 ZeRO-2 candidate was
     priced 14.8 ms where its probe had left 7.0 (least squares: 9.7 ms at 12 blocks 8 x 1, 19.5 at 4 x 2)."""
-    import numpy as np
-    from scipy.optimize import nnls
-
     wide = params is not None and WIDE in residuals
     points = [*POINTS, *([WIDE] if wide else [])]
     rows = [[1.0, p[2], p[2] * n[point_size(p)], *([p[2] * params[point_size(p)]] if wide else [])] for p in points]
