@@ -13,6 +13,8 @@ from gptlite.errors import ConfigError
 _REGISTRY: dict[str, tuple[str, str, str]] = {
     "single": ("backends.single", "SingleBackend", "one process, no wrapper (the reference)"),
     "ddp": ("backends.ddp", "DDPBackend", "torch DistributedDataParallel (full replica per rank)"),
+    "ddp_zero1": ("backends.ddp_zero1", "DDPZero1Backend",
+                  "DDP with torch's ZeroRedundancyOptimizer (ZeRO-1: the optimizer state sharded over the ranks)"),
     "fsdp": ("backends.fsdp", "FSDPBackend",
              "torch FullyShardedDataParallel: FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, the hybrids (--fsdp_config)"),
     "fsdp2": ("backends.fsdp2", "FSDP2Backend",
