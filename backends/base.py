@@ -87,6 +87,8 @@ class Resolved:
 
 class Backend(ABC):
     name: ClassVar[str]
+    # The launcher its users type (training/launch.py): python, torchrun or deepspeed.
+    launcher: ClassVar[str] = "torchrun"
     # Whether the backend needs a torch.distributed process group (even for a world of one).
     needs_process_group: ClassVar[bool] = True
     # Whether the backend wraps or shards the model block by block (FSDP's units, FSDP2's shards).

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -57,6 +59,16 @@ class DDPBackend(TorchBackend):
     def memory_layout(cls, world, precision, options=None, ranks_per_node=None) -> Layout:
         # A full replica, the gradients views into DDP's buckets (gradient_as_bucket_view), autocast.
         return Layout("replicated", ddp_bucket=True, autocast=True)
+
+    @classmethod
+    def resolve(cls, cfg, env):
+        resolved = super().resolve(cfg, env)  # a backend that does not own --ddp_bucket_cap_mb refuses it first
+        cap = cfg.ddp_bucket_cap_mb
+        if cap is not None and not math.isfinite(cap):
+            raise ConfigError(f"ddp_bucket_cap_mb must be a finite number (got {cap})")
+        if cap is not None and not cap > 0:
+            raise ConfigError(f"ddp_bucket_cap_mb must be > 0 (got {cap})")
+        return resolved
 
     @classmethod
     def check_unused_parameters(cls, cfg, what: str) -> None:

@@ -94,6 +94,7 @@ class DeepSpeedBackend(Backend):
     name = "deepspeed"
     owned_flags = ("deepspeed_config", "deepspeed", "nvme_path")
     checkpoint_format = "deepspeed"
+    launcher = "deepspeed"  # `deepspeed --num_gpus N train.py ...`
     CHECKPOINT_TAG = "ckpt"
 
     @classmethod

@@ -11,6 +11,7 @@ from core.dist import DistEnv
 class SingleBackend(TorchBackend):
     name = "single"
     needs_process_group = False
+    launcher = "python"
 
     @classmethod
     def resolve(cls, cfg, env: DistEnv):

@@ -4,35 +4,32 @@ Each field carries its help text (training/cli.py turns the fields into argparse
 `RunConfig.__post_init__` checks every value that does not depend on a backend, so a bad value
 fails the same way whether it came from the command line, a sweep or a test. What a backend
 decides (its config file, its options, the defaults it fills in) is checked by that backend's
-`resolve` (backends/); a field that only some backends read says which in its metadata
-(`backends`), and the others refuse it. Errors are one line naming the field and what is allowed
+`resolve` (backends/); a field that only some backends read is marked `backend_flag`, the backends
+that read it name it (Backend.owned_flags), and the others refuse it. Errors are one line naming the field and what is allowed
 (ConfigError); the command lines print them and exit with code 2.
 """
 
 from __future__ import annotations
 
-import math
-import unicodedata
 from collections.abc import Sequence
 from dataclasses import MISSING, asdict, dataclass, field, fields
 
+import torch
+
+from core import config_checks as checks
+from core.config_checks import (CKPT_CHOICES, DEEPSPEED_CKPT_IMPLS, GPTLITE_ONLY, MAX_RUN_NAME,  # noqa: F401 - the API
+                                MAX_SEED, TORCH_CKPT_IMPLS, TRACKERS, check_plain_name, tracker_names)
+from core.sdpa import SDPA_KERNELS
 from gptlite.errors import ConfigError
 from gptlite.model import ATTENTION_IMPLS, PRESETS, GPTConfig, preset
-from core.sdpa import SDPA_KERNELS
-from models.spec import (PRETRAINED, ModelRequest, TextRequest, check_name, kind_of, model_label, parse_model_args,
-                         text_file_builder)
+from models.spec import ModelRequest, TextRequest, parse_model_args
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 DEVICES = ("auto", "cpu", "cuda")
-# Activation checkpointing implementations: torch's (every backend) and DeepSpeed's (its backend).
-TORCH_CKPT_IMPLS = ("torch_nonreentrant", "torch_reentrant")
-DEEPSPEED_CKPT_IMPLS = ("deepspeed", "deepspeed_nonreentrant")
 CKPT_IMPLS = (*TORCH_CKPT_IMPLS, *DEEPSPEED_CKPT_IMPLS)
 CKPT_POLICIES = ("full", "selective", "auto")
-CKPT_CHOICES = ("none", "selective", "full")  # what one block does, in a --ckpt_plan
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-TRACKERS = ("tensorboard", "wandb", "csv")  # training/trackers.py
 # Defaults of the flags a backend's config file may set instead (DeepSpeed JSON, FSDP YAML).
 DEFAULT_MICRO_BATCH = 8
 DEFAULT_GRAD_ACCUM = 1
@@ -40,38 +37,6 @@ DEFAULT_LR = 1e-3
 DEFAULT_LR_WARMUP_STEPS = 20
 # DeepSpeed clips gradients at norm 1.0 unless its config says otherwise; every backend does the same.
 DEFAULT_GRAD_CLIP = 1.0
-MAX_SEED = 2**32 - 1  # numpy's and torch's seeds; the per-rank dropout seed is derived from it
-MAX_RUN_NAME = 200  # a directory name, with room for the files and temporaries inside it
-
-
-def tracker_names(value) -> str | None:
-    """--tracker given once or more (a list from argparse), or comma-separated (a sweep's train_args): the
-    names in order, each once, comma-joined; None for none."""
-    if value is None:
-        return None
-    items = value if isinstance(value, (list, tuple)) else [value]
-    names = []
-    for item in map(str, items):
-        for name in (n.strip() for n in item.split(",")):
-            if not name:  # "csv," is a typo, not a list of one: what was meant after the comma is not known
-                got = f" in {item!r}" if item.strip() else ""
-                raise ConfigError(f"tracker must be one of {', '.join(TRACKERS)} (got an empty name{got})")
-            if name not in TRACKERS:
-                raise ConfigError(f"tracker must be one of {', '.join(TRACKERS)} (got {name!r})")
-            names.append(name)
-    return ",".join(dict.fromkeys(names)) or None
-
-
-def check_plain_name(field: str, name: str) -> None:
-    """A name that becomes a directory (a run's record, a sweep's folder) and is printed in logs,
-    tables and reports: not empty, no '/', not hidden, not too long, and no control characters (a
-    newline breaks every line that names it; an escape sequence or a right-to-left override is
-    acted on by the terminal that lists it)."""
-    control = next((c for c in name if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp")), None)
-    if not name or "/" in name or name.startswith(".") or len(name) > MAX_RUN_NAME or control is not None:
-        raise ConfigError(f"{field} must be a plain directory name of at most {MAX_RUN_NAME} characters, not "
-                          "starting with '.', without '/' or control characters "
-                          f"(got {_shorten(name)!r}{f': U+{ord(control):04X}' if control else ''})")
 
 
 def _flag(help: str, default=MISSING, *, choices=None, group: str = "training", **kw):
@@ -345,37 +310,16 @@ class RunConfig:
         "Timeout of collective operations, so a rank that died fails the others instead of "
         "hanging them.", 300.0, group="distributed")
 
-    def _check_ckpt_policy(self) -> None:
-        if self.ckpt_cost != "measured" and self.ckpt_policy != "auto":
-            raise ConfigError("ckpt_cost applies to --ckpt_policy auto (it is what the plan weighs)")
-        if self.ckpt_save_ops is not None and self.ckpt_policy == "full" and "selective" not in self.plan_choices():
-            raise ConfigError("ckpt_save_ops needs --ckpt_policy selective (it names the ops a selective checkpoint keeps)")
-        if self.ckpt_plan is not None:
-            if self.ckpt_interval:
-                raise ConfigError("ckpt_plan names every block's checkpointing: drop --ckpt_interval")
-            if self.ckpt_policy == "selective":
-                raise ConfigError("ckpt_plan names each block's policy (none, selective, full): drop --ckpt_policy")
-            why = "ckpt_plan"
-        elif self.ckpt_policy == "auto":
-            if self.mem_budget_gb is None:
-                raise ConfigError("ckpt_policy auto needs --mem_budget_gb (the peak per rank it plans for, in GiB)")
-            if self.ckpt_interval:
-                raise ConfigError("ckpt_policy auto chooses every block's checkpointing itself: drop --ckpt_interval")
-            why = "ckpt_policy auto"
-        elif self.ckpt_policy == "full":
-            return
-        else:
-            why = f"ckpt_policy {self.ckpt_policy}"
-            if not self.ckpt_interval:
-                raise ConfigError(f"{why} requires ckpt_interval > 0 (it decides what the checkpointed blocks keep)")
-        if self.ckpt_impl != "torch_nonreentrant":
-            raise ConfigError(f"{why} needs ckpt_impl torch_nonreentrant (got {self.ckpt_impl}): torch's selective "
-                              "checkpoint contexts run only inside the non-reentrant checkpoint")
-        for flag in ("offload_activations", "ckpt_offload", "compile"):
-            if getattr(self, flag):
-                raise ConfigError(f"{why} with --{flag}: not supported yet (the kept op outputs would stay where "
-                                  "they are, untested); use --ckpt_policy full with it")
-        self.save_ops()  # names checked
+    def __post_init__(self):
+        """Every value that does not depend on a backend, checked in this order (core/config_checks.py)."""
+        checks.check_choices_and_counts(self)
+        self.tracker = tracker_names(self.tracker)
+        checks.check_saving_and_offload(self)
+        checks.check_compile(self)
+        checks.check_ckpt_policy(self)
+        checks.check_ckpt_offload(self)
+        checks.check_numbers(self)
+        checks.check_model(self)
 
     def plan_choices(self) -> list[str]:
         """--ckpt_plan as a list, each entry checked ([] without one)."""
@@ -410,8 +354,6 @@ class RunConfig:
         given (a selective checkpoint then keeps backends/activation_checkpointing.py's default set)."""
         if self.ckpt_save_ops is None:
             return None
-        import torch
-
         names = []
         for item in self.ckpt_save_ops.split(","):
             name = item.strip().removeprefix("aten.").split(".")[0]
@@ -420,137 +362,6 @@ class RunConfig:
                                   "has them, comma-separated: mm,addmm,convolution,_scaled_dot_product_flash_attention)")
             names.append(name)
         return tuple(dict.fromkeys(names))
-
-    def __post_init__(self):
-        for f in fields(self):
-            choices = f.metadata.get("choices")
-            if choices and getattr(self, f.name) is not None and getattr(self, f.name) not in choices:
-                raise ConfigError(
-                    f"{f.name} must be one of {', '.join(choices)} (got {getattr(self, f.name)!r})")
-        _at_least(self, 1, "steps", "micro_batch", "grad_accum", "log_every", "eval_batches")
-        self.tracker = tracker_names(self.tracker)
-        if (self.save_every or self.resume) and not self.save_dir:
-            raise ConfigError("save_every and resume need --save_dir")
-        if self.resume and self.init_from:
-            raise ConfigError("resume and init_from exclude each other: resume continues a run, init_from starts one "
-                              "from exported weights")
-        _at_least(self, 0, "warmup_steps", "mem_profile_steps", "eval_every", "lr_warmup_steps", "seed",
-                  "ckpt_interval", "save_every", "keep_checkpoints", "activation_loading_horizon")
-        default = {f.name: f.default for f in fields(self)}
-        if self.keep_checkpoints != default["keep_checkpoints"] and not self.save_dir:
-            raise ConfigError("keep_checkpoints needs --save_dir (it keeps the newest K checkpoints there)")
-        if self.activation_loading_horizon != default["activation_loading_horizon"] and not self.offload_activations:
-            raise ConfigError("activation_loading_horizon needs --offload_activations (how many blocks ahead backward "
-                              "fetches the offloaded inputs)")
-        if self.offload_activations and not self.ckpt_interval:
-            raise ConfigError("offload_activations requires ckpt_interval > 0 (it offloads the checkpointed "
-                              "blocks' inputs)")
-        if self.offload_activations and self.ckpt_impl in DEEPSPEED_CKPT_IMPLS:
-            raise ConfigError(f"offload_activations with ckpt_impl {self.ckpt_impl}: DeepSpeed's checkpoint keeps a "
-                              "block's inputs outside autograd's saved tensors, where the offloader cannot reach them; "
-                              "use ckpt_impl torch_nonreentrant or torch_reentrant (they run under DeepSpeed too), or "
-                              "--ckpt_offload for DeepSpeed's cpu_checkpointing")
-        if self.offload_activations and self.ckpt_offload:
-            raise ConfigError("offload_activations and ckpt_offload are two ways of doing the same: choose one")
-        if self.sdpa_kernel != "auto" and self.model == "gptlite" and self.attention != "sdpa":
-            raise ConfigError(f"sdpa_kernel {self.sdpa_kernel} needs --attention sdpa (naive attention calls no sdpa kernel)")
-        if not self.compile and (self.compile_backend, self.compile_mode) != ("inductor", "default"):
-            raise ConfigError("compile_backend and compile_mode need --compile")
-        if self.compile_memory_budget is not None:
-            if not self.compile or self.compile_backend != "inductor":
-                raise ConfigError("compile_memory_budget needs --compile with compile_backend inductor (its "
-                                  "partitioner reads the budget; aot_eager's and eager keep everything)")
-            if not 0 <= self.compile_memory_budget <= 1:
-                raise ConfigError(f"compile_memory_budget must be between 0 and 1 (got {self.compile_memory_budget:g})")
-            # Measured (GPT-lite tiny, CPU, inductor, budget 0, dropout 0.1): step 0's loss equal, step 1's
-            # off by 2e-4: the recomputed dropout did not draw the forward's masks. Exact with dropout 0. So
-            # below 1 only where dropout is known to be 0: GPT-lite's, or an hf: model's with --dropout 0
-            # (which sets every dropout of its config); another model's own dropout is not known here.
-            dropout = self.model_dropout()
-            if self.compile_memory_budget < 1 and dropout != 0:
-                if dropout is None and not self.model.startswith("hf:"):
-                    raise ConfigError(f"compile_memory_budget below 1 needs a model without dropout, and {self.model}'s "
-                                      "is not known here: with dropout the compiled recompute draws other masks than "
-                                      "the forward (wrong gradients); not supported for this model yet")
-                raise ConfigError(f"compile_memory_budget below 1 with dropout "
-                                  f"{'(the model default)' if dropout is None else f'{dropout:g}'}: the compiled "
-                                  "recompute draws other dropout masks than the forward (wrong gradients); use "
-                                  "--dropout 0, or --ckpt_policy for checkpointing with dropout")
-        if self.compile and self.compile_mode != "default" and self.compile_backend != "inductor":
-            raise ConfigError(f"compile_mode {self.compile_mode} is inductor's; compile_backend {self.compile_backend} "
-                              "has only the default mode")
-        if self.compile and not self.warmup_steps and not self.dry_run:
-            raise ConfigError("warmup_steps must be >= 1 with --compile: the first step compiles, and a timed "
-                              "compile would be reported as training speed")
-        self._check_ckpt_policy()
-        if self.ckpt_offload and not self.ckpt_interval:
-            raise ConfigError("ckpt_offload requires ckpt_interval > 0 (it offloads the checkpointed blocks' inputs)")
-        for name in ("mem_budget_gb", "grad_clip", "lr", "dist_timeout_s", "ddp_bucket_cap_mb"):
-            value = getattr(self, name)
-            if value is not None and not math.isfinite(value):
-                raise ConfigError(f"{name} must be a finite number (got {value})")
-        if self.mem_budget_gb is not None and not self.mem_budget_gb > 0:
-            raise ConfigError(f"mem_budget_gb must be > 0 (got {self.mem_budget_gb})")
-        if self.grad_clip is not None and self.grad_clip < 0:
-            raise ConfigError(f"grad_clip must be >= 0 (got {self.grad_clip}); 0 turns clipping off")
-        if self.lr is not None and not self.lr > 0:
-            raise ConfigError(f"lr must be > 0 (got {self.lr})")
-        if self.ddp_bucket_cap_mb is not None and not self.ddp_bucket_cap_mb > 0:
-            raise ConfigError(f"ddp_bucket_cap_mb must be > 0 (got {self.ddp_bucket_cap_mb})")
-        if not self.dist_timeout_s > 0:
-            raise ConfigError(f"dist_timeout_s must be > 0 (got {self.dist_timeout_s})")
-        if self.seed > MAX_SEED:
-            raise ConfigError(f"seed must be in [0, {MAX_SEED}] (got {self.seed})")
-        if self.run_name is not None:
-            check_plain_name("run_name", self.run_name)
-        self.model_config()  # checks the model overrides (n_embd divisible by n_head, ...)
-        self._check_model_name_or_path()
-        check_name(self.model)
-        parse_model_args(self.model_args)
-        self._check_text_data()
-        if self.model != "gptlite":
-            for name in GPTLITE_ONLY:
-                if getattr(self, name) != _default(name):
-                    raise ConfigError(f"{name} applies to --model gptlite; set {model_label(self.model)}'s size "
-                                      "with --model_args")
-
-    def _check_text_data(self) -> None:
-        """The text data flags (models/text_data.py) together, without reading anything."""
-        source = self.train_file is not None or self.dataset_name is not None
-        if self.train_file is not None and self.dataset_name is not None:
-            raise ConfigError("train_file and dataset_name are two sources of training text: give one")
-        if self.dataset_config_name is not None and self.dataset_name is None:
-            raise ConfigError("dataset_config_name needs --dataset_name (it names one of the dataset's configurations)")
-        if self.validation_file is not None and self.train_file is None:
-            raise ConfigError("validation_file needs --train_file (the training rows)")
-        if source and self.data is not None:
-            flag = "train_file" if self.train_file is not None else "dataset_name"
-            raise ConfigError(f"data and {flag} are two sources of training text: give one (--data is a character "
-                              "corpus, --train_file and --dataset_name are tokenized)")
-        for name in ("text_column_name", "validation_split_percentage", "pad_to_block_size", "overwrite_cache"):
-            if getattr(self, name) != _default(name) and not source:
-                raise ConfigError(f"{name} applies to tokenized text: give --train_file or --dataset_name")
-        if self.tokenizer_name is not None and not source:
-            raise ConfigError("tokenizer_name tokenizes --train_file or --dataset_name: give one of them")
-        if not 1 <= self.validation_split_percentage <= 99:
-            raise ConfigError(f"validation_split_percentage must be between 1 and 99 (got "
-                              f"{self.validation_split_percentage})")
-        split_given = self.validation_split_percentage != _default("validation_split_percentage")
-        if self.validation_file is not None and split_given:
-            raise ConfigError("validation_split_percentage splits the training rows when there is no "
-                              "--validation_file: give one or the other")
-        if source and kind_of(self.model) in ("file", "module", "torchvision"):
-            flag = "train_file" if self.train_file is not None else "dataset_name"
-            where = "its get_dataset() provides the data" if kind_of(self.model) != "torchvision" \
-                else "it is an image model"
-            raise ConfigError(f"{flag}: tokenized text is for gptlite and hf: language models; {self.model}: {where}")
-        for flag in ("train_file", "validation_file"):
-            if getattr(self, flag) is not None:
-                text_file_builder(flag, getattr(self, flag))
-        if source and self.tokenizer_name is None and getattr(self, "model_name_or_path", None) is None:
-            flag = "train_file" if self.train_file is not None else "dataset_name"
-            raise ConfigError(f"{flag}: tokenized text needs a tokenizer: --tokenizer_name (a local directory of a "
-                              "tokenizer's files, or a Hub name), or --model_name_or_path (the checkpoint's)")
 
     def text_request(self) -> TextRequest | None:
         """The text data flags, or None without --train_file / --dataset_name (the character corpus)."""
@@ -562,24 +373,6 @@ class RunConfig:
                            self.validation_file, self.text_column_name, self.validation_split_percentage,
                            self.pad_to_block_size, self.overwrite_cache, self.quiet,
                            "tokenizer_name" if self.tokenizer_name else "model_name_or_path")
-
-    def _check_model_name_or_path(self) -> None:
-        """--model_name_or_path names the model: --model becomes `pretrained` (kept so in the record, which
-        reads back the same); another --model with it, or `pretrained` without it, is refused."""
-        if self.model_name_or_path is not None:
-            if self.model not in ("gptlite", PRETRAINED):
-                raise ConfigError(f"model_name_or_path and --model {self.model} exclude each other: a checkpoint is "
-                                  "the model (drop --model, or drop --model_name_or_path to train "
-                                  f"{self.model})")
-            if not self.model_name_or_path.strip():
-                raise ConfigError("model_name_or_path is empty: give a checkpoint directory or a hub name")
-            if self.init_from:
-                raise ConfigError("init_from and model_name_or_path exclude each other: the checkpoint is the starting "
-                                  "weights (export a run with training.export and pass that directory as "
-                                  "--model_name_or_path)")
-            self.model = PRETRAINED
-        elif self.model == PRETRAINED:
-            raise ConfigError("model pretrained needs --model_name_or_path (a checkpoint directory or hub name)")
 
     def backend_specific(self) -> tuple[str, ...]:
         """The fields set away from their defaults that only some backends read (each backend names those
@@ -630,20 +423,4 @@ def describe_plan(choices: Sequence[str]) -> str:
     return ", ".join(f"{c} x{n}" if n > 1 else c for c, n in runs)
 
 
-# GPT-lite's own size flags; other models are sized by --model_args.
-GPTLITE_ONLY = ("n_layer", "n_embd", "n_head", "attention")
 
-
-def _default(name: str):
-    return next(f.default for f in fields(RunConfig) if f.name == name)
-
-
-def _shorten(text: str, limit: int = 60) -> str:
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
-
-
-def _at_least(cfg: RunConfig, minimum: int, *names: str) -> None:
-    for name in names:
-        value = getattr(cfg, name)
-        if value is not None and value < minimum:
-            raise ConfigError(f"{name} must be >= {minimum} (got {value})")

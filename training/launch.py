@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import backends
 from core.ports import free_port
 
 REPO = Path(__file__).resolve().parent.parent
@@ -24,8 +25,9 @@ LAUNCHERS = ("python", "torchrun", "deepspeed")
 
 
 def launcher_for(backend: str) -> str:
-    """The launcher users of `backend` type: python for single, deepspeed for DeepSpeed, torchrun else."""
-    return {"single": "python", "deepspeed": "deepspeed"}.get(backend, "torchrun")
+    """The launcher users of `backend` type (Backend.launcher): python for single, deepspeed for DeepSpeed,
+    torchrun else."""
+    return backends.get_backend(backend).launcher
 
 
 def python_command(*args: str) -> list[str]:
