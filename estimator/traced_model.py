@@ -62,33 +62,38 @@ def trace(workload, micro_batch: int, block_class: str | None = None) -> dict:
     return workload.traced(micro_batch, functools.partial(_trace, block_class=block_class))
 
 
-def _trace(mode, model, x, y, block_class: str | None) -> dict:
-    blocks = find_blocks(model, block_class)
-    owned = {p.untyped_storage() for p in (*model.parameters(), *model.buffers())}
-    # The batch is counted apart (`batch`): a first layer that saves its input for its weight's
-    # gradient (a convolution on the image, an embedding on the token ids) keeps the batch itself,
-    # not a new tensor (ViT and the CNN at micro-batch 8 were estimated 12-20% high counting it twice).
-    owned |= {t.untyped_storage() for t in (x, y) if isinstance(t, torch.Tensor)}
-    seen: set = set()
-    keep = []  # the storages stay alive (and their ids unique) until the forward ends
-    out = {"full": [0] * len(blocks), "kept": [0] * len(blocks), "largest": [0] * len(blocks), "before": 0, "after": 0,
-           "largest_after": 0, "ops": [{} for _ in blocks]}
-    made: set = set()  # the storages an operator made (outputs that are views of older tensors are not new)
-    # In forward, the block running; in backward (`backward_in`), the place whose saved tensor it read last.
-    state = {"block": None, "finished": 0, "backward": False, "backward_in": None}
-    # Every storage an operator makes: (weak reference, bytes, where it was made: a block's index,
-    # "before" or "after" in forward, or "backward"); what is alive at each operator of the backward.
-    live: dict[int, tuple] = {}
-    # The place whose forward saved each storage first: a block's input is made in the block before it
-    # (or before the blocks) and saved by it, alive in its backward as what it saved.
-    saved_in: dict[int, object] = {}
+class _Tracer:
+    """What one traced forward and backward of a model keeps, by place (_trace): the hooks on its
+    blocks, the saved-tensor hooks and each operator's outputs, and the bytes they add up."""
 
-    def where() -> object:
-        i = state["block"]
-        return i if i is not None else ("before" if state["finished"] < len(blocks) else "after")
+    def __init__(self, model, x, y, block_class: str | None):
+        self.blocks = blocks = find_blocks(model, block_class)
+        self.owned = {p.untyped_storage() for p in (*model.parameters(), *model.buffers())}
+        # The batch is counted apart (`batch`): a first layer that saves its input for its weight's
+        # gradient (a convolution on the image, an embedding on the token ids) keeps the batch itself,
+        # not a new tensor (ViT and the CNN at micro-batch 8 were estimated 12-20% high counting it twice).
+        self.owned |= {t.untyped_storage() for t in (x, y) if isinstance(t, torch.Tensor)}
+        self.seen: set = set()
+        self.keep = []  # the storages stay alive (and their ids unique) until the forward ends
+        self.out = {"full": [0] * len(blocks), "kept": [0] * len(blocks), "largest": [0] * len(blocks), "before": 0,
+                    "after": 0, "largest_after": 0, "ops": [{} for _ in blocks]}
+        self.made: set = set()  # the storages an operator made (outputs that are views of older tensors are not new)
+        # In forward, the block running; in backward (`backward_in`), the place whose saved tensor it read last.
+        self.state = {"block": None, "finished": 0, "backward": False, "backward_in": None}
+        # Every storage an operator makes: (weak reference, bytes, where it was made: a block's index,
+        # "before" or "after" in forward, or "backward"); what is alive at each operator of the backward.
+        self.live: dict[int, tuple] = {}
+        # The place whose forward saved each storage first: a block's input is made in the block before it
+        # (or before the blocks) and saved by it, alive in its backward as what it saved.
+        self.saved_in: dict[int, object] = {}
 
-    def pre(i, module, args):
-        state["block"] = i
+    def where(self) -> object:
+        i = self.state["block"]
+        return i if i is not None else ("before" if self.state["finished"] < len(self.blocks) else "after")
+
+    def pre(self, i, module, args):
+        out, saved_in = self.out, self.saved_in
+        self.state["block"] = i
         first = next((a for a in args if isinstance(a, torch.Tensor)), None)
         out["kept"][i] = _nbytes(first) if first is not None else 0
         # The block's input is the block's, whoever saved it first: alive in its backward (what a
@@ -96,7 +101,7 @@ def _trace(mode, model, x, y, block_class: str | None) -> dict:
         # ReLU saves its output), the place before keeps it only as long as this block does. Left
         # there, a checkpointed block's backward was an input short (the zoo's CNN).
         storage = first.untyped_storage() if first is not None else None
-        place = saved_in.get(id(storage)) if storage is not None and storage in seen else None
+        place = saved_in.get(id(storage)) if storage is not None and storage in self.seen else None
         if place is not None and place != i:
             size = storage.nbytes()
             if isinstance(place, int):
@@ -107,87 +112,102 @@ def _trace(mode, model, x, y, block_class: str | None) -> dict:
             out["largest"][i] = max(out["largest"][i], size)
             saved_in[id(storage)] = i
 
-    def post(i, module, args, output):
-        state["block"] = None
-        state["finished"] = max(state["finished"], i + 1)
+    def post(self, i, module, args, output):
+        self.state["block"] = None
+        self.state["finished"] = max(self.state["finished"], i + 1)
 
-    def pack(t: torch.Tensor):
+    def pack(self, t: torch.Tensor):
+        out = self.out
         storage = t.untyped_storage()
-        if storage in owned or storage in seen:
-            return where(), t
-        seen.add(storage)
-        keep.append(storage)
-        saved_in[id(storage)] = where()
-        size, i = storage.nbytes(), state["block"]
+        if storage in self.owned or storage in self.seen:
+            return self.where(), t
+        self.seen.add(storage)
+        self.keep.append(storage)
+        self.saved_in[id(storage)] = self.where()
+        size, i = storage.nbytes(), self.state["block"]
         if i is not None:
             out["full"][i] += size
             out["largest"][i] = max(out["largest"][i], size)
         else:
-            w = where()
+            w = self.where()
             out[w] += size
             if w == "after":
                 out["largest_after"] = max(out["largest_after"], size)
-        return where(), t
+        return self.where(), t
 
-    def unpack(packed):
+    def unpack(self, packed):
         # Backward is in the place whose saved tensor it reads.
-        state["backward_in"] = packed[0]
+        self.state["backward_in"] = packed[0]
         return packed[1]
 
-    def alive(place) -> int:
+    def alive(self, place) -> int:
         """The bytes alive of what `place`'s forward made or saved, and of what backward made."""
-        return sum(size for key, (ref, size, made_in) in live.items()
-                   if ref() is not None and (made_in in (place, "backward") or saved_in.get(key) == place))
+        return sum(size for key, (ref, size, made_in) in self.live.items()
+                   if ref() is not None and (made_in in (place, "backward") or self.saved_in.get(key) == place))
 
-    class OpOutputs(TorchDispatchMode):
-        """The bytes of each operator's new outputs, per block and operator name; in backward, the
-        most alive at once in each block (its forward's tensors and backward's)."""
+    def operator_ran(self, func, args, result) -> None:
+        """The bytes of an operator's new outputs, per block and operator name; in backward, the most
+        alive at once in each block (its forward's tensors and backward's)."""
+        out, state, live = self.out, self.state, self.live
+        i = state["block"]
+        for t in tree_leaves(result):
+            if isinstance(t, torch.Tensor):
+                storage = t.untyped_storage()
+                if storage in self.owned:
+                    continue
+                entry = live.get(id(storage))
+                if entry is None or entry[0]() is not storage:
+                    live[id(storage)] = (weakref.ref(storage), storage.nbytes(),
+                                         "backward" if state["backward"] else self.where())
+                    self.saved_in.pop(id(storage), None)  # a new storage where a freed one's id was
+                if i is not None and not state["backward"] and storage not in self.made:
+                    self.made.add(storage)
+                    self.keep.append(storage)
+                    name = func.overloadpacket.__name__
+                    out["ops"][i][name] = out["ops"][i].get(name, 0) + storage.nbytes()
+        place = state["backward_in"]
+        if place is None:
+            return
+        held = self.alive(place) + (kernel_buffers(func, args) if state["backward"] else 0)
+        if isinstance(place, int):
+            out["backward_peak"][place] = max(out["backward_peak"][place], held)
+        elif place == "after":
+            out["head_backward_peak"] = max(out["head_backward_peak"], held)
+        else:  # the layers before the blocks (a convolutional front end, an embedding)
+            out["front_backward_peak"] = max(out["front_backward_peak"], held)
 
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            result = func(*args, **(kwargs or {}))
-            i = state["block"]
-            for t in tree_leaves(result):
-                if isinstance(t, torch.Tensor):
-                    storage = t.untyped_storage()
-                    if storage in owned:
-                        continue
-                    entry = live.get(id(storage))
-                    if entry is None or entry[0]() is not storage:
-                        live[id(storage)] = (weakref.ref(storage), storage.nbytes(),
-                                             "backward" if state["backward"] else where())
-                        saved_in.pop(id(storage), None)  # a new storage where a freed one's id was
-                    if i is not None and not state["backward"] and storage not in made:
-                        made.add(storage)
-                        keep.append(storage)
-                        name = func.overloadpacket.__name__
-                        out["ops"][i][name] = out["ops"][i].get(name, 0) + storage.nbytes()
-            place = state["backward_in"]
-            if place is None:
-                return result
-            held = alive(place) + (kernel_buffers(func, args) if state["backward"] else 0)
-            if isinstance(place, int):
-                out["backward_peak"][place] = max(out["backward_peak"][place], held)
-            elif place == "after":
-                out["head_backward_peak"] = max(out["head_backward_peak"], held)
-            else:  # the layers before the blocks (a convolutional front end, an embedding)
-                out["front_backward_peak"] = max(out["front_backward_peak"], held)
-            return result
 
-    handles = [b.register_forward_pre_hook(functools.partial(pre, i)) for i, b in enumerate(blocks)]
-    handles += [b.register_forward_hook(functools.partial(post, i)) for i, b in enumerate(blocks)]
+class _OpOutputs(TorchDispatchMode):
+    """Every operator the traced forward and backward run, reported to the tracer."""
+
+    def __init__(self, tracer: _Tracer):
+        super().__init__()
+        self.tracer = tracer
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        self.tracer.operator_ran(func, args, result)
+        return result
+
+
+def _trace(mode, model, x, y, block_class: str | None) -> dict:
+    tracer = _Tracer(model, x, y, block_class)
+    out, blocks = tracer.out, tracer.blocks
+    handles = [b.register_forward_pre_hook(functools.partial(tracer.pre, i)) for i, b in enumerate(blocks)]
+    handles += [b.register_forward_hook(functools.partial(tracer.post, i)) for i, b in enumerate(blocks)]
     try:
-        with torch.random.fork_rng(devices=[]), mode, OpOutputs(), \
-                torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        with torch.random.fork_rng(devices=[]), mode, _OpOutputs(tracer), \
+                torch.autograd.graph.saved_tensors_hooks(tracer.pack, tracer.unpack):
             output, loss = model(x, y)
             out["output"] = output.numel() * 4
             out["batch"] = _nbytes(x) + _nbytes(y)
             # The backward, its gradients of parameters dropped as they are made (the backend's
             # part): what is alive at once in each block's backward, of its own forward's tensors and
             # the backward's (the gradient flowing in, the block's temporaries).
-            seen.clear(), made.clear(), keep.clear()
+            tracer.seen.clear(), tracer.made.clear(), tracer.keep.clear()
             del output
             out.update(backward_peak=[0] * len(blocks), head_backward_peak=0, front_backward_peak=0)
-            state["backward"] = True
+            tracer.state["backward"] = True
             grads = [p.register_post_accumulate_grad_hook(_drop_grad) for p in model.parameters() if p.requires_grad]
             try:
                 loss.backward()
