@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
+from backends.activation_checkpointing import checkpointed_indices
+
 
 @dataclass(eq=False)
 class _Saved:
@@ -194,8 +196,6 @@ def make_offloader(cfg, device: torch.device, model: nn.Module,
     """The offloader a run asks for (--offload_activations), attached to `model` (its `blocks`), or None."""
     if not cfg.offload_activations:
         return None
-    from backends.activation_checkpointing import checkpointed_indices
-
     offloader = ActivationOffloader(device, cfg.activation_loading_horizon,
                                     checkpointed_indices(len(blocks), cfg.ckpt_interval))
     attach(model, offloader)

@@ -20,8 +20,9 @@ import os
 import re
 from pathlib import Path
 
-from gptlite.errors import ConfigError
+from backends import deepspeed_support
 from core.configfile import NESTING_ALLOWED, check_json_nesting
+from gptlite.errors import ConfigError
 
 # Top-level keys DeepSpeed 0.19 reads (each appears in its source; tests check that it still does).
 KNOWN_TOP_LEVEL_KEYS = (
@@ -248,9 +249,7 @@ def _check_reduce_scatter(where: str, config: dict) -> None:
 
 def _validate_with_deepspeed(where: str, config: dict) -> None:
     """DeepSpeed's own parser (its pydantic sections reject unknown keys and bad values)."""
-    from backends.deepspeed_support import import_deepspeed
-
-    import_deepspeed()
+    deepspeed_support.import_deepspeed()
     from deepspeed.runtime.config import DeepSpeedConfig
 
     probe = {k: v for k, v in config.items() if k not in ("train_batch_size", "gradient_accumulation_steps")}

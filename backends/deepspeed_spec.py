@@ -9,12 +9,14 @@ run record (config.json's `plan`) and the memory estimator all read this one obj
 from __future__ import annotations
 
 import copy
+import importlib.metadata
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from backends.base import ADAM_BETAS, ADAM_EPS, WEIGHT_DECAY, BackendSpec
 from backends.deepspeed_config import LIBAIO_HINT, number, read, shown, validate
+from backends import deepspeed_support
 from core.config import DEFAULT_LR
 from gptlite.errors import ConfigError
 
@@ -198,9 +200,7 @@ def _plan_nvme(cfg, zero: dict, where: str, notes: list[str]) -> None:
     for section in ("offload_optimizer", "offload_param"):
         if (zero.get(section) or {}).get("device") == "nvme":
             zero[section] = {**zero[section], "nvme_path": str(path)}
-    from backends.deepspeed_support import async_io_available
-
-    if not async_io_available():
+    if not deepspeed_support.async_io_available():
         raise ConfigError(f"{where}: NVMe offload needs DeepSpeed's async_io op, which cannot build here: "
                           + LIBAIO_HINT)
     notes.append(f"nvme_path: {path}")
@@ -233,8 +233,6 @@ def _plan_checkpointing(cfg, config: dict, stage: int, notes: list[str]) -> None
 
 
 def _version() -> str:
-    import importlib.metadata
-
     return importlib.metadata.version("deepspeed")
 
 

@@ -16,6 +16,10 @@ all-to-all, and 1 for broadcast and point-to-point (nccl-tests' busbw accounting
 
 from __future__ import annotations
 
+import torch.distributed as dist
+from torch._C._profiler import _EventType, _TensorMetadata
+from torch.distributed import distributed_c10d as c10d
+
 # c10d dispatcher op -> kind of collective
 KINDS = {
     "c10d::allreduce_": "all_reduce", "c10d::allreduce_coalesced_": "all_reduce",
@@ -43,8 +47,6 @@ def bus_factor(kind: str, n: int) -> float:
 
 def _tensor_bytes(value) -> int:
     """Bytes of the tensors in one op input (a tensor, or a list, possibly nested)."""
-    from torch._C._profiler import _TensorMetadata
-
     if isinstance(value, _TensorMetadata):
         n = 1
         for s in value.sizes:
@@ -75,8 +77,6 @@ def _outermost_ops(events, spans: list[tuple[int, int]], names) -> list:
     """The profiler's op events named in `names` that start inside `spans` (the step's phases, so
     the harness's own small exchanges between steps are left out) and sit inside no other of them
     (a coalesced collective's parts, a copy inside a copy)."""
-    from torch._C._profiler import _EventType
-
     found = []
     for e in events:
         if e.name not in names or e.typed[0] != _EventType.TorchOp:
@@ -123,8 +123,6 @@ def transfers(events, spans: list[tuple[int, int]]) -> dict:
     types): bytes to the device, bytes to the host, and copies. ZeRO-Offload, ZeRO-Infinity and
     FSDP's CPU offload move gradients and parameters this way; on a CPU-only run host and device
     are one, so there is nothing to count."""
-    from torch._C._profiler import _TensorMetadata
-
     out = {"to_device_bytes": 0, "to_host_bytes": 0, "copies": 0}
     for e in _outermost_ops(events, spans, COPIES):
         dst, src = (list(e.typed[1].inputs) + [None, None])[:2]
@@ -164,12 +162,8 @@ def process_groups() -> dict[str, tuple[tuple[int, ...], int]]:
     number), so two readings around a step count the step's calls per group, which the profiler
     cannot tell apart. (Several groups may hold the same ranks: DeepSpeed's copies of the world,
     a device mesh's dimensions.)"""
-    import torch.distributed as dist
-
     if not dist.is_initialized():
         return {}
-    from torch.distributed import distributed_c10d as c10d
-
     out = {}
     for pg, ranks in list(c10d._world.pg_group_ranks.items()):
         try:

@@ -7,6 +7,7 @@ same environment variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PO
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import sys
@@ -74,8 +75,6 @@ def stop_with_launcher() -> None:
     """
     if not sys.platform.startswith("linux") or "LOCAL_RANK" not in os.environ:
         return
-    import ctypes
-
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         pr_set_pdeathsig = 1
