@@ -33,6 +33,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+import pandas as pd  # noqa: E402
+
+from analysis import load_runs, tables  # noqa: E402
+from analysis.report import with_estimates  # noqa: E402
+from estimator.estimate import estimate, record_arguments  # noqa: E402
 from training.launch import launch_command, launcher_for  # noqa: E402
 
 GiB = 2**30
@@ -41,6 +46,7 @@ MODELS = {
     "llama": ["--model", "hf:llama", "--model_args", "num_hidden_layers=6,hidden_size=192,num_attention_heads=6,"
               "num_key_value_heads=6,intermediate_size=512", "--preset", "small"],
 }
+# The benchmark's sweep spec: each configuration's train.py flags, by a short name.
 BACKENDS = {"single": ["--backend", "single"], "ddp": ["--backend", "ddp"],
             "fsdp2": ["--fsdp_config", "fsdp_configs/fsdp2.yaml"], "z3": ["--deepspeed_config", "ds_configs/z3.json"]}
 HAND_SET = {"none": [], **{f"full/{k}": ["--ckpt_interval", str(k)] for k in (1, 2, 4)},
@@ -51,17 +57,16 @@ FRACTIONS = (0.05, 0.275, 0.5, 0.725, 0.95)
 
 
 def backend_name(flags: list[str]) -> str:
+    # BACKEND-LITERAL: which backend a set of train.py flags selects (--deepspeed_config, --fsdp_config, --backend)
     return "deepspeed" if "--deepspeed_config" in flags else ("fsdp2" if "--fsdp_config" in flags else flags[1])
 
 
 def budgets(common: list[str], backend: list[str]) -> list[float]:
     """Five budgets (GiB) from full checkpointing's estimated peak to none's, for this configuration."""
-    from estimator.estimate import estimate, record_arguments
-
     dry = subprocess.run([sys.executable, str(REPO / "train.py"), *common, *backend, "--dry_run"], cwd=REPO,
                          capture_output=True, text=True, check=True)
     config = json.loads(dry.stdout)
-    config["world_size"] = 1 if backend_name(backend) == "single" else 2
+    config["world_size"] = 1 if backend_name(backend) == "single" else 2  # BACKEND-LITERAL: runs as one process?
     model, args, kwargs = record_arguments(config)
     # With what the estimate leaves unfixed (FSDP on gloo), which a plan keeps free.
     none, full = (sum((e.total_bytes, e.unfixed_bytes)) for e in (estimate(model, *args[:4], k, *args[5:], **kwargs)
@@ -111,9 +116,6 @@ def main() -> None:
             name = f"{model}-{backend}-{case.replace(' ', '-').replace('/', '-')}-r{r}"
             print(f"round {r + 1}/{args.repeats}, {model} {backend} {case}: {run(name, flags, BACKENDS[backend], runs)}",
                   file=sys.stderr, flush=True)
-    from analysis import load_runs, tables
-    from analysis.report import with_estimates
-
     loaded = with_estimates(load_runs(runs))
     if args.repeats == 1:
         print(tables.markdown(tables.budget_table(loaded)))
@@ -127,8 +129,6 @@ def medians(runs):
     measured peak, against the hand-set policy with the highest median samples/s whose largest
     measured peak over the rounds fits the budget; the ratio of the medians and its range over rounds
     (each round's auto run against the same round's run of that policy)."""
-    import pandas as pd
-
     runs = runs.assign(case=runs["run_name"].str.replace(r"-r\d+$", "", regex=True),
                        round=runs["run_name"].str.extract(r"-r(\d+)$", expand=False))
     rows = []

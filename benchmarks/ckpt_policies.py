@@ -35,6 +35,7 @@ POLICIES = {"none": [], "full": ["--ckpt_interval", "1"],
 
 def run(policy: str, args, runs: Path, k: int) -> dict:
     name = f"{policy.split(':')[0] + ('-custom' if ':' in policy else '')}-{k}"  # a run name, not the op list
+    # BACKEND-LITERAL: the one-process backend this benchmark times the policies on
     cmd = [sys.executable, str(REPO / "train.py"), "--backend", "single", "--model", args.model,
            "--preset", args.preset, "--micro_batch", str(args.micro_batch), "--steps", str(args.steps),
            "--warmup_steps", str(args.warmup), "--mem_profile_steps", "1", "--eval_batches", "1",

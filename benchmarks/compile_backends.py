@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from training.launch import REPO, launch_command, launcher_for  # noqa: E402
 
-BACKENDS = {  # name -> train.py flags
+BACKENDS = {  # the benchmark's sweep spec: name -> train.py flags
     "single": ("--backend", "single"),
     "ddp": ("--backend", "ddp"),
     "fsdp": ("--fsdp_config", "fsdp_configs/full_shard.yaml"),
@@ -37,6 +37,7 @@ BACKENDS = {  # name -> train.py flags
 
 def run(name: str, compiled: bool, args, runs_dir: Path, index: int) -> dict:
     flags = BACKENDS[name]
+    # BACKEND-LITERAL: which backend the flags select, and whether it runs as one process
     backend = "deepspeed" if flags[0] == "--deepspeed_config" else ("fsdp" if flags[0] == "--fsdp_config" else flags[1])
     nproc = 1 if backend == "single" else args.nproc
     run_name = f"{name}-{'compiled' if compiled else 'eager'}-{index}"

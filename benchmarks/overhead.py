@@ -35,17 +35,17 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
+
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from gptlite.data import BatchLayout, CharDataset  # noqa: E402
+from gptlite.model import build_model, preset as model_preset  # noqa: E402
 
 
 def bare(preset: str, micro_batch: int, steps: int, warmup: int, seed: int) -> float:
     """samples/s of the bare loop: median over the steps after `warmup`."""
-    import torch
-
-    sys.path.insert(0, str(REPO))
-    from gptlite.data import BatchLayout, CharDataset
-    from gptlite.model import build_model, preset as model_preset
-
     data = CharDataset.load(None, model_preset(preset).block_size)
     cfg = model_preset(preset, vocab_size=data.vocab_size)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -80,6 +80,7 @@ PINNED = {"MALLOC_MMAP_THRESHOLD_": str(2**30), "MALLOC_TRIM_THRESHOLD_": str(2*
 def harness(preset: str, micro_batch: int, steps: int, warmup: int, seed: int, env: dict) -> float:
     """samples/s that train.py records for the same work (its median over the timed steps)."""
     with tempfile.TemporaryDirectory() as tmp:
+        # BACKEND-LITERAL: the one-process backend whose harness overhead this measures
         cmd = [sys.executable, str(REPO / "train.py"), "--backend", "single", "--preset", preset, "--micro_batch",
                str(micro_batch), "--steps", str(steps), "--warmup_steps", str(warmup), "--mem_profile_steps", "0",
                "--eval_batches", "1", "--seed", str(seed), "--runs_dir", tmp, "--run_name", "overhead", "--quiet"]

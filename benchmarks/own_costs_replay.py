@@ -18,6 +18,7 @@ candidates (measured: the grid's median) and Spearman's rank correlation, as rec
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -26,14 +27,17 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from analysis import compact  # noqa: E402 (a records folder read as it is: a folder, or in its compact form)
+from analysis.plan.backend_costs import (POINT_RULE, at_speed, cost_seconds, fit_runs, items, key,  # noqa: E402
+                                         trainable_params)
+from benchmarks.zoo import ZOO  # noqa: E402
+from benchmarks.zoo_figures import model_accuracy, question_of, spearman  # noqa: E402
+from training.describe import resolve_flags  # noqa: E402
 
 
 def speed_now(saved: dict) -> float | None:
     """The machine's reference step the plan read (its assumptions line, backend_costs.summary_line), in
     seconds: the refitted costs are priced at it as the plan priced its own (backend_costs.at_speed);
     None where the plan scaled nothing."""
-    import re
-
     for line in saved.get("assumptions", []):
         found = re.search(r"the reference step ([0-9.]+) ms now", line)
         if found:
@@ -48,11 +52,6 @@ def replay(model_dir: Path, costs: dict, three_points: bool = False, unscaled: b
     the plan read (with `unscaled`, as measured), each point's step by the rule `repeats` (None:
     backend_costs.POINT_RULE; "median" or "fastest" of its runs, point_seconds): {recorded, replayed}: (median error, Spearman) over the fitting candidates the grid
     measured."""
-    from analysis.plan.backend_costs import POINT_RULE, at_speed, cost_seconds, fit_runs, items, key, trainable_params
-    from benchmarks.zoo import ZOO
-    from benchmarks.zoo_accuracy import model_accuracy, question_of, spearman
-    from training.describe import resolve_flags
-
     world = question_of(model_dir).world
     acc = model_accuracy(model_dir, estimate=lambda record: 1)  # the peaks are not asked
     measured = acc["grid_median"]

@@ -38,6 +38,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from analysis import compact  # noqa: E402 (a RUNS_DIR read as it is: a folder, or in its compact form)
+from analysis import plan  # noqa: E402
+from training.runner import Runner  # noqa: E402
+from training.sweep import PlannedRun  # noqa: E402
 
 
 def grid_medians(directory: Path) -> dict[str, float]:
@@ -56,8 +59,6 @@ def grid_medians(directory: Path) -> dict[str, float]:
 
 def run_name(row: dict) -> str:
     """A plan's candidate row's record name in the grid, less its round."""
-    from analysis import plan
-
     micro, accum = (int(x) for x in row["micro x accum"].split("x"))
     return plan.Candidate(row["config"], micro, accum, row["ckpt"], row.get("base")).run_name()
 
@@ -73,8 +74,6 @@ def pick_regret(directory: Path) -> float:
 def replay(directory: Path) -> int:
     """--replay DIR: DIR/plan.json refitted by this code (nothing run), against its verified runs and
     DIR/grid's records."""
-    from analysis import plan
-
     path = directory / "plan.json"
     try:
         saved = compact.read_json(path)
@@ -151,11 +150,6 @@ def main(argv: list[str] | None = None) -> int:
                         "GPU's call limit can split the two)")
     p.add_argument("train_argv", nargs="*", help="train.py's model flags, after --")
     args = p.parse_args(argv)
-
-    from analysis import plan
-    from training.runner import Runner
-    from training.sweep import PlannedRun
-
     runs = Path(args.runs_dir).resolve()
     question = ["--world", str(args.world), "--mem_budget_gb", str(args.mem_budget_gb), "--global_batch",
                 str(args.global_batch), "--configs", *args.configs, "--ckpt", *args.ckpt,

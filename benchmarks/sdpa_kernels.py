@@ -22,20 +22,18 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+from torch.nn.attention import sdpa_kernel
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from core.sdpa import SDPA_KERNELS  # noqa: E402
+from core.sdpa import SDPA_KERNELS, sdpa_backends  # noqa: E402
 from gptlite.model import preset  # noqa: E402
 
 
 def time_kernel(kernel: str, shape: tuple[int, int, int, int], dropout: float, device: str, warm: int,
                 repeat: int) -> dict:
     """One kernel's median forward and forward+backward milliseconds at `shape` (B, H, T, hs), bf16."""
-    import torch
-    from torch.nn.attention import sdpa_kernel
-
-    from core.sdpa import sdpa_backends
-
     q, k, v = (torch.randn(shape, device=device, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     grad = torch.randn(shape, device=device, dtype=torch.bfloat16)
     cuda = device.startswith("cuda")
@@ -103,8 +101,6 @@ def main() -> None:
 
 
 def _cuda() -> bool:
-    import torch
-
     return torch.cuda.is_available()
 
 

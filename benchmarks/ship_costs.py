@@ -24,11 +24,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from analysis.plan.backend_costs import KIND, REPEATS, SHIPPED, probe_device, runs_per_point  # noqa: E402
+
 
 def kind_entries(kept: dict) -> dict:
     """The entries of a kept costs file to ship, checked: one machine, full runs, the link beside them."""
-    from analysis.plan.backend_costs import KIND, REPEATS, runs_per_point
-
     machines = {json.dumps({f: e["machine"].get(f) for f in KIND}, sort_keys=True) for e in kept.values()}
     if len(machines) != 1:
         sys.exit(f"the entries were measured on {len(machines)} machine kinds; ship one kind at a time")
@@ -45,8 +45,6 @@ def kind_entries(kept: dict) -> dict:
 
 
 def main() -> None:
-    from analysis.plan.backend_costs import KIND, SHIPPED, probe_device
-
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n".join(__doc__.splitlines()[2:]))
     p.add_argument("kept", type=Path, help="a kept costs file (backend_costs.json)")

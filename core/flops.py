@@ -8,11 +8,16 @@ by activation checkpointing is not counted: that is hardware FLOPs (HFU), not mo
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
+import torch
+from torch.utils import flop_counter as fc
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode
 
-from gptlite.model import GPTConfig  # imports torch
+from core.blocks import find_blocks
+from gptlite.model import GPTConfig, meta_model
 
 # Dense bf16 tensor-core peak FLOP/s by device name substring, from the vendors' datasheets.
 PEAK_BF16_FLOPS = {
@@ -49,9 +54,6 @@ def _register_formulas() -> None:
     """Formulas torch's counter lacks, registered once: the CPU flash attention kernel that
     scaled_dot_product_attention runs on a CPU (counted as the other sdpa kernels are) and
     _grouped_mm."""
-    import torch
-    from torch.utils import flop_counter as fc
-
     aten = torch.ops.aten
     extra = {
         "_scaled_dot_product_flash_attention_for_cpu":
@@ -68,10 +70,8 @@ def _register_formulas() -> None:
 
 def uncounted_ops(names) -> list[str]:
     """Of the aten ops that ran (`names`), those that do multiply-adds but that no formula counts."""
-    from torch.utils.flop_counter import flop_registry
-
     _register_formulas()
-    counted = {str(op).removeprefix("aten.") for op in flop_registry}
+    counted = {str(op).removeprefix("aten.") for op in fc.flop_registry}
     return sorted(n for n in set(names) if n not in counted and any(k in n for k in _FLOP_OP))
 
 
@@ -99,10 +99,6 @@ def counted_flops(model, *inputs, modules: dict | None = None,
     ({name: forward FLOPs}), what activation checkpointing runs again in backward; a selective checkpoint
     keeps the outputs of `kept_ops` (aten names) and does not run those again, so they are left out.
     With `ran` (a set): the names of the ops that ran are added to it (see uncounted_ops)."""
-    import contextlib
-
-    from torch.utils.flop_counter import FlopCounterMode
-
     _register_formulas()
     seen = _OpNames() if ran is not None else None
     with seen if seen else contextlib.nullcontext():
@@ -125,10 +121,6 @@ def counted_flops(model, *inputs, modules: dict | None = None,
 
 def counted_flops_per_token(cfg: GPTConfig) -> float:
     """GPT-lite's FLOPs per token, counted (counted_flops) on the meta device over one sequence."""
-    import torch
-
-    from gptlite.model import meta_model
-
     model = meta_model(cfg)
     idx = torch.zeros(1, cfg.block_size, dtype=torch.long, device="meta")
     return counted_flops(model, idx, idx) / cfg.block_size
@@ -140,8 +132,6 @@ def sample_flops(workload, block_class: str | None, ckpt_interval: int, kept_ops
     checkpointing runs again in backward, but for the ops a selective checkpoint keeps (`kept_ops`):
     hardware FLOPs are model + recomputed. Counted on fake tensors (models.Workload.fake; real ones
     where the forward reads data) over two samples, halved."""
-    from core.blocks import find_blocks
-
     def count(mode, model, x, y):
         blocks = find_blocks(model, block_class)
         names = {id(m): n for n, m in model.named_modules()}
@@ -186,10 +176,6 @@ def block_flops_by_op(workload, block_class: str | None) -> list[dict[str, float
     """Each block's forward FLOPs of one sample by aten operator name ({"mm": ..., "bmm": ...}): what
     checkpointing the block runs again in backward, all of it (full) or the operators a selective
     checkpoint does not keep. Counted on fake tensors over two samples, halved, as sample_flops."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    from core.blocks import find_blocks
-
     def count(mode, model, x, y):
         blocks = find_blocks(model, block_class)
         names = {id(m): n for n, m in model.named_modules()}

@@ -33,6 +33,8 @@ from pathlib import Path
 from dataclasses import dataclass
 
 import torch
+from torch._C._profiler import _EventType, _TensorMetadata
+from torch.profiler._utils import traverse_dfs
 
 from core.comm import KINDS, collectives, process_groups, transfers
 from core.memory import MARK as _MARK
@@ -107,9 +109,6 @@ class ProfiledWindow:
             self.snapshots.append(roles)
 
     def result(self) -> dict:
-        from torch._C._profiler import _EventType
-        from torch.profiler._utils import traverse_dfs
-
         events = list(traverse_dfs(self.profiler.profiler.kineto_results.experimental_event_tree()))
         phases, snapshot_times = [], {}
         for e in events:
@@ -239,8 +238,6 @@ def _end_unseen_frees(blocks: list[_Block], events, _EventType) -> None:
 
 
 def _flat_tensors(inputs):
-    from torch._C._profiler import _TensorMetadata
-
     for value in inputs:
         if isinstance(value, _TensorMetadata):
             yield value
@@ -353,9 +350,6 @@ class LoadPeak:
         self._profiler.__exit__(*exc)
         if exc[0] is not None:
             return False
-        from torch._C._profiler import _EventType
-        from torch.profiler._utils import traverse_dfs
-
         events = list(traverse_dfs(self._profiler.profiler.kineto_results.experimental_event_tree()))
         allocations = sorted((e for e in events if e.typed[0] == _EventType.Allocation
                               and e.typed[1].device.type == self.device.type), key=lambda e: e.start_time_ns)

@@ -25,46 +25,16 @@ import struct
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
+
+import torch.distributed as dist
+
+from core.dist import is_fake_process_group
+from core.processes import machine_id, start_time, stat_fields
 
 # <linux/pidfd.h>: struct pidfd_info's first 64 bytes (PIDFD_INFO_SIZE_VER0), exit_code at offset 60.
 PIDFD_INFO_EXIT = 1 << 3
 PIDFD_GET_INFO = (3 << 30) | (64 << 16) | (0xFF << 8) | 11  # _IOWR(PIDFS_IOCTL_MAGIC, 11, 64 bytes)
 EXIT_CODE_OFFSET = 60
-
-
-def machine_id() -> str | None:
-    """This kernel and pid namespace (boot id and the namespace's inode): where a pid means the same
-    process. None where there is no /proc (not Linux)."""
-    try:
-        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-        return f"{boot}:{os.stat('/proc/self/ns/pid').st_ino}"
-    except OSError:
-        return None
-
-
-def _stat(pid: int) -> list[str] | None:
-    """/proc/<pid>/stat's fields from the third (state) on; None where the process is gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
-def start_time(pid: int) -> str | None:
-    """When the process started (clock ticks since boot): with its pid, a process that no later one
-    with the same pid is taken for."""
-    fields = _stat(pid)
-    return fields[19] if fields and len(fields) > 19 else None
-
-
-def alive(pid: int, started: str | None) -> bool:
-    """Whether process `pid`, started at `started` (start_time), still runs on this machine (a zombie
-    has ended)."""
-    fields = _stat(pid)
-    if fields is None:
-        return False
-    return fields[0] not in ("Z", "X") and (started is None or fields[19] == started)
 
 
 def _exit_status(pidfd: int, pid: int) -> int | None:
@@ -77,7 +47,7 @@ def _exit_status(pidfd: int, pid: int) -> int | None:
             return struct.unpack_from("=i", info, EXIT_CODE_OFFSET)[0]
     except OSError:  # before Linux 6.15
         pass
-    fields = _stat(pid)  # a zombie until its launcher reaps it: field 52, exit_code
+    fields = stat_fields(pid)  # a zombie until its launcher reaps it: field 52, exit_code
     if fields and fields[0] == "Z" and len(fields) > 49:
         return int(fields[49])
     return None
@@ -136,10 +106,6 @@ class Peers:
     def watch(cls, rank: int) -> "Peers | None":
         """Collective: every rank tells the others its machine and pid, and watches those of its own
         machine. None without a process group of several real ranks, or where nothing can be watched."""
-        import torch.distributed as dist
-
-        from core.dist import is_fake_process_group
-
         if not dist.is_initialized() or dist.get_world_size() == 1 or is_fake_process_group() \
                 or not hasattr(os, "pidfd_open"):
             return None

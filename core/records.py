@@ -28,6 +28,7 @@ import threading
 import time
 from pathlib import Path
 
+from core.processes import alive, machine_id, start_time
 from core.summary import SCHEMA_VERSION, RunSummary
 
 # A sweep passes each run its key (training/sweep.py PlannedRun.key) in this variable; the run's
@@ -188,8 +189,6 @@ class Heartbeat:
     to report."""
 
     def __init__(self, record_dir: Path, every_s: float = HEARTBEAT_EVERY_S):
-        from core.peers import machine_id, start_time
-
         self.path = Path(record_dir) / HEARTBEAT_FILE
         self.every_s = every_s
         self._fields = {"pid": os.getpid(), "host": socket.gethostname(), "machine": machine_id(),
@@ -222,8 +221,6 @@ def dead_because(record_dir: Path, now: float | None = None) -> str | None:
     heartbeat.json: its process is gone (on this machine: its pid, checked with its start time), or
     its last beat is older than STALE_AFTER_S (another machine). None where it may still run, or
     where the record has no heartbeat (written before records had one)."""
-    from core.peers import alive, machine_id
-
     try:
         beat = read_json(Path(record_dir) / HEARTBEAT_FILE)
         pid, host, last = int(beat["pid"]), str(beat["host"]), float(beat["time"])

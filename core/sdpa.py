@@ -11,6 +11,9 @@ for GPT-lite's sdpa and for any model that calls sdpa (transformers' "sdpa" atte
 
 from __future__ import annotations
 
+import torch
+from torch.nn.attention import SDPBackend
+
 from gptlite.errors import ConfigError
 
 # "auto": torch's choice among all of them (its default); the others, that kernel alone. Each kernel:
@@ -32,8 +35,6 @@ def _enabled(kernel: str) -> tuple[str, ...]:
 
 def sdpa_backends(kernel: str) -> list:
     """torch's SDPBackend list for a --sdpa_kernel value (torch.nn.attention.sdpa_kernel takes it)."""
-    from torch.nn.attention import SDPBackend
-
     return [getattr(SDPBackend, _TORCH[name][0]) for name in _enabled(kernel)]
 
 
@@ -50,8 +51,6 @@ def check_device(kernel: str, device_type: str, dropout: float | None = None) ->
 def apply_sdpa_kernel(kernel: str) -> None:
     """Enable `kernel` alone for this process (auto: all of them, torch's default). A run is one process;
     set every time, so that an earlier in-process run's choice does not carry over."""
-    import torch
-
     enabled = _enabled(kernel)
     for name, (_, toggle) in _TORCH.items():
         getattr(torch.backends.cuda, toggle)(name in enabled)

@@ -12,24 +12,18 @@ a step is a pure function of (seed, step). Backends see nothing else of the mode
 from __future__ import annotations
 
 from gptlite.errors import ConfigError
+from models import gptlite_workload, hf, pretrained, user, vision
 from models.spec import ModelRequest, check_name, model_label, parse_model_args  # noqa: F401
 from models.workload import Workload  # noqa: F401
+
+# Each kind's loader: it imports its own libraries (transformers, datasets, torchvision) when it loads.
+LOADERS = {"gptlite": gptlite_workload.load, "hf": hf.load, "pretrained": pretrained.load,
+           "torchvision": vision.load_torchvision}
 
 
 def load(request: ModelRequest) -> Workload:
     """The workload `request` names. Raises ConfigError/DataError with a one-line reason."""
-    kind = request.kind
-    if kind == "gptlite":
-        from models.gptlite_workload import load as load_kind
-    elif kind == "hf":
-        from models.hf import load as load_kind
-    elif kind == "pretrained":
-        from models.pretrained import load as load_kind
-    elif kind == "torchvision":
-        from models.vision import load_torchvision as load_kind
-    else:
-        from models.user import load as load_kind
-    workload = load_kind(request)
+    workload = LOADERS.get(request.kind, user.load)(request)
     if request.block_size_given and workload.tokens_per_sample is None:
         raise ConfigError(f"block_size: {request.name} takes no context length (its samples are not token windows: "
                           "--block_size applies to GPT-lite and hf: language models); drop it")

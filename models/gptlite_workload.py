@@ -7,6 +7,7 @@ from gptlite.data import CharDataset
 from gptlite.errors import ConfigError
 from gptlite.model import GPTLite, meta_model
 from models.spec import ModelRequest
+from models.text_data import load_text_dataset
 from models.workload import Workload
 
 
@@ -19,8 +20,6 @@ def load(request: ModelRequest) -> Workload:
         raise ConfigError(GPTLITE_TAKES)
     block_size = request.gptlite_config(None).block_size
     if request.text is not None:  # --train_file / --dataset_name: its tokenizer's vocabulary
-        from models.text_data import load_text_dataset
-
         data = load_text_dataset(request.text, block_size)
     else:
         data = CharDataset.load(request.data, block_size)

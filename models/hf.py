@@ -13,18 +13,20 @@ GPT-lite (the targets are already the next tokens, so the model's own shifted lo
 from __future__ import annotations
 
 import re
+from unittest import mock
 
 from gptlite.data import CharDataset
 from gptlite.errors import ConfigError, one_line
 from models.hub import import_transformers as _import
 from models.spec import ModelRequest
+from models.text_data import check_vocab, load_text_dataset, load_tokenizer
+from models.vision import image_data
 from models.workload import Workload, WithLoss
 
 
 def task_of(model_type: str) -> str:
     """"causal_lm" or "image_classification": what this suite trains a model type for."""
-    from transformers.models.auto import modeling_auto
-
+    modeling_auto = _import().models.auto.modeling_auto
     if model_type in modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         return "causal_lm"
     if model_type in modeling_auto.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES:
@@ -129,8 +131,6 @@ def load(request: ModelRequest) -> Workload:
             data = CharDataset.load(request.data, request.seq_len)
             config = build_config(request, task, data.vocab_size)
         else:  # the tokenizer's vocabulary, checked against the model's before anything is tokenized
-            from models.text_data import check_vocab, load_text_dataset, load_tokenizer
-
             text = request.text
             tokenizer = load_tokenizer(text.tokenizer, text.tokenizer_flag)
             config = build_config(request, task, len(tokenizer))
@@ -142,8 +142,6 @@ def load(request: ModelRequest) -> Workload:
         if request.text is not None:
             raise ConfigError(f"model {request.name}: an image classifier; --train_file and --dataset_name are "
                               "tokenized text, for language models")
-        from models.vision import image_data
-
         data = image_data(request.data, request.trust_data)
         config = build_config(request, task, None)
         auto, call, tokens = transformers.AutoModelForImageClassification, _classifier_logits, None
@@ -161,8 +159,4 @@ def _one_sequence_per_row():
     sequences, so it builds a full causal mask, and SDPA with a mask takes its math path (which keeps
     the B x H x T x T weights) where real training passes is_causal. Our batches never pack
     sequences: say so, as real tensors would."""
-    from unittest import mock
-
-    from transformers import masking_utils
-
-    return mock.patch.object(masking_utils, "find_packed_sequence_indices", lambda position_ids: None)
+    return mock.patch.object(_import().masking_utils, "find_packed_sequence_indices", lambda position_ids: None)

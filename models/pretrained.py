@@ -31,8 +31,12 @@ import torch
 
 from gptlite.data import CharDataset, DataError
 from gptlite.errors import ConfigError, one_line
+from safetensors import safe_open
+
+from models.hf import _dropout_fields, _one_sequence_per_row
 from models.hub import hub_unreachable, import_transformers as _transformers
 from models.spec import ModelRequest
+from models.text_data import check_vocab, load_text_dataset, load_tokenizer
 from models.workload import Workload, WithLoss
 
 WEIGHTS = "model.safetensors"
@@ -103,8 +107,6 @@ class Checkpoint:
 
     @classmethod
     def read(cls, path: Path, given: str) -> "Checkpoint":
-        from safetensors import safe_open
-
         if (path / INDEX).is_file():
             try:
                 weight_map = json.loads((path / INDEX).read_text())["weight_map"]
@@ -176,8 +178,6 @@ class Checkpoint:
         return {(self.path / name).stat().st_size for name in set(self.files.values())}
 
     def tensor(self, key: str) -> torch.Tensor:
-        from safetensors import safe_open
-
         with safe_open(str(self.path / self.files[key]), framework="pt") as f:
             return f.get_tensor(key)
 
@@ -310,9 +310,7 @@ def load(request: ModelRequest) -> Workload:
     except Exception as e:  # noqa: BLE001 - transformers' own validation of config.json
         raise ConfigError(f"model_name_or_path: {given}/config.json cannot be read by transformers: {one_line(e)}") \
             from None
-    from transformers.models.auto import modeling_auto
-
-    if config.model_type not in modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+    if config.model_type not in transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         raise ConfigError(f"model_name_or_path: {given} is a {config.model_type} checkpoint, which transformers has no "
                           "causal language model for (e.g. gpt2, llama, mistral, qwen2 checkpoints)")
     if request.args:
@@ -326,8 +324,6 @@ def load(request: ModelRequest) -> Workload:
             raise ConfigError(f"block_size: {seq_len} is longer than the model's positions ({positions_name} "
                               f"{positions} in {given}/config.json); give --block_size {positions} or less")
         seq_len = min(seq_len, positions)
-    from models.hf import _dropout_fields
-
     original = config.to_diff_dict()  # what an export writes back (training/export.py), as the checkpoint had it
     if request.dropout is not None:
         for name in _dropout_fields(config):
@@ -336,8 +332,6 @@ def load(request: ModelRequest) -> Workload:
     config.is_decoder = True
     tokenizer_path = str(path) if has_tokenizer(path) else None
     if request.text is not None:  # --train_file / --dataset_name, tokenized (models/text_data.py)
-        from models.text_data import check_vocab, load_text_dataset, load_tokenizer
-
         text = request.text
         # The checkpoint's own tokenizer by default: from its resolved directory (a hub name's download)
         tokenizer_path = str(path) if text.tokenizer_flag == "model_name_or_path" else text.tokenizer
@@ -360,8 +354,6 @@ def load(request: ModelRequest) -> Workload:
                    "checkpoint_dtype": ckpt.dtype, "vocab_size": config.vocab_size, "positions": positions,
                    "tied": tied, "dropout": request.dropout, "config": original,
                    "tokenizer": tokenizer_path}
-    from models.hf import _one_sequence_per_row
-
     # A causal LM type's logits never read later tokens (not probed: the probe builds the whole
     # model on every rank, which ZeRO-3 and FSDP2 avoid here).
     return Workload(request.name, description, data, pretrained.full, tokens_per_sample=seq_len,

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import yaml
 
 from gptlite.errors import ConfigError
 
@@ -72,8 +75,6 @@ def parse_model_args(text: str | None) -> dict:
     """`--model_args n_layer=4,n_embd=128,depths=[2,2,2,2]` as a dict (values read as YAML)."""
     if not text:
         return {}
-    import yaml
-
     args = {}
     for part in _split_top_level(text):
         if not part:
@@ -155,10 +156,6 @@ class ModelRequest:
 def format_model_args(args: dict) -> str:
     """`args` as --model_args writes them (parse_model_args reads them back): k=v,... with each value
     plain where YAML reads it back as the same string, else as JSON."""
-    import json
-
-    import yaml
-
     def value(v) -> str:
         plain = isinstance(v, str) and v.isidentifier() and yaml.safe_load(v) == v
         return v if plain else json.dumps(v, separators=(",", ":"))

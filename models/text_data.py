@@ -33,10 +33,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from filelock import FileLock
 
 from gptlite.data import DataError, draw_indices
 from gptlite.errors import ConfigError, one_line
-from models.hub import hub_unreachable, import_transformers as _transformers
+from models.hub import hub_unreachable, import_datasets as _datasets, import_transformers as _transformers
 from models.spec import TextRequest, text_file_builder
 from models.workload import IGNORE_INDEX
 
@@ -91,8 +92,7 @@ def load_tokenizer(name: str | None, flag: str = "tokenizer_name"):
 def tokenizer_id(tokenizer) -> str:
     """A fingerprint of what the tokenizer does: its full definition (a fast tokenizer's JSON, its
     normalizer, pre-tokenizer, model, post-processor and added tokens), not where it was read from."""
-    from datasets.fingerprint import Hasher
-
+    Hasher = _datasets().fingerprint.Hasher
     backend = getattr(tokenizer, "backend_tokenizer", None)
     what = backend.to_str() if backend is not None else Hasher.hash(tokenizer)
     return Hasher.hash((type(tokenizer).__name__, what))
@@ -100,8 +100,7 @@ def tokenizer_id(tokenizer) -> str:
 
 def _rows(request: TextRequest) -> tuple[dict, str]:
     """{"train": Dataset, "val": Dataset or None} of raw rows, and a description of the source."""
-    import datasets
-
+    datasets = _datasets()
     cache = str(cache_dir())
     if request.train_file is not None:
         splits = {"train": _read_file("train_file", request.train_file, cache)}
@@ -131,8 +130,7 @@ def _rows(request: TextRequest) -> tuple[dict, str]:
 
 
 def _read_file(flag: str, path: str, cache: str):
-    import datasets
-
+    datasets = _datasets()
     builder = text_file_builder(flag, path)
     if not os.path.isfile(path):
         raise DataError(f"{flag}: file not found: {path}" if not os.path.exists(path)
@@ -153,8 +151,7 @@ def _read_file(flag: str, path: str, cache: str):
 
 
 def _text_column(ds, request: TextRequest, flag: str, path: str) -> str:
-    import datasets
-
+    datasets = _datasets()
     column = request.text_column_name or "text"
     if column not in ds.column_names:
         have = ", ".join(ds.column_names) or "none"
@@ -202,8 +199,7 @@ def _cut(block_size: int):
 
 def _progress(quiet: bool):
     """datasets' progress bars on, or off with --quiet, for this load only."""
-    import datasets
-
+    datasets = _datasets()
     was_off = datasets.are_progress_bars_disabled()
     off = quiet or was_off
 
@@ -222,13 +218,7 @@ def load_text_dataset(request: TextRequest, block_size: int, tokenizer=None) -> 
     """The run's text data: tokenized, packed (or padded) and split, read from the cache where the same
     was made before. `tokenizer`: one already loaded (else request.tokenizer is loaded). Raises
     ConfigError/DataError, one line."""
-    try:
-        import datasets  # noqa: F401
-    except ImportError:
-        raise ConfigError("train_file / dataset_name: the datasets library is not installed (pip install datasets; "
-                          "`make setup` installs it)") from None
-    from filelock import FileLock
-
+    Hasher = _datasets().fingerprint.Hasher
     _transformers()
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(request.tokenizer, request.tokenizer_flag)
     directory = cache_dir()
@@ -238,8 +228,6 @@ def load_text_dataset(request: TextRequest, block_size: int, tokenizer=None) -> 
         raise ConfigError(f"GPTLITE_CACHE: cannot create {directory} for the tokenized data ({one_line(e)})") from None
     # The ranks of a run one after another: the first tokenizes, the others read what it cached. One lock
     # per source, so that runs on other data do not wait.
-    from datasets.fingerprint import Hasher
-
     what = [request.dataset_name, request.dataset_config_name] + [
         str(Path(f).resolve()) if f else None for f in (request.train_file, request.validation_file)]
     with FileLock(str(directory / f"prepare-{Hasher.hash(what)}.lock")), _progress(request.quiet):
@@ -249,9 +237,9 @@ def load_text_dataset(request: TextRequest, block_size: int, tokenizer=None) -> 
 
 
 def _prepare(splits: dict, request: TextRequest, tokenizer, block_size: int, source: str) -> dict:
-    from datasets import Features, Sequence, Value
-    from datasets.fingerprint import Hasher
-
+    datasets = _datasets()
+    Features, Sequence, Value = datasets.Features, datasets.Sequence, datasets.Value
+    Hasher = datasets.fingerprint.Hasher
     files = request.train_file is not None
     split_off = splits["val"] is None  # the validation rows are the training rows' last ones
     where = {"train": ("train_file" if files else "dataset_name", request.train_file or source)}

@@ -17,6 +17,8 @@ import importlib
 import importlib.util
 import inspect
 import sys
+import types
+import typing
 from pathlib import Path
 
 import torch
@@ -107,16 +109,11 @@ def _annotation(fn, parameter: inspect.Parameter):
 
 def _parts(annotation):
     """(origin, arguments) of an annotation: `int | None` -> (Union, (int, NoneType))."""
-    import typing
-
     return typing.get_origin(annotation), typing.get_args(annotation)
 
 
 def _expected(annotation) -> str | None:
     """What `annotation` asks for in words, or None for an annotation this does not check."""
-    import types
-    import typing
-
     if annotation in _SIMPLE:
         return _NAMES[annotation]
     origin, inner = _parts(annotation)
@@ -131,9 +128,6 @@ def _expected(annotation) -> str | None:
 
 
 def _fits(value, annotation) -> bool:
-    import types
-    import typing
-
     if annotation in _SIMPLE:
         return isinstance(value, _SIMPLE[annotation]) and not (annotation is not bool and isinstance(value, bool))
     origin, inner = _parts(annotation)

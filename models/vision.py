@@ -20,6 +20,7 @@ import torch
 from gptlite.data import DataError
 from gptlite.errors import ConfigError
 from models.sampling import SampledDataset
+from models.workload import Workload, WithLoss
 
 CLASSES, SHAPE = 10, (3, 32, 32)
 CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
@@ -151,8 +152,6 @@ def image_data(data: str | None, trust: bool = False) -> SampledDataset:
 
 def load_torchvision(request):
     """torchvision.models.get_model(<name>, num_classes=10, **model_args) on CIFAR-10-shaped data."""
-    from models.workload import Workload, WithLoss
-
     name = request.name.split(":", 1)[1]
     try:
         import torchvision

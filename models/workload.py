@@ -13,6 +13,7 @@ from functools import cached_property
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from gptlite.data import DataError
 from gptlite.errors import ConfigError, one_line
@@ -143,8 +144,6 @@ class Workload:
         inside `context`. Unlike the meta device, libraries treat fake tensors as tracing (transformers
         skips its data-dependent checks). Two samples by default: batch normalisation refuses one in
         training mode."""
-        from torch._subclasses.fake_tensor import FakeTensorMode
-
         mode = FakeTensorMode(allow_non_fake_inputs=False)
         x, y = self.example(batch)
         try:

@@ -17,7 +17,7 @@ from analysis.runs import run_config
 from conftest import REPO
 
 sys.path.insert(0, str(REPO))
-from benchmarks import plan_regret, zoo_accuracy  # noqa: E402
+from benchmarks import plan_regret, zoo_figures  # noqa: E402
 
 REFERENCE = REPO / "runs" / "reference"
 MANIFEST = yaml.safe_load((REFERENCE / "index.yaml").read_text())
@@ -36,7 +36,7 @@ def _models(folder):
 
 def _planned(folder):
     """(model folder, model_accuracy without the peaks) of each model with a plan."""
-    return [(d, zoo_accuracy.model_accuracy(d, estimate=lambda record: 1)) for d in _models(folder)
+    return [(d, zoo_figures.model_accuracy(d, estimate=lambda record: 1)) for d in _models(folder)
             if compact.is_file(d / "plan.json")]
 
 
@@ -54,7 +54,7 @@ def check_peaks(folder, bounds):
     for _, run in runs.iterrows():
         if any(run.get(column) is True for column in NOT_ESTIMATED):
             continue
-        total = zoo_accuracy.estimate_from_config(run_config(run))
+        total = zoo_figures.estimate_from_config(run_config(run))
         if run["status"] == "ok":
             ok += 1
             error = total / run["mem_peak_bytes"] - 1
@@ -72,9 +72,9 @@ def check_peaks(folder, bounds):
 def _grid_peaks(folder, bounds, repeatable: bool):
     beyond, checked = [], 0
     for d in _models(folder):
-        one_rank = zoo_accuracy.question_of(d).world == 1
+        one_rank = zoo_figures.question_of(d).world == 1
         flags = {g["name"]: " ".join(g["flags"]) for g in compact.read_json(d / "grid.json")}
-        for name, error in zoo_accuracy.peak_errors(d):
+        for name, error in zoo_figures.peak_errors(d):
             f = flags[name]
             if repeatable and not ("--backend ddp" in f or "z0.json" in f or (one_rank and "z3.json" in f)):
                 continue
@@ -120,7 +120,7 @@ def check_recorded_race_regret_max(folder, bound):
 def _rule(folder):
     from analysis.plan.verify import RACE_WITHIN
 
-    return {d.name: zoo_accuracy.race_on_grid(d, a, RACE_WITHIN) for d, a in _planned(folder)}
+    return {d.name: zoo_figures.race_on_grid(d, a, RACE_WITHIN) for d, a in _planned(folder)}
 
 
 def check_race_regret_max(folder, bound):
@@ -139,7 +139,7 @@ def check_left_out_best_max(folder, bound):
 
 
 def check_autotuner_regret_max(folder, bound):
-    regret = {d.name: zoo_accuracy.head_to_head(d, a)["regret"]["autotuner"] for d, a in _planned(folder)
+    regret = {d.name: zoo_figures.head_to_head(d, a)["regret"]["autotuner"] for d, a in _planned(folder)
               if compact.is_file(d / "autotune.json")}
     assert regret and max(regret.values()) <= bound, regret
 

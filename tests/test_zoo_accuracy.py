@@ -11,13 +11,13 @@ import pytest
 from conftest import REPO
 
 sys.path.insert(0, str(REPO))
-from benchmarks import zoo_accuracy  # noqa: E402
+from benchmarks import zoo_accuracy, zoo_figures  # noqa: E402
 
 
 def test_spearman_is_the_rank_correlation():
-    assert zoo_accuracy.spearman([1, 2, 3, 4], [10, 40, 90, 160]) == pytest.approx(1)
-    assert zoo_accuracy.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1)
-    assert zoo_accuracy.spearman([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(0.8)
+    assert zoo_figures.spearman([1, 2, 3, 4], [10, 40, 90, 160]) == pytest.approx(1)
+    assert zoo_figures.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1)
+    assert zoo_figures.spearman([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(0.8)
 
 
 def _write(directory: Path, grid: list[tuple], candidates: list[tuple], pick: str, race: dict) -> None:
@@ -38,7 +38,7 @@ def test_the_lent_gpus_question_is_one_process_over_micro_batches_and_checkpoint
     candidates for a model with blocks, the 4 without checkpointing for one without (the GRU)."""
     from benchmarks.zoo import ZOO
 
-    q = zoo_accuracy.QUESTIONS["single-world1"]
+    q = zoo_figures.QUESTIONS["single-world1"]
     for name, expected in (("frozen_tied", 8), ("gru_lm", 4)):
         rows = zoo_accuracy._grid(list(ZOO[name].flags), q)
         assert len(rows) == expected, name
@@ -67,12 +67,12 @@ def test_a_models_figures_are_the_grids_medians_against_the_plan(tmp_path):
 
     _write(tmp_path / "m", grid, candidates, "--a", {"steps_run": 24, "grid_steps": 48, "runs": 3,
                                                       "run_seconds": 15.0})
-    a = zoo_accuracy.model_accuracy(tmp_path / "m", estimate)
+    a = zoo_figures.model_accuracy(tmp_path / "m", estimate)
     assert a["without_own_costs"] is None  # no plan without them: not shown
     (tmp_path / "m" / "plan_without_own_costs.json").write_text(json.dumps({"candidates": [
         {"config_flags": f.split(), "fits": True, "pred_samples_per_s": p} for f, p in
         (("--a", 33.0), ("--b", 30.0), ("--c", 6.0))]}))
-    a = zoo_accuracy.model_accuracy(tmp_path / "m", estimate)
+    a = zoo_figures.model_accuracy(tmp_path / "m", estimate)
     assert a["without_own_costs"] == {"median": pytest.approx(0.5), "worst": pytest.approx(2.0),
                                       "spearman": pytest.approx(0.5)}  # 33/11, 30/20, 6/6; ranks 3 2 1 / 2 3 1
     assert a["candidates"] == 3
@@ -98,7 +98,7 @@ def test_a_folder_measured_for_its_peaks_alone_gets_a_table_of_its_peaks(tmp_pat
            [], "--a", {})
     (tmp_path / "d" / "m" / "plan.json").unlink()
     (tmp_path / "d" / "README.md").write_text("# Title\n\nWhat these are.\n")
-    monkeypatch.setattr(zoo_accuracy, "record_estimate", lambda record: {"--a-r0": 1.05, "--b-r0": 1.6}[record.name] * gib)
+    monkeypatch.setattr(zoo_figures, "record_estimate", lambda record: {"--a-r0": 1.05, "--b-r0": 1.6}[record.name] * gib)
     text = zoo_accuracy.page([tmp_path / "d"])
     assert "What these are." in text
     assert "| m |  | 2 | 12% / -20.0% (1 of 2) | --b-r0 |" in text  # 1.05 / 1, 1.6 / 2; the oom run has none
@@ -111,13 +111,13 @@ def test_the_race_on_the_grids_records_runs_the_races_code_on_the_grids_rounds(t
     grid = [("--a", 0, 10.0, 1, 10.0), ("--a", 1, 12.0, 1, 10.0), ("--b", 0, 8.0, 1, 10.0), ("--b", 1, 9.0, 1, 10.0),
             ("--c", 1, 28.0, 1, 20.0), ("--c", 0, 30.0, 1, 20.0)]
     _write(tmp_path / "m", grid, [("--a", 20.0, None), ("--b", 15.0, None), ("--c", 5.0, None)], "--a", {})
-    acc = zoo_accuracy.model_accuracy(tmp_path / "m", estimate=lambda record: 1)
-    every = zoo_accuracy.race_on_grid(tmp_path / "m", acc, 0.0, bounded=False)
+    acc = zoo_figures.model_accuracy(tmp_path / "m", estimate=lambda record: 1)
+    every = zoo_figures.race_on_grid(tmp_path / "m", acc, 0.0, bounded=False)
     # round 0: a 10, b 8, c 30 (round 0's runs) -> c and a again (their round 1): c (30, 28) 29, a (10, 12) 11
     assert every["pick"] == "--c" and every["regret"] == 0 and every["runs"] == 5 and every["entrants"] == 3
     assert every["steps_share"] == pytest.approx(5 / 3) and every["seconds"] == 70.0
     assert every["time_share"] == pytest.approx(70 / 40) and every["left_out_best"] is None
-    rule = zoo_accuracy.race_on_grid(tmp_path / "m", acc, 0.6, bounded=False)
+    rule = zoo_figures.race_on_grid(tmp_path / "m", acc, 0.6, bounded=False)
     # a and b (15 >= 0.6 x 20) each twice: a (10, 12) 11 against b (8, 9) 8.5; c, 5 < 12, left out
     assert rule["pick"] == "--a" and rule["runs"] == 4 and rule["entrants"] == 2 and rule["configurations"] == 3
     assert rule["regret"] == pytest.approx(1 - 11 / 29) and rule["left_out_best"] == pytest.approx(1.0)
@@ -134,13 +134,13 @@ def test_a_compact_folder_gives_the_figures_its_records_gave(tmp_path, monkeypat
            {"steps_run": 24, "grid_steps": 48, "runs": 3, "run_seconds": 15.0})
     (tmp_path / "raw" / "m" / "question.json").write_text(json.dumps({"question": "deepspeed-world1"}))
     compact.write(tmp_path / "raw", tmp_path / "kept")
-    monkeypatch.setattr(zoo_accuracy, "record_estimate", lambda record: 1)
+    monkeypatch.setattr(zoo_figures, "record_estimate", lambda record: 1)
     raw, kept = tmp_path / "raw" / "m", tmp_path / "kept" / "m"
     assert not kept.exists()  # read from records.jsonl alone
-    assert zoo_accuracy.model_accuracy(kept) == zoo_accuracy.model_accuracy(raw)
-    assert zoo_accuracy.question_of(kept) == zoo_accuracy.QUESTIONS["deepspeed-world1"]
-    acc = zoo_accuracy.model_accuracy(raw)
-    assert zoo_accuracy.race_on_grid(kept, acc, 0.6) == zoo_accuracy.race_on_grid(raw, acc, 0.6)
+    assert zoo_figures.model_accuracy(kept) == zoo_figures.model_accuracy(raw)
+    assert zoo_figures.question_of(kept) == zoo_figures.QUESTIONS["deepspeed-world1"]
+    acc = zoo_figures.model_accuracy(raw)
+    assert zoo_figures.race_on_grid(kept, acc, 0.6) == zoo_figures.race_on_grid(raw, acc, 0.6)
     assert zoo_accuracy.page([tmp_path / "kept"]).replace("kept", "raw") == zoo_accuracy.page([tmp_path / "raw"])
 
 
@@ -149,7 +149,7 @@ def test_a_models_question_is_the_one_its_grid_answered(tmp_path):
     flags leave checkpointing out where no grid run checkpointed (a model without blocks)."""
     out = tmp_path / "m"
     _write(out, [("--a --ckpt_interval 1", 0, 1.0, 1, 1.0)], [], "--a", {})
-    assert zoo_accuracy.question_of(out) == zoo_accuracy.QUESTIONS["world2"]
+    assert zoo_figures.question_of(out) == zoo_figures.QUESTIONS["world2"]
     argv = zoo_accuracy.question(out)
     assert argv[argv.index("--world") + 1] == "2" and argv[argv.index("--ckpt"):] == ["--ckpt", "none", "full/1"]
     _write(tmp_path / "gru", [("--a", 0, 1.0, 1, 1.0)], [], "--a", {})
@@ -176,9 +176,9 @@ def test_the_autotuner_and_the_race_are_judged_by_the_grid_and_the_final_runs_sh
     (out / "autotune.json").write_text(json.dumps({
         "race_pick": z[0], "grid_best": z[2], "experiments": 21, "seconds": 300.0,
         "final": {"autotuner": [80.0, None, 90.0], "race": [100.0, 120.0, 110.0], "grid": [100.0, 105.0, 130.0]}}))
-    acc = zoo_accuracy.model_accuracy(out, estimate=lambda record: 1)
+    acc = zoo_figures.model_accuracy(out, estimate=lambda record: 1)
     assert acc["grid_median"] == {z[0]: 110.0, z[1]: 85.0, z[2]: 180.0}
-    h = zoo_accuracy.head_to_head(out, acc)
+    h = zoo_figures.head_to_head(out, acc)
     assert h["picks"] == {"autotuner": z[1], "race": z[0], "grid": z[2]}
     assert (h["experiments"], h["seconds"]) == (21, 300.0)
     assert h["regret"]["autotuner"] == pytest.approx(1 - 85 / 180) and h["regret"]["grid"] == 0.0
@@ -189,10 +189,10 @@ def test_the_autotuner_and_the_race_are_judged_by_the_grid_and_the_final_runs_sh
     for name, peak in (("autotuner-r0", 5), ("autotuner-r2", 7), ("race-r0", 3)):
         (out / "autotune" / "final" / name).mkdir(parents=True)
         (out / "autotune" / "final" / name / "summary.json").write_text(json.dumps({"mem_peak_bytes": peak}))
-    assert zoo_accuracy.head_to_head(out, acc)["final_peak_bytes"] == {"autotuner": 7, "race": 3, "grid": None}
+    assert zoo_figures.head_to_head(out, acc)["final_peak_bytes"] == {"autotuner": 7, "race": 3, "grid": None}
     assert h["plan_seconds"] != h["plan_seconds"]  # no plan_time.json: not a number, not 0
     (out / "plan_time.json").write_text(json.dumps({"seconds": 42.0}))
-    assert zoo_accuracy.head_to_head(out, acc)["plan_seconds"] == 42.0
+    assert zoo_figures.head_to_head(out, acc)["plan_seconds"] == 42.0
     assert zoo_accuracy._short(z[1]) == "--deepspeed_config z1.json --micro_batch 8 --grad_accum 2"
 
 
@@ -200,7 +200,7 @@ def test_a_records_zoo_file_is_read_from_this_checkout_where_its_recorded_path_i
     """A run records --model as the absolute path of the checkout it ran in; the committed records'
     estimates read the zoo's file from this one where that path is gone, and nothing else."""
     gone = {"run": {"model": "/nowhere/benchmarks/zoo/cnn_bn.py", "backend": "ddp"}}
-    assert zoo_accuracy.zoo_file_here(gone)["run"] == {"model": str(REPO / "benchmarks" / "zoo" / "cnn_bn.py"),
+    assert zoo_figures.zoo_file_here(gone)["run"] == {"model": str(REPO / "benchmarks" / "zoo" / "cnn_bn.py"),
                                                        "backend": "ddp"}
     assert gone["run"]["model"] == "/nowhere/benchmarks/zoo/cnn_bn.py"  # the record read is not changed
     own = tmp_path / "benchmarks" / "zoo" / "cnn_bn.py"  # a file that is there: the user's, kept
@@ -208,4 +208,4 @@ def test_a_records_zoo_file_is_read_from_this_checkout_where_its_recorded_path_i
     own.write_text("")
     for config in ({"run": {"model": str(own)}}, {"run": {"model": "/nowhere/models/cnn_bn.py"}},
                    {"run": {"model": "/nowhere/benchmarks/zoo/not_in_the_zoo.py"}}, {"run": {"model": "hf:llama"}}):
-        assert zoo_accuracy.zoo_file_here(config) == config
+        assert zoo_figures.zoo_file_here(config) == config

@@ -27,6 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import models
+from training.cli import config_from_argv
+
 HERE = Path(__file__).resolve().parent
 T = 32  # --block_size of the text models: tokens per sample
 
@@ -153,7 +156,4 @@ ZOO: dict[str, Model] = {m.name: m for m in (
 
 def workload(model: Model):
     """The zoo model's workload (models.Workload), resolved from its flags as train.py resolves them."""
-    import models
-    from training.cli import config_from_argv
-
     return models.load(config_from_argv(list(model.flags)).model_request())
