@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from analysis import plan
+from analysis.plan import cli
 from conftest import REPO, base_env
 from gptlite.errors import ConfigError
 from test_describe import dry_run
@@ -518,7 +519,7 @@ def test_here_is_calibrated_where_the_candidates_run(monkeypatch, capsys):
         return plan.Device("here (stub)", plan.Link(1.0, 1.0, "stub"), plan.Link(1.0, 1.0, "stub"),
                            micro_step_s=0.01, sample_s=0.001)
 
-    monkeypatch.setattr(plan, "here_device", here)
+    monkeypatch.setattr(cli, "here_device", here)
     question = ["--world", "1", "--mem_budget_gb", "10", "--global_batch", "16", "--configs", "single", "--ckpt",
                 "none", "--json", *TINY]
     assert plan.main([*question, "--micro_batches", "2", "8"]) == 0
