@@ -11,6 +11,7 @@ import os
 import pytest
 
 from analysis import plan
+from analysis.plan import cli
 from analysis.plan import backend_costs as bc
 from analysis.plan import probe
 from conftest import in_process
@@ -66,7 +67,7 @@ def no_machine(monkeypatch):
                 progress(f"  {counter() if counter else ''}{config}: {bc.point_label(point)}: ok")
         return {**COSTS, "item": "trainable tensor", **_runs(COSTS, repeats), "reference_s": 1e-3}
 
-    monkeypatch.setattr(plan, "here_device", here)
+    monkeypatch.setattr(cli, "here_device", here)
     monkeypatch.setattr(device, "probe_link", lambda world: device.Link(1.0, 100.0, "probed (stub)"))
     monkeypatch.setattr(bc, "reference_seconds", lambda: 1e-3)
     monkeypatch.setattr(probe, "reference_seconds", lambda: 1e-3)

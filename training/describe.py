@@ -52,9 +52,15 @@ def resolve_flags(train_argv: Sequence[str], world: int = 1, ranks_per_node: int
     them (`--dry_run`: nothing built, checked against this machine or recorded). Raises
     ConfigError/DataError with train.py's own one-line reasons."""
     from training.cli import config_from_argv
+
+    return resolve_config(config_from_argv([*train_argv]), world, ranks_per_node, planner)
+
+
+def resolve_config(cfg, world: int = 1, ranks_per_node: int | None = None, planner: Callable | None = None):
+    """resolve_flags of a RunConfig already parsed (the planner's candidates: one model's flags
+    parsed once, each candidate's choices set by dataclasses.replace)."""
     from training.run import resolve
 
-    cfg = config_from_argv([*train_argv])
     cfg = dataclasses.replace(cfg, dry_run=True)
     env = simulated_env(world, ranks_per_node, cfg.device)
     # One model is described under many configurations and worlds (analysis.project): loaded and

@@ -1,7 +1,7 @@
-"""python -m analysis.plan (analysis/plan/__init__.py main)."""
+"""python -m analysis.plan: the planner's command line is analysis/plan/cli.py (main)."""
 
 import sys
 
-from analysis.plan import main
+from analysis.plan.cli import main
 
 sys.exit(main())

@@ -3,13 +3,23 @@ memory), micro-batch x accumulation and checkpointing, and the checks of the pla
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
+import models
 from gptlite.errors import ConfigError
+from core.blocks import find_blocks
+from core.config import RunConfig
+from backends import deepspeed_config, fsdp_config
+from backends.ddp import DEFAULT_BUCKET_MIB
+from estimator.memory_model import DS_PERSISTENCE
+from training.cli import build_parser
+from training.preflight import writable_out
+from analysis.project import config_flags, configurations as shipped, node_hybrid
 
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,8 +42,17 @@ WARM_S = 2.0
 
 
 # train.py flags the planner chooses: a user gives the question (model, budget, batch), not the answer.
+# ("deepspeed": train.py's --deepspeed switch, a flag's name)
 CHOSEN_FLAGS = ("backend", "fsdp_config", "deepspeed_config", "deepspeed", "accelerate_plugin", "micro_batch",
                 "grad_accum", "ckpt_interval", "ckpt_policy", "ckpt_plan", "mem_budget_gb", "ddp_bucket_cap_mb")
+
+
+# The reference backend: one process, no wrapper. A world of one runs it, and the calibration times
+# train.py's step under it (analysis/plan/device.py): its step is every prediction's compute.
+REFERENCE = "single"  # BACKEND-LITERAL: which backend is the reference (one process, no wrapper)
+
+# The backends --configs names alone, without a configuration file.
+PLANNED_BACKENDS = ("single", "ddp", "fsdp", "fsdp2")  # BACKEND-LITERAL: which backends run by name, with no file
 
 
 # train.py flags of one run, not of the model: copied into every candidate's command, each would
@@ -44,34 +63,40 @@ RUN_OWN_FLAGS = ("run_name", "save_dir", "resume")
 def _check_config(config: str) -> None:
     """--configs: a backend's name, an FSDP/FSDP2 YAML file (fsdp_configs/) or a DeepSpeed JSON file
     (ds_configs/), read as train.py reads it: an accelerate config or any other YAML is refused here."""
-    if config in ("single", "ddp", "fsdp", "fsdp2"):
+    if config in PLANNED_BACKENDS:
         return
-    allowed = "single, ddp, fsdp, fsdp2, or an fsdp_configs/*.yaml or ds_configs/*.json file (relative to the repository)"
+    allowed = (f"{', '.join(PLANNED_BACKENDS)}, or an fsdp_configs/*.yaml or ds_configs/*.json file (relative to the "
+               "repository)")
     if not (config.endswith((".yaml", ".json")) and (REPO / config).is_file()):
         raise ConfigError(f"--configs {config}: must be {allowed}")
     if config.endswith(".yaml"):
-        from backends import fsdp_config
-
         try:
             fsdp_config.load(str(REPO / config))
         except ConfigError as e:
             raise ConfigError(f"--configs {config}: not an FSDP configuration ({e}); must be {allowed}") from None
     else:
-        from backends import deepspeed_config
-
         deepspeed_config.validate(config, deepspeed_config.read(str(REPO / config)))
 
 
 def _check_ckpt_within_blocks(ckpt: tuple[str, ...], given) -> None:
     """--ckpt full/K or selective/K: K at most the model's blocks (every K-th block from the first:
     a K beyond them checkpoints block 0 alone, what K = the blocks already says)."""
-    import models
-    from core.blocks import find_blocks
-
     n = len(find_blocks(models.load(given.model_request()).meta(), given.block_class))
     for c in ckpt:
         if c != "none" and int(c.split("/")[1]) > n:
             raise ConfigError(f"--ckpt {c}: K must be at most the model's {n} blocks (every K-th block from the first)")
+
+
+def check_ckpt(ckpt: str) -> str:
+    """A checkpointing candidate (--ckpt): none, full/K or selective/K (K >= 1); ConfigError else."""
+    policy, _, k = ckpt.partition("/")
+    if ckpt != "none" and (policy not in ("full", "selective") or not k.isdigit() or int(k) < 1):
+        raise ConfigError(f"ckpt {ckpt!r}: must be none, full/K or selective/K (K >= 1)")
+    return ckpt
+
+
+# train.py's flags by field: each flag's type, for a flag variant's value ("ddp --ddp_bucket_cap_mb 100")
+_FLAG_TYPES = {action.dest: action.type for action in build_parser()._actions}
 
 
 @dataclass(frozen=True)
@@ -87,14 +112,10 @@ class Candidate:
     base: str | None = None  # the configuration a --variants file varies (it shares its refitted overhead)
 
     def __post_init__(self):
-        policy, _, k = self.ckpt.partition("/")
-        if self.ckpt != "none" and (policy not in ("full", "selective") or not k.isdigit() or int(k) < 1):
-            raise ConfigError(f"ckpt {self.ckpt!r}: must be none, full/K or selective/K (K >= 1)")
+        check_ckpt(self.ckpt)
 
     def flags(self) -> list[str]:
         """train.py's flags for this candidate (besides the model's)."""
-        from analysis.project import config_flags
-
         entry, options = self.parts
         flags = [*config_flags(entry), *options, "--micro_batch", str(self.micro_batch),
                  "--grad_accum", str(self.grad_accum)]
@@ -102,6 +123,22 @@ class Candidate:
             policy, k = self.ckpt.split("/")
             flags += ["--ckpt_interval", k] + (["--ckpt_policy", "selective"] if policy == "selective" else [])
         return flags
+
+    def run_config(self, model: RunConfig, **more) -> RunConfig:
+        """The run's configuration: the model's (train.py's flags, parsed once) with this candidate's
+        choices, field by field, as its flags() would set them, and `more`."""
+        entry, options = self.parts
+        flag, value = config_flags(entry)
+        changes = {flag.lstrip("-"): value, "micro_batch": self.micro_batch, "grad_accum": self.grad_accum}
+        for name, value in zip(options[::2], options[1::2]):
+            kind = _FLAG_TYPES.get(name.lstrip("-"))
+            changes[name.lstrip("-")] = kind(value) if kind else value
+        if self.ckpt != "none":
+            policy, k = self.ckpt.split("/")
+            changes["ckpt_interval"] = int(k)
+            if policy == "selective":
+                changes["ckpt_policy"] = "selective"
+        return dataclasses.replace(model, **changes, **more)
 
     @property
     def file(self) -> str | None:
@@ -125,10 +162,8 @@ class Candidate:
 
 def configurations(world: int, per_node: int) -> list[str]:
     """The backend configurations the suite ships, for `world` ranks `per_node` to a node."""
-    from analysis.project import configurations as shipped, node_hybrid
-
     if world == 1:
-        return ["single"]
+        return [REFERENCE]
     # The hybrid family where the world spans nodes; on one node it is FULL_SHARD again.
     return [c for c in shipped() if not (node_hybrid(c) and world <= per_node)]
 
@@ -148,9 +183,7 @@ def variants(config: str) -> list[tuple[str, dict]]:
     prefetch would change how much of the gathering overlaps, which the step model does not
     resolve: not planned. A file that does not parse has none (its own candidates say why train.py
     refuses it)."""
-    if config == "ddp":
-        from backends.ddp import DEFAULT_BUCKET_MIB
-
+    if config == "ddp":  # BACKEND-LITERAL: which backend's variants are train.py flags (its bucket size)
         return [(f"buckets_{name}", {"ddp_bucket_cap_mb": DEFAULT_BUCKET_MIB * f}) for name, f in (("quarter", 0.25),
                                                                                                  ("x4", 4))]
     if not config.endswith((".json", ".yaml")):
@@ -158,16 +191,12 @@ def variants(config: str) -> list[tuple[str, dict]]:
     source = _source(config)
     try:
         if config.endswith(".json"):
-            from backends.deepspeed_config import read
-
-            zero = read(str(source)).get("zero_optimization") or {}
+            zero = deepspeed_config.read(str(source)).get("zero_optimization") or {}
             if zero.get("stage", 0) in (1, 2):
                 size = int(float(zero.get("reduce_bucket_size", 5e8)))
                 return [(f"buckets_{name}", {"zero_optimization": {"reduce_bucket_size": max(2, int(size * f) // 2 * 2)}})
                         for name, f in (("quarter", 0.25), ("x4", 4))]
             if zero.get("stage") == 3:
-                from estimator.memory_model import DS_PERSISTENCE
-
                 out = []
                 prefetch = _number(zero.get("stage3_prefetch_bucket_size", 5e7))
                 if prefetch is None or prefetch > 0:  # None: "auto", DeepSpeed's own (non-zero) choice
@@ -179,6 +208,7 @@ def variants(config: str) -> list[tuple[str, dict]]:
                 return out
             return []
         options = yaml.safe_load(source.read_text()) or {}
+        # BACKEND-LITERAL: which backend's file has backward prefetch (FSDP1's, not FSDP2's)
         if options.get("backend", "fsdp") == "fsdp" and options.get("sharding_strategy", "FULL_SHARD") in (
                 "FULL_SHARD", "HYBRID_SHARD") and options.get("backward_prefetch", "BACKWARD_PRE") is not None:
             return [("no_backward_prefetch", {"backward_prefetch": None})]
@@ -205,8 +235,6 @@ def write_variants(configs: list[str], directory: str) -> dict[str, str]:
     {its absolute path: the configuration it varies}; DDP's, set by flags, as {"ddp --flag value":
     "ddp"}. A file already there with other contents is refused, not rewritten; so are the shipped
     folders (the planner would list the variants as shipped configurations)."""
-    from training.preflight import writable_out
-
     writable_out("--variants", directory)
     target = Path(directory).resolve()
     if target in ((REPO / "ds_configs").resolve(), (REPO / "fsdp_configs").resolve()):
@@ -220,9 +248,7 @@ def write_variants(configs: list[str], directory: str) -> dict[str, str]:
         source = _source(config)
         for name, changes in variants(config):
             if config.endswith(".json"):
-                from backends.deepspeed_config import read
-
-                data = read(str(source))
+                data = deepspeed_config.read(str(source))
                 data["zero_optimization"] = {**data.get("zero_optimization", {}), **changes["zero_optimization"]}
                 text = json.dumps(data, indent=2) + "\n"
             else:

@@ -6,8 +6,21 @@ from __future__ import annotations
 import shlex
 import sys
 
+from tqdm import tqdm
+
 from gptlite.data import DataError
 from gptlite.errors import ConfigError
+from core.config import RunConfig, interval_choices
+from core.flops import sample_flops
+from estimator.estimate import estimate_from_record
+from training.cli import config_from_argv
+from training.describe import MODEL_FIELDS, resolve_config
+from training.fake_world import DEFAULT_FLAGS as COUNT_FLAGS
+from training.launch import launcher_for
+from training.run import Setup
+from analysis import project
+from analysis.project import Assumptions, kept_ops, offload_seconds, price_comm
+from analysis.plan.backend_costs import cost_seconds, items, trainable_params
 from analysis.plan.candidates import CKPT, Candidate, GiB, MARGIN, candidates, configurations
 from analysis.plan.device import Device
 
@@ -16,26 +29,35 @@ _FLOPS: dict[tuple, dict] = {}
 _ITEMS: dict[tuple, tuple[int, int]] = {}
 
 
+def resolve_candidate(cand: Candidate, model: RunConfig, world: int, per_node: int, gpu: bool = False) -> Setup:
+    """The candidate's run as train.py resolves it for rank 0 of `world` ranks, `per_node` to a node:
+    the model's RunConfig with the candidate's choices (on a GPU: --device cuda); ConfigError or
+    DataError with train.py's reason where it refuses it."""
+    return resolve_config(cand.run_config(model, **({"device": "cuda"} if gpu else {})), world, per_node)
+
+
 def evaluate(cand: Candidate, train_argv: list[str], world: int, per_node: int, budget_gb: float,
-             device: Device, bucket_mib: float = 25.0, counted: dict | None = None) -> dict:
+             device: Device, bucket_mib: float = 25.0, counted: dict | None = None,
+             model: RunConfig | None = None) -> dict:
     """One candidate: resolved as train.py would (refused: `refused` says why), its peak estimated
     against the budget, its step time predicted part by part; its communication the theory's bytes cut
-    by its buckets, or with `counted` (analysis.project.count_flags) the calls and bytes counted."""
-    from estimator.estimate import estimate_from_record
-    from analysis.project import kept_ops, offload_seconds, price_comm
-    from core.config import interval_choices
-    from core.flops import sample_flops
-    from training.describe import MODEL_FIELDS, resolve_flags
-
+    by its buckets, or with `counted` (analysis.project.count_flags) the calls and bytes counted.
+    `model`: train_argv's RunConfig, where the caller parsed it once."""
     row = {"config": cand.config, "micro x accum": f"{cand.micro_batch}x{cand.grad_accum}", "ckpt": cand.ckpt,
            "candidate": cand, **({"base": cand.base} if cand.base else {})}
-    gpu = device.flops_per_s is not None
-    flags = [*train_argv, *cand.flags(), *(["--device", "cuda"] if gpu else [])]
     try:
-        setup = resolve_flags(flags, world, per_node)
+        setup = resolve_candidate(cand, config_from_argv(train_argv) if model is None else model, world, per_node,
+                                  device.flops_per_s is not None)
     except (ConfigError, DataError) as e:
         return {**row, "refused": str(e)}
+    return price(row, cand, setup, train_argv, world, per_node, budget_gb, device, bucket_mib, counted)
+
+
+def price(row: dict, cand: Candidate, setup: Setup, train_argv: list[str], world: int, per_node: int,
+          budget_gb: float, device: Device, bucket_mib: float = 25.0, counted: dict | None = None) -> dict:
+    """`row` with the resolved candidate's peak against the budget, its step's parts and its command."""
     cfg, resolved = setup.cfg, setup.resolved
+    gpu = device.flops_per_s is not None
     est = estimate_from_record({**setup.record(), "environment": {"device": str(setup.env.device)}})
     limit = budget_gb * GiB * (1 - MARGIN)
     parts = {"model states": est.model_states_bytes, "activations": est.activation_bytes}
@@ -68,15 +90,11 @@ def evaluate(cand: Candidate, train_argv: list[str], world: int, per_node: int, 
                                      (device.between.gb_s, device.between.latency_us), bucket_mib, counted)
     offload = 0.0
     if device.pcie_gb_s is not None:
-        from analysis.project import Assumptions
-
         offload = offload_seconds(resolved, setup.n_params, world, {"pcie_gb_s": device.pcie_gb_s},
                                    Assumptions(cpu_adam_gparams_s=device.cpu_adam_gparams_s))
     own = 0.0  # the configuration's own cost, measured on this machine (backend_costs), where it was
     costs = device.backend_costs.get(cand.base or cand.config)
     if costs:
-        from analysis.plan.backend_costs import cost_seconds, items, trainable_params
-
         ikey = (tuple(getattr(cfg, f) for f in MODEL_FIELDS), cfg.block_class, cfg.backend)
         if ikey not in _ITEMS:
             _ITEMS[ikey] = (items(setup, cfg.backend)[1], trainable_params(setup))
@@ -88,7 +106,9 @@ def evaluate(cand: Candidate, train_argv: list[str], world: int, per_node: int, 
                comm_ms=comm * 1e3, wait_ms=wait * 1e3,
                offload_ms=offload * 1e3,
                step_ms=step * 1e3, pred_samples_per_s=setup.layout.global_batch / step,
-               command=command(flags, cfg.backend, world, per_node))
+               # the candidate's argv, made once, where its command is printed
+               command=command([*train_argv, *cand.flags(), *(["--device", "cuda"] if gpu else [])], cfg.backend,
+                               world, per_node))
     return row
 
 
@@ -96,42 +116,41 @@ def command(flags: list[str], backend: str, world: int, per_node: int) -> str:
     """How a user launches the candidate (per node where it spans nodes)."""
     nproc = min(world, per_node)
     nodes = "" if world <= per_node else f" (on each of {world // per_node} nodes, with --nnodes and a rendezvous)"
-    if backend == "single" or world == 1:
-        head = ["python", "train.py"]
-    elif backend == "deepspeed":
-        head = ["deepspeed", "--num_gpus", str(nproc), "train.py"]
-    else:
-        head = ["torchrun", "--nproc_per_node", str(nproc), "train.py"]
-    return shlex.join([*head, *flags]) + nodes
+    launcher = "python" if world == 1 else launcher_for(backend)
+    # the launcher's own flags: python none, torchrun --nproc_per_node, deepspeed --num_gpus
+    ranks = {"python": [], "torchrun": ["--nproc_per_node", str(nproc)]}.get(launcher, ["--num_gpus", str(nproc)])
+    return shlex.join([launcher, *ranks, "train.py", *flags]) + nodes
 
 
 def plan(train_argv: list[str], world: int, per_node: int, budget_gb: float, global_batch: int, device: Device,
          configs: list[str] | None = None, ckpt: tuple[str, ...] = CKPT, micro_batches: list[int] | None = None,
-         progress: bool = False, bases: dict[str, str] | None = None, counted: bool = False) -> list[dict]:
+         progress: bool = False, bases: dict[str, str] | None = None, counted: bool = False,
+         model: RunConfig | None = None) -> list[dict]:
     """Every candidate evaluated; the ones that fit ranked by predicted samples/s first, then those
     over the budget, then those train.py refuses. `bases`: {a variant file: the configuration it varies}.
     `counted`: each fitting candidate's collectives counted as rank 0 of `world` under the fake process
     group (analysis.project.count_flags: a few seconds each, with its own flags); a count that fails
-    leaves that candidate on the theory's bytes, saying why (`bytes`)."""
-    from analysis.project import count_flags
-    from training.fake_world import DEFAULT_FLAGS as COUNT_FLAGS
-
+    leaves that candidate on the theory's bytes, saying why (`bytes`). `model`: train_argv's RunConfig,
+    parsed once (by the caller, or here: where train.py refuses the flags, every candidate says why)."""
     cands = candidates(configs or configurations(world, per_node), world, global_batch, ckpt, micro_batches, bases)
+    if model is None:
+        try:
+            model = config_from_argv(train_argv)
+        except (ConfigError, DataError):
+            pass  # each candidate refused with train.py's reason (evaluate)
     rows = []
     iterator = cands
     if progress:
-        from tqdm import tqdm
-
         iterator = tqdm(cands, desc="candidates", unit="", file=sys.stderr, leave=False)
     for cand in iterator:
-        row = evaluate(cand, train_argv, world, per_node, budget_gb, device)
+        row = evaluate(cand, train_argv, world, per_node, budget_gb, device, model=model)
         if counted and row.get("fits"):
             if progress:
                 iterator.set_description(f"counting {cand.run_name()}")
             try:
                 # fake_world's own short run, whatever --steps the user's flags carry
-                count = count_flags([*train_argv, *cand.flags(), *COUNT_FLAGS], world, per_node, cand.run_name())
-                row = evaluate(cand, train_argv, world, per_node, budget_gb, device, counted=count)
+                count = project.count_flags([*train_argv, *cand.flags(), *COUNT_FLAGS], world, per_node, cand.run_name())
+                row = evaluate(cand, train_argv, world, per_node, budget_gb, device, counted=count, model=model)
             except RuntimeError as e:
                 row["bytes"] = f"theory ({e})"
             if progress:

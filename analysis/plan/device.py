@@ -3,7 +3,6 @@ calibrated and the link between its ranks probed."""
 
 from __future__ import annotations
 
-import atexit
 import bisect
 import contextlib
 import dataclasses
@@ -12,19 +11,29 @@ import io
 import math
 import os
 import re
-import shlex
-import shutil
 import signal
 import statistics
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from pathlib import Path
+from datetime import datetime, timezone
 
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 import yaml
 
-from analysis.plan.candidates import WARM_S
+from core.dist import set_cpu_threads
+from estimator import checkpointing_plan
+from training.cli import config_from_argv
+from training.describe import resolve_flags, simulated_env
+from training.run import Run, resolve
+from training.runner import TERMINATED
+from analysis.project import HARDWARE
+import analysis.plan.backend_costs as bc
+from analysis.plan.candidates import REFERENCE, WARM_S
+from analysis.plan.processes import gather_messages, started  # noqa: F401 - started: the calibration's API, as it was
 
 
 @dataclass
@@ -59,8 +68,6 @@ class Device:
 
 def named_device(name: str, network: str, mfu: float, overlap: float, precision: str) -> Device:
     """A GPU of analysis/hardware.yaml: its datasheet peak for `precision` x MFU and its links."""
-    from analysis.project import HARDWARE
-
     hw = yaml.safe_load(HARDWARE.read_text())
     gpu, net = hw["gpus"][name], hw["networks"][network]
     peak = gpu["fp32_tflops" if precision == "fp32" else "bf16_tflops"] * 1e12
@@ -77,17 +84,13 @@ def calibrate(workload, block_class: str | None, micro_batches: tuple[int, int],
     warmed up on the larger, then the two taking turns, the median of `reps` each) fitted as fixed +
     per-sample seconds; the optimizer's step (AdamW); and what full and selective checkpointing
     of every block add, as a share of the larger micro-batch's time (checkpointing_plan.measured_costs)."""
-    import torch
-
-    from estimator.checkpointing_plan import forward_backward, measured_costs, seconds_of
-
     dev = torch.device(device)
     model = workload.build(0).to(dev)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     batches = {m: tuple(t.to(dev) for t in workload.example(m)) for m in micro_batches}
 
     def timed(m: int) -> float:
-        return seconds_of(dev, lambda: forward_backward(model, *batches[m], precision))
+        return checkpointing_plan.seconds_of(dev, lambda: checkpointing_plan.forward_backward(model, *batches[m], precision))
 
     times: dict[int, list[float]] = {m: [] for m in micro_batches}
     with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
@@ -105,11 +108,11 @@ def calibrate(workload, block_class: str | None, micro_batches: tuple[int, int],
             for m in micro_batches:
                 times[m].append(timed(m))
     seconds = {m: statistics.median(t) for m, t in times.items()}
-    step = statistics.median([seconds_of(dev, optimizer.step) for _ in range(reps + 1)][1:])
+    step = statistics.median([checkpointing_plan.seconds_of(dev, optimizer.step) for _ in range(reps + 1)][1:])
     small, large = micro_batches
     per_sample = max(0.0, (seconds[large] - seconds[small]) / (large - small))
     fixed = max(0.0, seconds[small] - small * per_sample)
-    extra = measured_costs(workload, block_class, large, device, save_ops, ["full", "selective"], 0,
+    extra = checkpointing_plan.measured_costs(workload, block_class, large, device, save_ops, ["full", "selective"], 0,
                            precision=precision) or {}
     return {"micro_step_s": fixed, "sample_s": per_sample, "optimizer_s": step,
             "recompute": {k: v / seconds[large] for k, v in extra.items()}, "timed": seconds}
@@ -132,23 +135,12 @@ def loop_step_times(train_argv: list[str], micro: int, steps: int = LOOP_STEPS) 
     backward and optimizer step summed to 6.4 (py-spy of the run: forward 30%, backward 25%, optimizer
     and clipping 31%, the batch 8%), and every plan of cpu-2core-zoo-plan-in-window of docs/results/zoo_accuracy_2026-12-05.md
     predicted its model's steps faster than they ran (+7% to +43%)."""
-    import os
-    import signal
-    import tempfile
-
-    import torch
-
-    from training.cli import config_from_argv
-    from training.describe import simulated_env
-    from training.run import Run, resolve
-    from training.runner import TERMINATED
-
     handler = signal.getsignal(signal.SIGTERM)  # a run sets its own
     threads = os.environ.get("OMP_NUM_THREADS")
     os.environ["OMP_NUM_THREADS"] = threads or str(torch.get_num_threads())  # the run keeps this process's share
     try:
         with tempfile.TemporaryDirectory(prefix="calibrate-loop-") as tmp:
-            cfg = config_from_argv([*train_argv, "--backend", "single", "--micro_batch", str(micro), "--grad_accum",
+            cfg = config_from_argv([*train_argv, "--backend", REFERENCE, "--micro_batch", str(micro), "--grad_accum",
                                     "1", "--steps", str(steps), "--warmup_steps", "2", "--mem_profile_steps", "1",
                                     "--eval_batches", "1", "--runs_dir", tmp, "--run_name", "loop", "--quiet"])
             # a scratch run: none of the user's trackers, checkpoints or resumption
@@ -267,10 +259,6 @@ def probe_link(world: int, sizes: tuple[int, int] = (1024, 8 * 2**20), calls: tu
     """all_reduce timed between `world` local processes (gloo, this machine), `launches` times: a small
     message gives the latency per ring step, a large one the bus bandwidth (each launch's mean over
     its `calls`, the median of the launches)."""
-    import tempfile
-
-    import torch.multiprocessing as mp
-
     timed = []
     for _ in range(launches):
         with tempfile.TemporaryDirectory() as tmp:
@@ -294,9 +282,6 @@ def probe_link(world: int, sizes: tuple[int, int] = (1024, 8 * 2**20), calls: tu
 
 
 def _probe_rank(rank: int, world: int, store: str, sizes, calls, queue) -> None:
-    import torch
-    import torch.distributed as dist
-
     dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world)
     times = []
     for size, n in zip(sizes, calls):
@@ -319,35 +304,28 @@ def machine_link(world: int, use_shipped: bool = False) -> Link:
     again when the machine changes. With `use_shipped`, where none is kept, the link shipped with
     the costs for this machine's kind (backend_costs.shipped: the one they were fitted against),
     not kept."""
-    from datetime import datetime, timezone
-
-    from analysis.plan.backend_costs import _shown, cache_path, keep, load, machine, shipped, shipped_path
-
-    key, here = f"link|world={world}", machine()
-    entry = load().get(key)
+    key, here = f"link|world={world}", bc.machine()
+    entry = bc.load().get(key)
     if not (entry and entry.get("machine") == here):
-        ready = shipped().get(key) if use_shipped else None
+        ready = bc.shipped().get(key) if use_shipped else None
         if ready:
             return Link(ready["gb_s"], ready["latency_us"], f"{ready['source']}, measured {ready['measured']} on a "
                         f"machine of this kind ({ready['machine']['cpu']}, {ready['machine']['cores']} cores), not "
-                        f"here: shipped with its costs ({_shown(shipped_path())}; --backend_costs measure probes it)")
+                        f"here: shipped with its costs ({bc._shown(bc.shipped_path())}; --backend_costs measure probes it)")
         link = probe_link(world)
         entry = {"gb_s": link.gb_s, "latency_us": link.latency_us, "source": link.source, "machine": here,
                  "measured": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
-        cache = load()  # read again: another plan may have kept something meanwhile
+        cache = bc.load()  # read again: another plan may have kept something meanwhile
         cache[key] = entry
-        keep(cache)
+        bc.keep(cache)
     return Link(entry["gb_s"], entry["latency_us"], f"{entry['source']}, measured {entry['measured']}, kept in "
-                f"{cache_path()}")
+                f"{bc.cache_path()}")
 
 
 def _calibrate_rank(train_argv: list[str], ranks: int, points: tuple[int, int], barrier, queue) -> None:
     """One of `ranks` processes calibrating at once (calibrate_together): its calibration, or its error."""
     try:
-        from core.dist import set_cpu_threads
-        from training.describe import resolve_flags, simulated_env
-
-        setup = resolve_flags([*train_argv, "--backend", "single"], 1)
+        setup = resolve_flags([*train_argv, "--backend", REFERENCE], 1)
         set_cpu_threads(simulated_env(ranks, None, setup.cfg.device))
         barrier.wait(300)  # the model built in each: the timing starts together
         c = calibrate(setup.workload, setup.cfg.block_class, points, str(setup.env.device), setup.cfg.save_ops(),
@@ -368,8 +346,6 @@ def calibrate_together(train_argv: list[str], ranks: int, points: tuple[int, int
     frozen_tied 0.63 and 1.23; and against the grid measured in the same window
     (cpu-2core-zoo-plan-in-window of docs/results/zoo_accuracy_2026-12-05.md) the plans calibrated alone predicted ViT's DDP 8 x 1
     at 12.4 ms a step where it ran 17.4."""
-    import torch.multiprocessing as mp
-
     ctx = mp.get_context("spawn")
     queue, barrier = ctx.Queue(), ctx.Barrier(ranks)
     procs = [ctx.Process(target=_calibrate_rank, args=(train_argv, ranks, points, barrier, queue))
@@ -383,75 +359,6 @@ def calibrate_together(train_argv: list[str], ranks: int, points: tuple[int, int
     if failed:
         raise RuntimeError(f"the calibration in {ranks} processes failed: {failed[0]}")
     return together(got)
-
-
-_DEAF: dict[str, Path] = {}  # Python -> the script that starts it with SIGINT ignored, kept while this process runs
-
-
-def _deaf_python(python: str) -> Path:
-    """A shell script that ignores SIGINT and execs `python` with its arguments. It must outlive the
-    starts (the shell reads it after the exec), so it lives, once, until this process ends."""
-    if python not in _DEAF:
-        tmp = tempfile.mkdtemp(prefix="gptlite-deaf-")
-        atexit.register(shutil.rmtree, tmp, True)
-        script = Path(tmp) / "python"
-        script.write_text(f"#!/bin/sh\ntrap '' INT\nexec {shlex.quote(python)} \"$@\"\n")
-        script.chmod(0o700)
-        _DEAF[python] = script
-    return _DEAF[python]
-
-
-@contextlib.contextmanager
-def started(procs: list):
-    """`procs` (multiprocessing processes, spawned) started deaf to Ctrl-C, and stopped if this process
-    leaves before they end. A terminal's Ctrl-C signals every process in its foreground group: each
-    spawned child would print its own KeyboardInterrupt traceback. Each starts through a two-line shell
-    script that ignores SIGINT and execs Python: ignored from the interpreter's first instruction, which
-    then installs no KeyboardInterrupt handler. This process keeps its own handler throughout, so a
-    Ctrl-C while they start (seconds, on a loaded machine) stops it too; ignoring SIGINT here while they
-    started would lose that one."""
-    from multiprocessing import spawn
-
-    python = spawn.get_executable()
-    spawn.set_executable(str(_deaf_python(os.fsdecode(python))))
-    try:
-        for proc in procs:
-            proc.start()
-    finally:
-        spawn.set_executable(python)
-    try:
-        yield procs
-    finally:
-        for proc in procs:
-            if getattr(proc, "pid", None) is not None and proc.exitcode is None:  # started, not ended
-                proc.terminate()
-                proc.join(10)
-
-
-def gather_messages(queue, procs: list, what: str, poll_s: float = 1.0) -> list:
-    """One message from each of `procs` (each puts one before it ends), as they come. A process that
-    ended without one (killed, or failed before it could say why: a script that spawns without an
-    `if __name__ == "__main__"` guard fails so at its children's start) raises RuntimeError naming its
-    exit code, where waiting for its message would wait forever (2026-12-04: a probe script hung so
-    for ten minutes, its calibration's two children ended)."""
-    import queue as queues
-
-    got = []
-    while len(got) < len(procs):
-        try:
-            got.append(queue.get(timeout=poll_s))
-        except queues.Empty:
-            ended = [p.exitcode for p in procs if p.exitcode is not None]
-            if len(ended) > len(got):  # an ended process's message is in the pipe by then: one more look
-                try:
-                    got.append(queue.get(timeout=poll_s))
-                except queues.Empty:
-                    for p in procs:  # the others would wait for it (a barrier) until their own timeout
-                        if p.exitcode is None:
-                            p.terminate()
-                    raise RuntimeError(f"{what} failed: a process ended without a word (exit codes "
-                                       f"{', '.join(map(str, ended))})") from None
-    return got
 
 
 def together(got: list[dict]) -> dict:
@@ -478,12 +385,7 @@ def here_device(train_argv: list[str], world: int, per_node: int, overlap: float
     compared) with the CPU threads one of `per_node` ranks gets (core/dist.set_cpu_threads), on a CPU
     in as many processes at once as the node runs ranks (calibrate_together), its ranks' link probed
     (or kept; with `shipped_link`, shipped: machine_link)."""
-    import torch
-
-    from core.dist import set_cpu_threads
-    from training.describe import resolve_flags, simulated_env
-
-    setup = resolve_flags([*train_argv, "--backend", "single"], 1)
+    setup = resolve_flags([*train_argv, "--backend", REFERENCE], 1)
     cfg = setup.cfg
     threads = torch.get_num_threads()
     ranks = min(world, per_node)

@@ -4,12 +4,18 @@ says what is measured and how it is fitted and kept)."""
 from __future__ import annotations
 
 import tempfile
+import time
 from pathlib import Path
 
+from gptlite.data import DataError
+from training.cli import config_from_argv
 from analysis.plan.backend_costs import (PROBE, PROBE_POINTS, QUICK_REPEATS, REPEATS, STEPS, WIDE, at_speed, fit_runs,
                                          items, keep, key, load, machine, point_label, point_size, reference_seconds,
                                          runs_per_point, shipped, trainable_params)
 from gptlite.errors import ConfigError
+from analysis.plan.candidates import REFERENCE, Candidate
+from analysis.plan.cost import price, resolve_candidate
+from analysis.plan.run import run_one, short_run
 
 
 def measure(config: str, world: int, device, progress=print, repeats: int = REPEATS,
@@ -22,18 +28,10 @@ def measure(config: str, world: int, device, progress=print, repeats: int = REPE
     `calibrated` ({probe size: Device}) is given and filled. The machine's speed (backend_costs.reference_seconds)
     is read before and after the runs, and the faster kept as `reference_s`: a plan scales the costs
     to its own speed. `counter()` names each run's place among the plan's ("[3/24] ", ETA), if given."""
-    from analysis.plan.candidates import Candidate
-    from analysis.plan.cost import evaluate
-    from analysis.plan.verify import flag_pairs
-    from training.describe import resolve_flags
-    from training.runner import Runner
-    from training.sweep import PlannedRun
-
     n, params, runs, times = {}, {}, {}, {}
     calibrated = {} if calibrated is None else calibrated
     speed = [reference_seconds()]
     with tempfile.TemporaryDirectory(prefix="backend-costs-") as tmp:
-        runner = Runner(Path(tmp), 900)
         planned = {}
         for point in PROBE_POINTS:  # the step model's prediction of each point, first
             layers, micro, accum = point[:3]
@@ -43,20 +41,20 @@ def measure(config: str, world: int, device, progress=print, repeats: int = REPE
             cand = Candidate(config, micro, accum, "none")
             if size not in calibrated:  # for each configuration (REPEATS): the speed drifts between them
                 calibrated[size] = device(model, [4, 8])
-            row = evaluate(cand, model, world, world, 1e6, calibrated[size])
-            if "refused" in row:
-                raise ConfigError(f"{config}: the probe run is refused ({row['refused']})")
-            setup = resolve_flags([*model, *cand.flags()], world)
-            item, n[size] = items(setup, row["backend"])
+            row = {"config": config}
+            try:  # the candidate resolved once: its prediction, its items and the run launched below
+                setup = resolve_candidate(cand, config_from_argv(model), world, world)
+            except (ConfigError, DataError) as e:
+                raise ConfigError(f"{config}: the probe run is refused ({e})") from None
+            row = price(row, cand, setup, model, world, world, 1e6, calibrated[size])
+            item, n[size] = items(setup, setup.cfg.backend)
             params[size] = trainable_params(setup)
-            planned[point] = (model, cand, row)
+            planned[point] = (model, cand, setup, row)
         for rep in range(repeats):  # the points taking turns: this machine's speed drifts between runs
-            for point, (model, cand, row) in planned.items():
-                pairs = flag_pairs([*model, *cand.flags()[2:], "--steps", str(STEPS), "--warmup_steps", "2",
-                                    "--mem_profile_steps", "1", "--eval_batches", "1"])
+            for point, (model, cand, setup, row) in planned.items():
                 label = point_label(point)
-                outcome = runner.run(PlannedRun(f"probe-{cand.run_name()}-l{label}-r{rep}", row["backend"],
-                                                cand.file, world, pairs))
+                outcome = run_one(short_run(f"probe-{cand.run_name()}-l{label}-r{rep}", cand, setup.cfg.backend,
+                                            setup.env.world_size, model, STEPS), Path(tmp), 900)
                 progress(f"  {counter() if counter else ''}{config}: {label} (blocks x micro-batch x accumulation): "
                          f"{outcome.line()}")
                 if outcome.status != "ok" or not outcome.summary.samples_per_s:
@@ -64,7 +62,7 @@ def measure(config: str, world: int, device, progress=print, repeats: int = REPE
                                        f"{outcome.summary.error or ''})")
                 times.setdefault(point, []).append(cand.micro_batch * cand.grad_accum * world
                                                    / outcome.summary.samples_per_s)
-        for point, (model, cand, row) in planned.items():
+        for point, (model, cand, setup, row) in planned.items():
             runs[point_label(point)] = {"measured_s": times[point], "predicted_s": row["step_ms"] / 1e3}
     speed.append(reference_seconds())
     return {**fit_runs(runs, n, params), "item": item, "runs": runs, "items": {str(k): v for k, v in n.items()},
@@ -90,14 +88,12 @@ def costs_for(configs: list[str], world: int, device, measure_missing: bool, pro
     to measure: its step, train.py's loop
     at --backend single, is what every prediction's compute is calibrated on (analysis/plan/device.py),
     so it is neither measured nor missing."""
-    import time
-
     cache = load()
     here = machine()
     ready = shipped() if use_shipped else {}
     found, missing, to_measure = {}, [], []
     for config in configs:
-        if config == "single":
+        if config == REFERENCE:
             continue
         k = key(config, world)
         entry = cache.get(k)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import statistics
+
+import numpy as np
 
 from analysis.plan.device import CALIBRATION_LINE
 
@@ -11,10 +14,6 @@ def _bounded_lstsq(a, b, lower, upper):
     """min |a x - b| over lower <= x <= upper, exactly, for the few unknowns of a refit: each unknown
     free or held at one of its bounds, the free ones solved by least squares, the best feasible kept
     (the first of equals: a column of zeros, one rank's communication, is solved to 0)."""
-    import itertools
-
-    import numpy as np
-
     best = None
     for states in itertools.product((None, 0, 1), repeat=a.shape[1]):
         x = np.array([0.0 if s is None else (lower, upper)[s][i] for i, s in enumerate(states)])
@@ -43,8 +42,6 @@ def refit(rows: list[dict], verified: list[dict], global_batch: int) -> dict | N
     a --variants file counts as the configuration it varies). Each candidate's `refit_samples_per_s`
     is then the refitted prediction, and the fitting candidates are re-ranked by it. None with fewer
     than 2 measured runs."""
-    import numpy as np
-
     by_command = {r["command"]: r for r in rows if "command" in r}
     points = [(by_command[v["command"]], global_batch / v["measured_samples_per_s"]) for v in verified
               if v["status"] == "ok" and v.get("measured_samples_per_s")]

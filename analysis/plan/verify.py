@@ -4,11 +4,11 @@ through the sweep runner, each a measured record."""
 from __future__ import annotations
 
 import statistics
-import sys
 from pathlib import Path
 
 from gptlite.errors import ConfigError
 from analysis.plan.candidates import GiB
+from analysis.plan.run import flag_pairs, run_candidates, short_run  # noqa: F401 - flag_pairs: the planner's API
 
 
 def to_verify(rows: list[dict], k: int) -> list[dict]:
@@ -29,22 +29,6 @@ def to_verify(rows: list[dict], k: int) -> list[dict]:
     rest = [r for r in rest if not any(r is e for e in extra)]
     lower = sorted({len(rest) // 3, (2 * len(rest)) // 3}) if len(rest) > 1 else list(range(len(rest)))
     return top + extra + [rest[i] for i in lower][:2 - len(extra)]
-
-
-def flag_pairs(argv: list[str]) -> tuple[tuple[str, object], ...]:
-    """train.py's flags as (name, value) pairs, a switch's value True (training/sweep.PlannedRun.flags)."""
-    pairs, i = [], 0
-    while i < len(argv):
-        name = argv[i]
-        if not name.startswith("--"):
-            raise ConfigError(f"{name}: expected a --flag")
-        if i + 1 < len(argv) and not argv[i + 1].startswith("--"):
-            pairs.append((name[2:], argv[i + 1]))
-            i += 2
-        else:
-            pairs.append((name[2:], True))
-            i += 1
-    return tuple(pairs)
 
 
 # The race's default entry (entrants()): the configurations predicted within this share of the best.
@@ -82,24 +66,13 @@ def _run_rows(chosen: list[dict], rows: list[dict], train_argv: list[str], world
               timeout_s: float, slurm, rounds: int, prefix: str) -> list[dict]:
     """`chosen` run `rounds` times taking turns through the sweep's executor, each `steps` steps, as
     records named `prefix`-<candidate> (-r<round> after the first); each measured (_measured)."""
-    from training.executors import executor_for
-    from training.sweep import PlannedRun
-
     planned = []  # round by round: every candidate once, then again
     for rnd in range(rounds):
         for row in chosen:
             cand = row["candidate"]
-            pairs = flag_pairs([*train_argv, *cand.flags()[2:], "--steps", str(steps), "--warmup_steps", "2",
-                                "--mem_profile_steps", "1", "--eval_batches", "1"])
             name = f"{prefix}-{cand.run_name()}" + (f"-r{rnd}" if rnd else "")
-            planned.append((row, PlannedRun(name, row["backend"], cand.file, world, pairs)))
-    executor = executor_for(prefix, runs_dir, timeout_s, [run for _, run in planned], slurm)
-    lock = executor.hold_directory()
-    try:
-        executor.check()
-        outcomes = executor.run_all(lambda line: print(line, file=sys.stderr, flush=True))
-    finally:
-        lock.release()
+            planned.append((row, short_run(name, cand, row["backend"], world, train_argv, steps)))
+    outcomes = run_candidates(prefix, runs_dir, timeout_s, [run for _, run in planned], slurm)
     by_row: dict[int, list] = {}
     for (row, run), outcome in zip(planned, outcomes):
         by_row.setdefault(id(row), []).append((run, outcome))
