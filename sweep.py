@@ -37,7 +37,7 @@ EPILOG = textwrap.dedent("""\
     sbatch, setup; the flags below override it), then follows the jobs to their end. The runs
     directory must be shared with the nodes. A job stopped at its time limit is recorded timeout;
     with save_every in train_args it is requeued and continues from its checkpoint. Ctrl-C leaves
-    the jobs running: --status and --cancel find them again (training/slurm.py).""")
+    the jobs running: --status and --cancel find them again (orchestration/slurm.py).""")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true",
                    help="print one JSON object at the end (the runs: each one's status and record; with --dry_run "
                         "their commands; with --status their states); every other line goes to stderr")
-    from training.slurm import add_flags
+    from orchestration.slurm import add_flags
 
     g = add_flags(p)
     g.add_argument("--status", action="store_true",
@@ -87,9 +87,9 @@ def main(argv=None) -> int:
 
 
 def _main(args) -> int:
-    from training.executors import executor_for
-    from training.runner import Runner, Stopped, stop_on_sigterm
-    from training.sweep import check_runs, expand, load_spec
+    from orchestration.executors import executor_for
+    from orchestration.runner import Runner, Stopped, stop_on_sigterm
+    from orchestration.sweep import check_runs, expand, load_spec
 
     try:
         spec = load_spec(args.spec)
@@ -101,7 +101,7 @@ def _main(args) -> int:
         if args.mem_budget_gb is not None and not args.max_batch:
             raise ConfigError("--mem_budget_gb is --max_batch's budget: give --max_batch too")
         if args.executor == "local" and not (args.status or args.cancel or args.no_wait):
-            from training.slurm import FLAGS
+            from orchestration.slurm import FLAGS
 
             given = next((name for name, _, _ in FLAGS if getattr(args, name, None) is not None), None)
             if given:
@@ -151,15 +151,15 @@ def _main(args) -> int:
 
 
 def _on_slurm(args, spec, runs, skipped) -> int:
-    """--executor slurm, --status, --cancel (training/slurm.py). ConfigError: bad input, nothing submitted."""
-    from training.executors import executor_for
-    from training.slurm import settings_from
-    from training.sweep import check_runs
+    """--executor slurm, --status, --cancel (orchestration/slurm.py). ConfigError: bad input, nothing submitted."""
+    from orchestration.executors import executor_for
+    from orchestration.slurm import settings_from
+    from orchestration.sweep import check_runs
 
     sweep = executor_for(spec.name, spec.directory, spec.timeout_s, runs, settings_from(spec.executor, args),
                          retry_failed=args.retry_failed)
     if args.status:
-        from training.slurm import read_jobs
+        from orchestration.slurm import read_jobs
 
         if read_jobs(spec.directory):  # a local sweep's records need no Slurm to be read
             sweep.check_tools()
@@ -245,7 +245,7 @@ def _max_batch_dir(spec, args):
 
 
 def _max_batch(args, spec, runs, probe_runner) -> int:
-    from training.max_batch import SearchError, search, write_results
+    from orchestration.max_batch import SearchError, search, write_results
 
     configs = {}
     for run in runs:  # one search per configuration: the micro_batch dimension is searched instead

@@ -31,7 +31,7 @@ def main(argv=None) -> int:
                       formatter_class=argparse.RawDescriptionHelpFormatter,
                       usage="python -m analysis.estimate [--world W] [--gpus_per_node N] [--json] [--out DIR] [train.py flags]",
                       epilog="\n".join(["Every other flag is train.py's, with train.py's names and defaults (python "
-                                         "train.py --help), resolved as the run resolves them (training/describe.py): "
+                                         "train.py --help), resolved as the run resolves them (simulation/describe.py): "
                                          "the estimate is of the run those flags launch on --world ranks. --device "
                                          "cuda estimates a GPU run from a machine without one.", "",
                                          *__doc__.splitlines()[2:7]]))
@@ -58,7 +58,7 @@ def main(argv=None) -> int:
             from training.preflight import writable_out
 
             writable_out("--out", args.out, writes="estimate.json")
-        from training.describe import describe
+        from simulation.describe import describe
 
         config = describe(train_argv, args.world, args.gpus_per_node, planner=planner)
         model, positional, kwargs = record_arguments(config)

@@ -33,7 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from training.launch import launch_command, launcher_for  # noqa: E402
+from orchestration.launch import launch_command, launcher_for  # noqa: E402
 
 GiB = 2**30
 MODELS = {

@@ -51,7 +51,7 @@ def replay(model_dir: Path, costs: dict, three_points: bool = False, unscaled: b
     from analysis.plan.backend_costs import POINT_RULE, at_speed, cost_seconds, fit_runs, items, key, trainable_params
     from benchmarks.zoo import ZOO
     from benchmarks.zoo_accuracy import model_accuracy, question_of, spearman
-    from training.describe import resolve_flags
+    from simulation.describe import resolve_flags
 
     world = question_of(model_dir).world
     acc = model_accuracy(model_dir, estimate=lambda record: 1)  # the peaks are not asked

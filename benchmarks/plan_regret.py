@@ -153,8 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     from analysis import plan
-    from training.runner import Runner
-    from training.sweep import PlannedRun
+    from orchestration.runner import Runner
+    from orchestration.sweep import PlannedRun
 
     runs = Path(args.runs_dir).resolve()
     question = ["--world", str(args.world), "--mem_budget_gb", str(args.mem_budget_gb), "--global_batch",

@@ -128,8 +128,8 @@ def grid(runs_dir: Path, names: list[str], rounds: int, steps: int, qname: str =
     turns, into RUNS_DIR/MODEL/grid."""
     from analysis import plan
     from benchmarks.zoo import ZOO
-    from training.runner import Runner
-    from training.sweep import PlannedRun
+    from orchestration.runner import Runner
+    from orchestration.sweep import PlannedRun
 
     for name in names:
         model = ZOO[name]
@@ -208,8 +208,8 @@ def autotune(runs_dir: Path, names: list[str], steps: int, rounds: int) -> None:
     RUNS_DIR/MODEL/autotune/."""
     from analysis import plan
     from benchmarks.zoo import ZOO
-    from training.runner import Runner
-    from training.sweep import PlannedRun
+    from orchestration.runner import Runner
+    from orchestration.sweep import PlannedRun
 
     q = QUESTIONS["deepspeed-world1"]
     for name in names:

@@ -174,7 +174,7 @@ def measured_costs(workload, block_class: str | None, micro_batch: int, device: 
 
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
-        return None  # a GPU run described on a machine without one (training/describe.py): counted
+        return None  # a GPU run described on a machine without one (simulation/describe.py): counted
     if dev.type == "cuda":
         free = torch.cuda.mem_get_info(dev)[0]
     else:

@@ -18,7 +18,7 @@ def stub_command(self, runs_dir) -> list[str]:
 
 if __name__ == "__main__":
     import sweep
-    from training.sweep import PlannedRun
+    from orchestration.sweep import PlannedRun
 
     PlannedRun.command = stub_command
     sys.exit(sweep.main(sys.argv[1:]))

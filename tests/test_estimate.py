@@ -615,7 +615,7 @@ def test_a_speech_encoders_measured_peaks_are_estimated_within_ten_percent():
     the same flags. Before the front end's backward was counted, the one-process runs with every block
     checkpointed were 11.5-18.6% under."""
     from benchmarks.zoo import ZOO
-    from training.describe import describe
+    from simulation.describe import describe
 
     measured = json.loads((REPO / "tests" / "speech_ctc_peaks.json").read_text())
     errors = {}

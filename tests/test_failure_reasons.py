@@ -240,7 +240,7 @@ def test_a_run_whose_record_becomes_unwritable_is_never_shown_running(tmp_path):
     and neither rewrites it."""
     import sweep as sweep_cli
     from analysis import load_runs
-    from training.sweep import expand, load_spec
+    from orchestration.sweep import expand, load_spec
 
     skip = _can_make_immutable(tmp_path)
     if skip:
@@ -300,8 +300,8 @@ def test_a_running_record_is_shown_dead_by_its_heartbeat(tmp_path):
     from analysis import load_runs
     from core.records import SWEEP_KEY_FILE
     from core.summary import RunSummary
-    from training.slurm import SlurmSettings, SlurmSweep
-    from training.sweep import PlannedRun
+    from orchestration.slurm import SlurmSettings, SlurmSweep
+    from orchestration.sweep import PlannedRun
 
     if not Path("/proc/sys/kernel/random/boot_id").exists():
         pytest.skip("no /proc here: a heartbeat from this machine is judged by its pid through /proc (Linux)")

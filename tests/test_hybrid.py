@@ -198,7 +198,7 @@ def test_a_shard_group_spanning_nodes_is_refused_under_two_node_launchers(tmp_pa
 
 # ------------------------------------------------------------------ theory, in process
 def _theory(flags: list[str], world: int, per_node: int) -> dict:
-    from training.describe import resolve_flags
+    from simulation.describe import resolve_flags
 
     setup = resolve_flags(["--preset", "tiny", *flags], world, per_node)
     return setup.resolved.build(setup.env).comm_theory(setup.n_params, setup.workload.n_trainable), setup.n_params

@@ -127,7 +127,7 @@ def test_on_a_named_gpu_selective_checkpointing_recomputes_only_what_it_does_not
     third of full's cost (runs/reference/nvidia-h200/README.md)."""
     from backends.activation_checkpointing import SELECTIVE_SAVE_OPS
     from core.flops import sample_flops
-    from training.describe import resolve_flags
+    from simulation.describe import resolve_flags
 
     argv = [*TINY, "--attention", "sdpa"]
     rows = {ckpt: plan.evaluate(plan.Candidate("single", 8, 1, ckpt), argv, 1, 1, 10.0, h100())
@@ -178,7 +178,7 @@ def test_the_pick_is_the_run_train_py_resolves_from_the_printed_command():
                         [*TINY, "--precision", "bf16"], 2, 2, 10.0, here)
     argv = shlex.split(row["command"])
     assert argv[:3] == ["torchrun", "--nproc_per_node", "2"] and argv[3] == "train.py"
-    from training.describe import describe
+    from simulation.describe import describe
 
     described, printed = describe(argv[4:], 2), dry_run(argv[4:], 2)
     described.pop("environment", None)
@@ -482,7 +482,7 @@ def test_the_calibration_times_its_two_micro_batches_taking_turns(monkeypatch):
     alone in the machine's first seconds (an H100 timed the first at 59 ms where the runs said 43:
     runs/reference/nvidia-h100-80gb-hbm3-plan)."""
     from estimator import ckpt_plan
-    from training.describe import resolve_flags
+    from simulation.describe import resolve_flags
 
     order, first = [], []
     real = ckpt_plan.forward_backward
@@ -553,16 +553,16 @@ def test_to_verify_takes_the_top_and_two_from_further_down():
 
 
 def _fake_runner(monkeypatch, speeds: dict, peak=lambda config, rate: 0.5):
-    """training.runner.Runner replaced: each run's samples/s from `speeds` by its configuration's
+    """orchestration.runner.Runner replaced: each run's samples/s from `speeds` by its configuration's
     name, given its steps (a callable, or a number; None: out of memory), its peak in GiB
     peak(config, rate), each run 10 s. Returns the (name, steps) of the runs, in order."""
     from types import SimpleNamespace
 
-    import training.runner
+    import orchestration.runner
 
     ran = []
 
-    class Runner:  # training/runner.LocalSweep's runner
+    class Runner:  # orchestration/runner.LocalSweep's runner
         def __init__(self, directory, timeout_s, retry_failed=False):
             self.directory_lock = SimpleNamespace(release=lambda: None)
 
@@ -583,7 +583,7 @@ def _fake_runner(monkeypatch, speeds: dict, peak=lambda config, rate: 0.5):
             return SimpleNamespace(status="ok" if rate else "oom", summary=summary, line=lambda: planned.name,
                                    seconds=10.0, skipped=False)
 
-    monkeypatch.setattr(training.runner, "Runner", Runner)
+    monkeypatch.setattr(orchestration.runner, "Runner", Runner)
     return ran
 
 
@@ -824,7 +824,7 @@ def test_variants_are_not_rewritten(tmp_path):
 
 
 def _schedule(*flags: str) -> dict:
-    from training.describe import resolve_flags
+    from simulation.describe import resolve_flags
 
     setup = resolve_flags([*TINY, *flags], 2, 2)
     return setup.resolved.build(setup.env).comm_schedule(setup.workload.param_sizes)
@@ -1300,7 +1300,7 @@ def test_a_frozen_fsdp_unit_is_priced_without_its_reduce_scatter():
     import torch
 
     from analysis.plan import backend_costs as bc
-    from training.describe import resolve_flags
+    from simulation.describe import resolve_flags
 
     flags = ["--model", str(REPO / "benchmarks/zoo/frozen_tied.py"), "--fsdp_config", "fsdp_configs/fsdp2.yaml"]
     setup = resolve_flags(flags, 2)
@@ -1326,7 +1326,7 @@ def test_a_configurations_measured_cost_is_added_to_its_step_and_left_out_of_the
     and the root, else trainable tensors)) on top of the same step without, and no other
     configuration's; the refit takes it as given."""
     from analysis.plan import backend_costs as bc
-    from training.describe import resolve_flags
+    from simulation.describe import resolve_flags
 
     link = plan.Link(1.0, 100.0, "test")
     costs = {"per_step_s": 0.01, "per_micro_step_s": 0.003, "per_item_s": 2e-5, "per_param_s": 1e-8,

@@ -229,7 +229,7 @@ def test_rotation_deletes_only_this_runs_checkpoints(tmp_path):
 @pytest.mark.parametrize("key", ["save_dir", "resume"])
 def test_a_sweep_does_not_share_a_checkpoint_directory_between_its_runs(key):
     from gptlite.errors import ConfigError
-    from training.sweep import Matrix, SweepSpec, expand
+    from orchestration.sweep import Matrix, SweepSpec, expand
 
     with pytest.raises(ConfigError, match=f"train_args: '{key}' is set by the sweep: with save_every each run "
                                           "checkpoints into <runs dir>/.ckpt/<run>"):

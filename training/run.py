@@ -247,7 +247,7 @@ def check_model(cfg: RunConfig, workload: Workload | None = None) -> Workload:
     one forward and loss on the meta device) and its blocks found where the backend or a flag needs
     them, without building anything: part of `resolve`, and what sweep.py checks for each model of a
     matrix before its first run. `cfg` is resolved (its backend named); `workload`, the same model already
-    loaded and checked (training/describe.py resolves one model under many configurations), is checked
+    loaded and checked (simulation/describe.py resolves one model under many configurations), is checked
     only for the blocks this run needs. Raises ConfigError/DataError."""
     if workload is None:
         workload = models.load(cfg.model_request())

@@ -25,7 +25,7 @@ def evaluate(cand: Candidate, train_argv: list[str], world: int, per_node: int, 
     from analysis.project import kept_ops, offload_seconds, price_comm
     from core.config import interval_choices
     from core.flops import sample_flops
-    from training.describe import MODEL_FIELDS, resolve_flags
+    from simulation.describe import MODEL_FIELDS, resolve_flags
 
     row = {"config": cand.config, "micro x accum": f"{cand.micro_batch}x{cand.grad_accum}", "ckpt": cand.ckpt,
            "candidate": cand, **({"base": cand.base} if cand.base else {})}
@@ -114,7 +114,7 @@ def plan(train_argv: list[str], world: int, per_node: int, budget_gb: float, glo
     group (analysis.project.count_flags: a few seconds each, with its own flags); a count that fails
     leaves that candidate on the theory's bytes, saying why (`bytes`)."""
     from analysis.project import count_flags
-    from training.fake_world import DEFAULT_FLAGS as COUNT_FLAGS
+    from simulation.fake_world import DEFAULT_FLAGS as COUNT_FLAGS
 
     cands = candidates(configs or configurations(world, per_node), world, global_batch, ckpt, micro_batches, bases)
     rows = []

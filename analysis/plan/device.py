@@ -139,9 +139,9 @@ def loop_step_times(train_argv: list[str], micro: int, steps: int = LOOP_STEPS) 
     import torch
 
     from training.cli import config_from_argv
-    from training.describe import simulated_env
+    from simulation.describe import simulated_env
     from training.run import Run, resolve
-    from training.runner import TERMINATED
+    from orchestration.runner import TERMINATED
 
     handler = signal.getsignal(signal.SIGTERM)  # a run sets its own
     threads = os.environ.get("OMP_NUM_THREADS")
@@ -345,7 +345,7 @@ def _calibrate_rank(train_argv: list[str], ranks: int, points: tuple[int, int], 
     """One of `ranks` processes calibrating at once (calibrate_together): its calibration, or its error."""
     try:
         from core.dist import set_cpu_threads
-        from training.describe import resolve_flags, simulated_env
+        from simulation.describe import resolve_flags, simulated_env
 
         setup = resolve_flags([*train_argv, "--backend", "single"], 1)
         set_cpu_threads(simulated_env(ranks, None, setup.cfg.device))
@@ -481,7 +481,7 @@ def here_device(train_argv: list[str], world: int, per_node: int, overlap: float
     import torch
 
     from core.dist import set_cpu_threads
-    from training.describe import resolve_flags, simulated_env
+    from simulation.describe import resolve_flags, simulated_env
 
     setup = resolve_flags([*train_argv, "--backend", "single"], 1)
     cfg = setup.cfg

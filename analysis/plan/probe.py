@@ -25,9 +25,9 @@ def measure(config: str, world: int, device, progress=print, repeats: int = REPE
     from analysis.plan.candidates import Candidate
     from analysis.plan.cost import evaluate
     from analysis.plan.verify import flag_pairs
-    from training.describe import resolve_flags
-    from training.runner import Runner
-    from training.sweep import PlannedRun
+    from simulation.describe import resolve_flags
+    from orchestration.runner import Runner
+    from orchestration.sweep import PlannedRun
 
     n, params, runs, times = {}, {}, {}, {}
     calibrated = {} if calibrated is None else calibrated

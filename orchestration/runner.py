@@ -28,9 +28,9 @@ from pathlib import Path
 from core.records import SWEEP_KEY_ENV, SWEEP_KEY_FILE, atomic_write_json, read_json, read_summary
 from core.summary import FINISHED, RunSummary
 from gptlite.errors import ConfigError
-from training.launch import REPO, launch_env
+from orchestration.launch import REPO, launch_env
 from training.locks import FileLock, LockHeld, RecordLock
-from training.sweep import PlannedRun
+from orchestration.sweep import PlannedRun
 
 RETRYABLE = ("failed", "timeout")
 # Run again whenever the spec is: a cancelled run was stopped by its user, not by its result.
@@ -80,7 +80,7 @@ class Runner:
         self.retry_failed = retry_failed
         # Signals the launched run ignores (it and its ranks inherit that): a Slurm job's SIGUSR2
         # ahead of its time limit reaches every process of the job, and its default action would
-        # kill the run before the runner stops it in order (training/slurm.py).
+        # kill the run before the runner stops it in order (orchestration/slurm.py).
         self.child_ignores = tuple(child_ignores)
         self.directory_lock: FileLock | None = None
         self._current: tuple | None = None  # (planned, launcher process, log, start) of the run in progress
@@ -163,7 +163,7 @@ class Runner:
     def stop_current(self, status: str, why: str) -> Outcome | None:
         """Stop the run in progress (its launcher and every rank) and record it as `status` with
         `why`, unless it finished first: a Slurm job about to be stopped at its time limit or
-        preempted (training/slurm.py) settles its run this way before the scheduler kills it."""
+        preempted (orchestration/slurm.py) settles its run this way before the scheduler kills it."""
         if self._current is None:
             return None
         planned, proc, log, started = self._current
@@ -244,7 +244,7 @@ def stored_key(directory: Path, planned: PlannedRun) -> dict | None:
 def other_settings(directory: Path, planned: PlannedRun) -> str | None:
     """How the record under `planned`'s name differs from `planned` (its key), where one exists that was
     made with other settings; None where there is none or it is this run's. Running refuses such a
-    record (Runner.check_records) and --status does not report it as this run's (training/slurm.py)."""
+    record (Runner.check_records) and --status does not report it as this run's (orchestration/slurm.py)."""
     record = directory / planned.name
     if not record.exists() or _never_got_going(record):
         return None
@@ -305,7 +305,7 @@ def _last_line(log: Path) -> str:
 
 class LocalSweep:
     """The local executor: a sweep's runs one after another on this machine, through the Runner.
-    training/slurm.SlurmSweep is the other; both are built by training/executors.executor_for and
+    orchestration/slurm.SlurmSweep is the other; both are built by orchestration/executors.executor_for and
     called alike (hold_directory, check, run_all)."""
 
     def __init__(self, name: str, directory: Path, timeout_s: float, runs, retry_failed: bool = False):

@@ -1,7 +1,7 @@
 """Rank 0 of a W-rank world, in this one process: its real collectives and memory, no cluster.
 
-    python -m training.fake_world --world 64 --gpus_per_node 8 -- --preset paper --deepspeed_config ds_configs/z3.json
-    python -m training.fake_world --world 2 --out results -- --preset tiny --fsdp_config fsdp_configs/fsdp2.yaml
+    python -m simulation.fake_world --world 64 --gpus_per_node 8 -- --preset paper --deepspeed_config ds_configs/z3.json
+    python -m simulation.fake_world --world 2 --out results -- --preset tiny --fsdp_config fsdp_configs/fsdp2.yaml
 
 torch's fake process group (torch.testing._internal.distributed.fake_pg) answers every collective
 at once without moving a byte, so one process runs the backend exactly as rank 0 of W ranks would:
@@ -109,7 +109,7 @@ def step_memory(world: int, gpus_per_node: int, train_argv: list[str]) -> int:
     at micro-batch 8, ZeRO-3 at world 64: 64.9 GiB estimated, and the simulation was killed by the kernel
     at 23.6 GiB on a 23 GiB machine before this was counted (2026-12-05)."""
     from estimator.estimate import estimate_from_record
-    from training.describe import resolve_flags
+    from simulation.describe import resolve_flags
 
     setup = resolve_flags(train_argv, world, gpus_per_node)
     return estimate_from_record({**setup.record(), "environment": {"device": "cpu"}}).total_bytes
@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = sys.argv[1:] if argv is None else argv
     own, train_argv = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
-    p = OneLineParser(prog="python -m training.fake_world", description=__doc__.splitlines()[0],
+    p = OneLineParser(prog="python -m simulation.fake_world", description=__doc__.splitlines()[0],
                       epilog="\n".join(__doc__.splitlines()[1:]), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--world", type=int, required=True, help="ranks in the simulated world")
     p.add_argument("--gpus_per_node", type=int, default=8, help="ranks per node (HYBRID_SHARD's shard groups)")

@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from core.records import atomic_write_json
-from training.runner import Outcome, Runner
-from training.sweep import PlannedRun
+from orchestration.runner import Outcome, Runner
+from orchestration.sweep import PlannedRun
 
 
 class SearchError(RuntimeError):

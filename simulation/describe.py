@@ -1,6 +1,6 @@
 """The run train.py's flags describe, on a world of any size, without launching it: one resolution
 for every tool that speaks about a run (analysis.estimate, analysis.project, analysis.plan,
-training.fake_world).
+simulation.fake_world).
 
 `describe(train_argv, world=W)` reads the flags exactly as train.py does (training/cli.py: the same
 names, defaults and checks), resolves them exactly as a run does (training/run.resolve, hence

@@ -1,4 +1,4 @@
-"""Sweeps: a YAML matrix of runs, planned (training/runner.py launches them).
+"""Sweeps: a YAML matrix of runs, planned (orchestration/runner.py launches them).
 
 A spec (sweeps/*.yaml) names a matrix over backend configurations, activation checkpointing,
 micro-batch, precision, world size, preset, compilation and model, plus train.py flags common to every run. Each run
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from core.configfile import load_yaml
 from gptlite.errors import ConfigError
-from training.launch import REPO, launch_command, launcher_for
+from orchestration.launch import REPO, launch_command, launcher_for
 
 # Flags the sweep sets itself for every run; a spec cannot set them in train_args.
 SWEEP_OWNED = {"backend", "fsdp_config", "deepspeed_config", "runs_dir", "run_name", "overwrite", "quiet", "model",
@@ -256,7 +256,7 @@ class SweepSpec:
     runs_dir: str | None = None  # default: runs/sweeps/<name>
     train_args: dict = field(default_factory=dict)  # train.py flags for every run, e.g. {dropout: 0.0}
     env: dict = field(default_factory=dict)  # environment variables for every run
-    # How runs are submitted with sweep.py --executor slurm (training/slurm.py); unused locally.
+    # How runs are submitted with sweep.py --executor slurm (orchestration/slurm.py); unused locally.
     executor: SlurmSettings = field(default_factory=SlurmSettings)
 
     def __post_init__(self):
@@ -333,7 +333,7 @@ class PlannedRun:
         return bool(dict(self.flags).get("resume"))
 
     def argv(self, runs_dir: Path) -> list[str]:
-        # Never --overwrite: the runner replaces a record itself, under its lock (training/runner.py).
+        # Never --overwrite: the runner replaces a record itself, under its lock (orchestration/runner.py).
         args = ["--runs_dir", str(runs_dir), "--run_name", self.name, "--quiet"]
         if self.config_file:
             args += ["--deepspeed_config" if self.backend == "deepspeed" else "--fsdp_config", self.config_file]

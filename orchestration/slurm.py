@@ -2,7 +2,7 @@
 
 Each run of the matrix becomes one Slurm job (one job array per resource shape). The job runs, on
 its node, the command the local runner runs (python, torchrun or deepspeed with the run's ranks)
-through the same Runner (training/runner.py): the same record, key and lock rules, so a recorded
+through the same Runner (orchestration/runner.py): the same record, key and lock rules, so a recorded
 configuration is not submitted again and a changed spec never overwrites a record. Records go to
 the sweep's runs directory, which must be on a filesystem the nodes share; submitit's files and
 the sweep's job list go to <runs dir>/.slurm/.
@@ -28,8 +28,8 @@ from pathlib import Path
 
 from core.records import atomic_write_json, dead_because, read_json, read_summary
 from gptlite.errors import ConfigError
-from training.launch import REPO, launch_env, launcher_for
-from training.sweep import SlurmSettings  # the spec's executor: section, read with the spec
+from orchestration.launch import REPO, launch_env, launcher_for
+from orchestration.sweep import SlurmSettings  # the spec's executor: section, read with the spec
 
 SLURM_DIR = ".slurm"
 JOBS_FILE = "jobs.json"
@@ -98,7 +98,7 @@ class SlurmRun:
     def __call__(self) -> str:
         import submitit
 
-        from training.runner import Runner
+        from orchestration.runner import Runner
 
         job = submitit.JobEnvironment()
         command = node_command(self.run, self.directory, self.nodes, job.hostnames, str(job.job_id))
@@ -256,14 +256,14 @@ class SlurmSweep:
     def hold_directory(self):
         """The directory for this sweep's submission alone (ConfigError naming the holder): a lock
         released when this process exits; the jobs go on."""
-        from training.runner import Runner
+        from orchestration.runner import Runner
 
         return Runner(self.directory, self.timeout_s).hold_directory()
 
     def check(self) -> None:
         """Refuse (ConfigError) a run whose name holds a record made with other settings, then what
         this cluster cannot run (its partitions, GPUs and nodes against the runs' shapes)."""
-        from training.runner import Runner
+        from orchestration.runner import Runner
 
         Runner(self.directory, self.timeout_s).check_records(self.runs)
         check_slurm(self.settings, sorted(set(self.shapes().values()), key=str))
@@ -271,7 +271,7 @@ class SlurmSweep:
     def _write_jobs(self, update: dict) -> None:
         """Merge `update` into the job list, holding its lock (a --cancel may write beside a submission)."""
         from training.locks import FileLock, LockHeld
-        from training.runner import wait_for
+        from orchestration.runner import wait_for
 
         lock = wait_for(lambda: FileLock(self.folder / "jobs.lock"), 60.0)
         if isinstance(lock, LockHeld):
@@ -288,7 +288,7 @@ class SlurmSweep:
         """(the runs that need a job: not done, as the local runner decides, nor queued or running;
         {run name: job id} of those queued or running already, from an earlier invocation;
         {run name: its RunSummary} of those done)."""
-        from training.runner import Runner
+        from orchestration.runner import Runner
 
         jobs = read_jobs(self.directory)
         states = queue_states(entry["job_id"] for entry in jobs.values() if entry.get("job_id"))
@@ -311,7 +311,7 @@ class SlurmSweep:
         """Submit what needs a job, then follow it, and any job of these runs still queued or running
         from an earlier invocation, to its end: every run's Outcome in order (those recorded before
         as already done); None when not following. ConfigError: Slurm refused the submission."""
-        from training.runner import Outcome
+        from orchestration.runner import Outcome
 
         todo, live, done = self.to_submit(report)
         submitted = self.submit(todo) if todo else {}
@@ -365,7 +365,7 @@ class SlurmSweep:
         """The outcome of a run whose job has ended: its record, or, when the job ended before the
         run could settle it (killed at its time limit, cancelled while queued, its node lost), a
         record saying so, with the job's final state where squeue still has it (`slurm_state`)."""
-        from training.runner import TERMINATED, Outcome, Runner
+        from orchestration.runner import TERMINATED, Outcome, Runner
 
         entry = read_jobs(self.directory).get(run.name, {})
         summary = read_summary(self.directory / run.name / "summary.json")
@@ -403,10 +403,10 @@ class SlurmSweep:
     def status(self) -> list[tuple[str, str, str | None, str]]:
         """(run, state, job id, detail) of every run: queued or running from squeue, else its
         record's status (ok, failed, oom, timeout, cancelled), or 'not submitted'; 'other settings' where its
-        name holds another spec's record (the rule running applies: training/runner.py other_settings).
+        name holds another spec's record (the rule running applies: orchestration/runner.py other_settings).
         A record that says running without a job of this sweep (a local sweep's) is running, or dead
         where its process is gone (core/records.dead_because), shown so and left as it is."""
-        from training.runner import other_settings
+        from orchestration.runner import other_settings
 
         jobs = read_jobs(self.directory)
         states = queue_states(entry["job_id"] for entry in jobs.values() if entry.get("job_id"))
