@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from analysis import plan
     from orchestration.runner import Runner
-    from orchestration.sweep import PlannedRun
+    from orchestration.sweep import SweepRun
 
     runs = Path(args.runs_dir).resolve()
     question = ["--world", str(args.world), "--mem_budget_gb", str(args.mem_budget_gb), "--global_batch",
@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
             name = f"{cand.run_name()}-r{rnd}"
             pairs = plan.flag_pairs([*args.train_argv, *cand.flags()[2:], "--steps", str(args.steps),
                                      "--warmup_steps", "2", "--mem_profile_steps", "1", "--eval_batches", "1"])
-            outcome = runner.run(PlannedRun(name, row["backend"], cand.file, args.world, pairs))
+            outcome = runner.run(SweepRun(name, row["backend"], cand.file, args.world, pairs))
             print(f"round {rnd + 1}/{args.rounds} [{i + 1}/{len(grid)}] {outcome.line()}", flush=True)
             key = " ".join(cand.flags())
             names[key] = row

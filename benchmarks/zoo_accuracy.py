@@ -129,7 +129,7 @@ def grid(runs_dir: Path, names: list[str], rounds: int, steps: int, qname: str =
     from analysis import plan
     from benchmarks.zoo import ZOO
     from orchestration.runner import Runner
-    from orchestration.sweep import PlannedRun
+    from orchestration.sweep import SweepRun
 
     for name in names:
         model = ZOO[name]
@@ -149,7 +149,7 @@ def grid(runs_dir: Path, names: list[str], rounds: int, steps: int, qname: str =
                 cand = row["candidate"]
                 pairs = plan.flag_pairs([*model.flags, *cand.flags()[2:], "--steps", str(steps), "--warmup_steps",
                                          "2", "--mem_profile_steps", "1", "--eval_batches", "1"])
-                outcome = runner.run(PlannedRun(f"{cand.run_name()}-r{rnd}", row["backend"], cand.file, q.world, pairs))
+                outcome = runner.run(SweepRun(f"{cand.run_name()}-r{rnd}", row["backend"], cand.file, q.world, pairs))
                 print(f"  round {rnd + 1}/{rounds} [{i + 1}/{len(cands)}] {outcome.line()}", flush=True)
                 s = outcome.summary
                 done.append({"name": outcome.run.name, "flags": cand.flags(), "round": rnd, "status": outcome.status,
@@ -209,7 +209,7 @@ def autotune(runs_dir: Path, names: list[str], steps: int, rounds: int) -> None:
     from analysis import plan
     from benchmarks.zoo import ZOO
     from orchestration.runner import Runner
-    from orchestration.sweep import PlannedRun
+    from orchestration.sweep import SweepRun
 
     q = QUESTIONS["deepspeed-world1"]
     for name in names:
@@ -257,7 +257,7 @@ def autotune(runs_dir: Path, names: list[str], steps: int, rounds: int) -> None:
                                          "--mem_profile_steps", "1", "--eval_batches", "1"])
                 config = dict(fl)["deepspeed_config"]
                 pairs = tuple((k, v) for k, v in fl if k != "deepspeed_config")
-                outcome = runner.run(PlannedRun(f"{who}-r{rnd}", "deepspeed", config, 1, pairs))
+                outcome = runner.run(SweepRun(f"{who}-r{rnd}", "deepspeed", config, 1, pairs))
                 print(f"  final {rnd + 1}/{rounds} {who}: {outcome.line()}", flush=True)
                 final[who].append(outcome.summary.samples_per_s if outcome.status == "ok" else None)
         (out / "autotune.json").write_text(json.dumps({

@@ -316,7 +316,7 @@ def backend_of(entry: str) -> tuple[str, str | None, str]:
 
 
 @dataclass(frozen=True)
-class PlannedRun:
+class SweepRun:
     name: str
     backend: str
     config_file: str | None
@@ -368,16 +368,16 @@ class PlannedRun:
                 **({"model_file_sha256": _sha256(model_file if model_file.is_absolute() else REPO / model_file)}
                    if model_file else {})}
 
-    def with_flags(self, name: str, **flags) -> "PlannedRun":
+    def with_flags(self, name: str, **flags) -> "SweepRun":
         merged = dict(self.flags)
         merged.update(flags)
         return dataclasses.replace(self, name=name, flags=tuple(merged.items()))
 
 
-def expand(spec: SweepSpec) -> tuple[list[PlannedRun], list[str]]:
+def expand(spec: SweepSpec) -> tuple[list[SweepRun], list[str]]:
     """The runs of the matrix, and the combinations left out (with why)."""
     m = spec.matrix
-    runs: dict[str, PlannedRun] = {}
+    runs: dict[str, SweepRun] = {}
     skipped: list[str] = []
     for entry, interval, impl, offload, micro, precision, world, preset, compiled, model, policy in itertools.product(
             m.backend, m.ckpt_interval, m.ckpt_impl, m.activation_offload, m.micro_batch, m.precision, m.world_size,
@@ -444,7 +444,7 @@ def expand(spec: SweepSpec) -> tuple[list[PlannedRun], list[str]]:
                 flags.setdefault("nvme_path", str(spec.directory / ".nvme" / name))
         if spec.train_args.get("save_every"):  # its own checkpoints, continued when the run starts again
             flags.update(save_dir=str(spec.directory / ".ckpt" / name), resume=True)
-        runs.setdefault(name, PlannedRun(name, backend, config_file, world, tuple(flags.items()),
+        runs.setdefault(name, SweepRun(name, backend, config_file, world, tuple(flags.items()),
                                          tuple((k, str(v)) for k, v in spec.env.items()), key))
     return list(runs.values()), list(dict.fromkeys(skipped))
 
@@ -466,7 +466,7 @@ def _sha256(path: Path) -> str | None:
         return None
 
 
-def check_runs(runs: list[PlannedRun], directory: Path, planner=None) -> None:
+def check_runs(runs: list[SweepRun], directory: Path, planner=None) -> None:
     """Every planned run resolved as train.py will resolve it (flags, config files, world size, and
     its model and data: training/run.py check_model, each distinct model once), before the first
     starts: a bad spec is refused whole (ConfigError naming the run). Each `auto:<GiB>` run is planned
@@ -504,11 +504,11 @@ def check_runs(runs: list[PlannedRun], directory: Path, planner=None) -> None:
             check_blocks(checked[model], cfg)
             if cfg.ckpt_policy == "auto":
                 from estimator.ckpt_plan import plan_for_record
-                from training.run import resolve
+                from training.run import prepare_run
 
                 plans = planner or plan_for_record
                 # A description (dry run, no name): a run recorded before may be planned again.
-                resolve(dataclasses.replace(cfg, dry_run=True, run_name=None), env,
+                prepare_run(dataclasses.replace(cfg, dry_run=True, run_name=None), env,
                         planner=lambda *a, **k: plans(*a, **{**k, "measure": False}), workload=checked[model])
         except (ConfigError, DataError) as e:
             raise ConfigError(f"run {run.name}: {e}") from None

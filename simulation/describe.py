@@ -3,7 +3,7 @@ for every tool that speaks about a run (analysis.estimate, analysis.project, ana
 simulation.fake_world).
 
 `describe(train_argv, world=W)` reads the flags exactly as train.py does (training/cli.py: the same
-names, defaults and checks), resolves them exactly as a run does (training/run.resolve, hence
+names, defaults and checks), resolves them exactly as a run does (training/run.prepare_run, hence
 `backends.resolve`: the backend, its config file, `--precision` applied to an FSDP file's mixed
 precision, the batch layout, `--ckpt_policy auto`'s plan) as rank 0 of W ranks, and returns what
 `train.py --dry_run` prints under a launcher of W ranks: config.json's description of the run, plus
@@ -52,7 +52,7 @@ def resolve_flags(train_argv: Sequence[str], world: int = 1, ranks_per_node: int
     them (`--dry_run`: nothing built, checked against this machine or recorded). Raises
     ConfigError/DataError with train.py's own one-line reasons."""
     from training.cli import config_from_argv
-    from training.run import resolve
+    from training.run import prepare_run
 
     cfg = config_from_argv([*train_argv])
     cfg = dataclasses.replace(cfg, dry_run=True)
@@ -60,7 +60,7 @@ def resolve_flags(train_argv: Sequence[str], world: int = 1, ranks_per_node: int
     # One model is described under many configurations and worlds (analysis.project): loaded and
     # checked once.
     key = tuple(getattr(cfg, name) for name in MODEL_FIELDS)
-    setup = resolve(cfg, env=env, planner=planner, workload=_WORKLOADS.get(key))
+    setup = prepare_run(cfg, env=env, planner=planner, workload=_WORKLOADS.get(key))
     _WORKLOADS[key] = setup.workload
     return setup
 

@@ -301,7 +301,7 @@ def test_a_running_record_is_shown_dead_by_its_heartbeat(tmp_path):
     from core.records import SWEEP_KEY_FILE
     from core.summary import RunSummary
     from orchestration.slurm import SlurmSettings, SlurmSweep
-    from orchestration.sweep import PlannedRun
+    from orchestration.sweep import SweepRun
 
     if not Path("/proc/sys/kernel/random/boot_id").exists():
         pytest.skip("no /proc here: a heartbeat from this machine is judged by its pid through /proc (Linux)")
@@ -311,7 +311,7 @@ def test_a_running_record_is_shown_dead_by_its_heartbeat(tmp_path):
              "fresh": {"machine": "elsewhere", "host": "node7"}, "alive": {}, "old": None}
     planned = []
     for name, beat in cases.items():
-        run = PlannedRun(name, "single", None, 1, (("steps", 5),))
+        run = SweepRun(name, "single", None, 1, (("steps", 5),))
         planned.append(run)
         (runs / name).mkdir(parents=True)
         (runs / name / "summary.json").write_text(json.dumps(RunSummary(name, backend="single").to_dict()))

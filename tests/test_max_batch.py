@@ -9,7 +9,7 @@ import yaml
 from core.summary import RunSummary
 from orchestration.max_batch import SearchError, largest_fitting, search
 from orchestration.runner import Outcome
-from orchestration.sweep import PlannedRun
+from orchestration.sweep import SweepRun
 
 
 @pytest.mark.parametrize("limit", [1, 2, 3, 5, 37, 64, 100, 1000])
@@ -46,7 +46,7 @@ class FakeRunner:
         return Outcome(planned, summary, 1.0)
 
 
-BASE = PlannedRun("ddp-w2-tiny-mb8-fp32-ckpt0", "ddp", None, 2, (("micro_batch", 8), ("steps", 20)),
+BASE = SweepRun("ddp-w2-tiny-mb8-fp32-ckpt0", "ddp", None, 2, (("micro_batch", 8), ("steps", 20)),
                   config_key="ddp-w2-tiny-fp32-ckpt0")
 
 

@@ -42,9 +42,9 @@ def _sweep_here(*args, timeout=None):
 @pytest.fixture
 def stubbed(monkeypatch):
     """Every run the sweep launches is tests/stub_run.py (the runner's behaviour, no launch per run)."""
-    from orchestration.sweep import PlannedRun
+    from orchestration.sweep import SweepRun
 
-    monkeypatch.setattr(PlannedRun, "command", stub_command)
+    monkeypatch.setattr(SweepRun, "command", stub_command)
 
 
 def test_expansion_rules(tmp_path):

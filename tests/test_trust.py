@@ -284,7 +284,7 @@ def _model_file_setup(tmp_path, **flags):
     from core.config import RunConfig
     from core.dist import DistEnv
     from test_loop import FakeBackend
-    from training.run import resolve
+    from training.run import prepare_run
 
     cfg = RunConfig(**{"model": str(tmp_path / "net.py"), "micro_batch": 2, "grad_accum": 1, "steps": 3, "warmup_steps": 0,
                        "mem_profile_steps": 0, "eval_batches": 1, "quiet": True, "runs_dir": str(tmp_path / "runs"),
@@ -292,7 +292,7 @@ def _model_file_setup(tmp_path, **flags):
                        "save_dir": str(tmp_path / "ckpt"), "save_every": 1, **flags})
     env = DistEnv(rank=0, local_rank=0, world_size=1, local_world_size=1, device=torch.device("cpu"),
                   launcher="python")
-    return resolve(cfg, env, Resolved(FakeBackend, cfg))
+    return prepare_run(cfg, env, Resolved(FakeBackend, cfg))
 
 
 def _files(directory):
@@ -395,7 +395,7 @@ def test_an_nvme_swap_directory_has_one_run_at_a_time(tmp_path):
     from gptlite.errors import ConfigError
     from test_loop import FakeBackend, make_setup
     from training.locks import FileLock
-    from training.run import resolve
+    from training.run import prepare_run
 
     nvme = tmp_path / "nvme"
     nvme.mkdir()
@@ -406,10 +406,10 @@ def test_an_nvme_swap_directory_has_one_run_at_a_time(tmp_path):
     held = FileLock(nvme / "gptlite.lock")  # as a live run using it holds it
     try:
         with pytest.raises(ConfigError, match=r"nvme_path: .*nvme is being used by pid \d+"):
-            resolve(cfg, env, Resolved(FakeBackend, cfg, plan))
+            prepare_run(cfg, env, Resolved(FakeBackend, cfg, plan))
     finally:
         held.release()
-    assert resolve(cfg, env, Resolved(FakeBackend, cfg, plan)).nvme_locks
+    assert prepare_run(cfg, env, Resolved(FakeBackend, cfg, plan)).nvme_locks
 
 
 def test_replacing_a_record_never_deletes_checkpoints_inside_it(tmp_path):
@@ -431,21 +431,21 @@ def test_a_model_larger_than_the_machine_is_refused_before_anything_is_built_or_
     are refused in one line naming --model_args, with no run directory, before any allocation."""
     from training import memory_check
     from training.cli import config_from_argv
-    from training.run import resolve
+    from training.run import prepare_run
 
     runs = tmp_path / "runs"
     huge = ["--model", "hf:gpt2", "--model_args", "n_layer=4,n_embd=16384,n_head=16", "--device", "cpu",
             "--runs_dir", str(runs), "--steps", "1"]
-    size = memory_check.model_bytes(resolve(config_from_argv([*huge, "--dry_run"])).workload.meta())
+    size = memory_check.model_bytes(prepare_run(config_from_argv([*huge, "--dry_run"])).workload.meta())
     assert size > 50e9  # ~12.9 B fp32 parameters, measured on the meta device
     # The machine's memory as the kernel reports it, held just below the model.
     monkeypatch.setattr(memory_check, "available_host_bytes", lambda: size - 1)
     with pytest.raises(ConfigError, match=r"^model_args: the model's parameters .* 5\d\.\d GB.* available"):
-        resolve(config_from_argv(huge))
+        prepare_run(config_from_argv(huge))
     assert not runs.exists()
     # Two ranks on the machine build it twice: refused with room for one.
     monkeypatch.setattr(memory_check, "available_host_bytes", lambda: int(size * 1.5))
-    meta = resolve(config_from_argv([*huge, "--dry_run"])).workload.meta()
+    meta = prepare_run(config_from_argv([*huge, "--dry_run"])).workload.meta()
     memory_check.check_model_fits(config_from_argv(huge), DistEnv(0, 0, 1, 1, torch.device("cpu"), "python"), meta)
     with pytest.raises(ConfigError, match="each of the 2 ranks on this machine"):
         memory_check.check_model_fits(config_from_argv(huge), DistEnv(0, 0, 2, 2, torch.device("cpu"), "torchrun"),
@@ -454,11 +454,11 @@ def test_a_model_larger_than_the_machine_is_refused_before_anything_is_built_or_
     # GPT-lite's size comes from its flags: the line names the ones given, or the preset.
     for flags, named in [(["--n_layer", "48", "--n_embd", "4096", "--n_head", "8"], "n_layer/n_embd"), (["--preset", "paper"], "preset")]:
         argv = [*flags, "--device", "cpu", "--runs_dir", str(runs), "--steps", "1"]
-        size = memory_check.model_bytes(resolve(config_from_argv([*argv, "--dry_run"])).workload.meta())
+        size = memory_check.model_bytes(prepare_run(config_from_argv([*argv, "--dry_run"])).workload.meta())
         monkeypatch.setattr(memory_check, "available_host_bytes", lambda: size - 1)
         with pytest.raises(ConfigError, match=rf"^{named}: the model's parameters"):
-            resolve(config_from_argv(argv))
+            prepare_run(config_from_argv(argv))
         assert not runs.exists()
     monkeypatch.undo()
     small = config_from_argv(["--preset", "small", "--device", "cpu", "--runs_dir", str(runs), "--steps", "1"])
-    resolve(small)
+    prepare_run(small)

@@ -1,6 +1,6 @@
 """A run's life cycle: everything checkable before any process group, then train, then record.
 
-`resolve` checks the configuration, the backend's plan, the data and the injected fault before
+`prepare_run` checks the configuration, the backend's plan, the data and the injected fault before
 anything starts (bad input: one line, exit code 2, nothing recorded). `Run.execute` then creates
 the process group and the record, trains (training/loop.py), writes the summary
 (training/results.py), and records any failure, from any rank, as the run's status.
@@ -128,7 +128,7 @@ def describe_error(error: BaseException) -> str:
     return f"{type(error).__name__}: {lines[0]}{more}" if lines else type(error).__name__
 
 
-def resolve(cfg: RunConfig, env: DistEnv | None = None, resolved: Resolved | None = None,
+def prepare_run(cfg: RunConfig, env: DistEnv | None = None, resolved: Resolved | None = None,
             planner: Callable | None = None, workload: Workload | None = None) -> Setup:
     """Everything that can be checked before any process group exists. Raises ConfigError/DataError.
 
@@ -245,7 +245,7 @@ def planned_checkpointing(setup: Setup, planner: Callable | None) -> Resolved:
 def check_model(cfg: RunConfig, workload: Workload | None = None) -> Workload:
     """The run's model and data, loaded and checked together (models.Workload.check: a few samples,
     one forward and loss on the meta device) and its blocks found where the backend or a flag needs
-    them, without building anything: part of `resolve`, and what sweep.py checks for each model of a
+    them, without building anything: part of `prepare_run`, and what sweep.py checks for each model of a
     matrix before its first run. `cfg` is resolved (its backend named); `workload`, the same model already
     loaded and checked (simulation/describe.py resolves one model under many configurations), is checked
     only for the blocks this run needs. Raises ConfigError/DataError."""
@@ -316,7 +316,7 @@ def exit_process(code: int) -> None:
 def main(cfg: RunConfig, planner: Callable | None = None) -> int:
     """Run `cfg`; `planner`: what --ckpt_policy auto plans with (default: the estimator's)."""
     try:
-        setup = resolve(cfg, planner=planner)
+        setup = prepare_run(cfg, planner=planner)
     except (ConfigError, DataError) as e:
         return report_bad_input(f"train.py: error: {e}")
     except KeyboardInterrupt:  # Ctrl-C while checking or planning (--ckpt_policy auto measures costs): nothing recorded

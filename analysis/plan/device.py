@@ -140,7 +140,7 @@ def loop_step_times(train_argv: list[str], micro: int, steps: int = LOOP_STEPS) 
 
     from training.cli import config_from_argv
     from simulation.describe import simulated_env
-    from training.run import Run, resolve
+    from training.run import Run, prepare_run
     from orchestration.runner import TERMINATED
 
     handler = signal.getsignal(signal.SIGTERM)  # a run sets its own
@@ -153,7 +153,7 @@ def loop_step_times(train_argv: list[str], micro: int, steps: int = LOOP_STEPS) 
                                     "--eval_batches", "1", "--runs_dir", tmp, "--run_name", "loop", "--quiet"])
             # a scratch run: none of the user's trackers, checkpoints or resumption
             cfg = dataclasses.replace(cfg, tracker=None, save_dir=None, resume=False)
-            setup = resolve(cfg, env=simulated_env(1, None, cfg.device))
+            setup = prepare_run(cfg, env=simulated_env(1, None, cfg.device))
             run = Run(setup)
             # The run's own lines about how it ended, said after it, unless the plan was stopped: a
             # Ctrl-C (KeyboardInterrupt, passed on) or SIGTERM from the plan stopping its calibration's

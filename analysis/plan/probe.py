@@ -27,7 +27,7 @@ def measure(config: str, world: int, device, progress=print, repeats: int = REPE
     from analysis.plan.verify import flag_pairs
     from simulation.describe import resolve_flags
     from orchestration.runner import Runner
-    from orchestration.sweep import PlannedRun
+    from orchestration.sweep import SweepRun
 
     n, params, runs, times = {}, {}, {}, {}
     calibrated = {} if calibrated is None else calibrated
@@ -55,7 +55,7 @@ def measure(config: str, world: int, device, progress=print, repeats: int = REPE
                 pairs = flag_pairs([*model, *cand.flags()[2:], "--steps", str(STEPS), "--warmup_steps", "2",
                                     "--mem_profile_steps", "1", "--eval_batches", "1"])
                 label = point_label(point)
-                outcome = runner.run(PlannedRun(f"probe-{cand.run_name()}-l{label}-r{rep}", row["backend"],
+                outcome = runner.run(SweepRun(f"probe-{cand.run_name()}-l{label}-r{rep}", row["backend"],
                                                 cand.file, world, pairs))
                 progress(f"  {counter() if counter else ''}{config}: {label} (blocks x micro-batch x accumulation): "
                          f"{outcome.line()}")

@@ -32,7 +32,7 @@ def to_verify(rows: list[dict], k: int) -> list[dict]:
 
 
 def flag_pairs(argv: list[str]) -> tuple[tuple[str, object], ...]:
-    """train.py's flags as (name, value) pairs, a switch's value True (orchestration/sweep.PlannedRun.flags)."""
+    """train.py's flags as (name, value) pairs, a switch's value True (orchestration/sweep.SweepRun.flags)."""
     pairs, i = [], 0
     while i < len(argv):
         name = argv[i]
@@ -83,7 +83,7 @@ def _run_rows(chosen: list[dict], rows: list[dict], train_argv: list[str], world
     """`chosen` run `rounds` times taking turns through the sweep's executor, each `steps` steps, as
     records named `prefix`-<candidate> (-r<round> after the first); each measured (_measured)."""
     from orchestration.executors import executor_for
-    from orchestration.sweep import PlannedRun
+    from orchestration.sweep import SweepRun
 
     planned = []  # round by round: every candidate once, then again
     for rnd in range(rounds):
@@ -92,7 +92,7 @@ def _run_rows(chosen: list[dict], rows: list[dict], train_argv: list[str], world
             pairs = flag_pairs([*train_argv, *cand.flags()[2:], "--steps", str(steps), "--warmup_steps", "2",
                                 "--mem_profile_steps", "1", "--eval_batches", "1"])
             name = f"{prefix}-{cand.run_name()}" + (f"-r{rnd}" if rnd else "")
-            planned.append((row, PlannedRun(name, row["backend"], cand.file, world, pairs)))
+            planned.append((row, SweepRun(name, row["backend"], cand.file, world, pairs)))
     executor = executor_for(prefix, runs_dir, timeout_s, [run for _, run in planned], slurm)
     lock = executor.hold_directory()
     try:
