@@ -10,7 +10,7 @@
 The run is train.py's flags (any model that trains: GPT-lite, hf:, a model file; train.py's names and
 defaults), resolved for each configuration as the run resolves it (simulation/describe.py).
 For each backend configuration (ddp and every shipped fsdp_configs/ and ds_configs/ file), on W
-ranks (W / gpus_per_node nodes): per-rank memory (analysis.estimate), the bytes of a step's
+ranks (W / gpus_per_node nodes): per-rank memory (analysis.estimate_cli), the bytes of a step's
 collectives by kind (each backend's own theory: Backend.comm_theory, the accounting the measured
 runs are checked against, tests/test_comm.py; or, with --counted, the backend's real collectives at
 W, counted by running it as rank 0 of W under torch's fake process group, simulation/fake_world.py),

@@ -85,7 +85,7 @@ def write_report(runs_dir: str | Path, out: str | Path) -> Path:
         "timed steps' interquartile range over that median. Against DDP, a run whose interquartile range overlaps "
         "DDP's is a tie, not a win or a loss: one run each cannot tell them apart. Memory: per rank, "
         "the maximum over ranks; on CUDA the allocator's peak, on CPU the peak of live tensor bytes in the "
-        "profiled step (runs/README.md). The estimate is `python -m analysis.estimate` for the same configuration.",
+        "profiled step (runs/README.md). The estimate is `python -m analysis.estimate_cli` for the same configuration.",
         "",
         "## Runs",
         "",

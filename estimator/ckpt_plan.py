@@ -1,7 +1,7 @@
 """Checkpointing by memory budget: for each block, none, selective or full, so that the estimated
 peak per rank stays within a budget in GiB at the least recompute cost, solved exactly.
 
-    python -m analysis.estimate --preset small --micro_batch 8 --ckpt_policy auto --mem_budget_gb 0.15
+    python -m analysis.estimate_cli --preset small --micro_batch 8 --ckpt_policy auto --mem_budget_gb 0.15
 
 Every moment of a training step that the estimator weighs (estimator/estimate.py) holds the bytes
 kept for backward by the blocks below it (all blocks at the start of backward, the first i during

@@ -1,5 +1,5 @@
 """The run train.py's flags describe, on a world of any size, without launching it: one resolution
-for every tool that speaks about a run (analysis.estimate, analysis.project, analysis.plan,
+for every tool that speaks about a run (analysis.estimate_cli, analysis.project, analysis.plan,
 simulation.fake_world).
 
 `describe(train_argv, world=W)` reads the flags exactly as train.py does (training/cli.py: the same
@@ -68,7 +68,7 @@ def resolve_flags(train_argv: Sequence[str], world: int = 1, ranks_per_node: int
 def describe(train_argv: Sequence[str], world: int = 1, ranks_per_node: int | None = None,
              planner: Callable | None = None) -> dict:
     """config.json's description of the run `train_argv` names on `world` ranks (what `train.py
-    --dry_run` prints for rank 0 of that world), with `environment.device`: what analysis.estimate's
+    --dry_run` prints for rank 0 of that world), with `environment.device`: what analysis.estimate_cli's
     estimate_from_record and the other tools read. `planner`: --ckpt_policy auto's (default: the
     estimator's, as the run's own)."""
     setup = resolve_flags(train_argv, world, ranks_per_node, planner)

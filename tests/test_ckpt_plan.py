@@ -142,7 +142,7 @@ def cfg_block_params(cfg):
 
 
 def test_the_cli_prints_a_plan_or_names_the_smallest_reachable_peak():
-    from analysis.estimate import main
+    from analysis.estimate_cli import main
     from conftest import in_process
 
     def cli(*args):

@@ -1,5 +1,5 @@
 """One resolution for every tool that speaks about a run (simulation/describe.py): the configuration
-analysis.estimate, analysis.project and simulation.fake_world resolve from train.py's flags equals the
+analysis.estimate_cli, analysis.project and simulation.fake_world resolve from train.py's flags equals the
 one `train.py --dry_run` prints for the same flags under a launcher of the same world."""
 
 import json
@@ -57,10 +57,10 @@ def dry_runs():
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_the_estimator_resolves_train_py_flags_as_train_py_does(case, dry_runs, capsys):
-    """analysis.estimate takes train.py's flags (names and defaults) and its `config` is the dry run's;
+    """analysis.estimate_cli takes train.py's flags (names and defaults) and its `config` is the dry run's;
     the estimate itself is the estimate of that record (what the report gives the run)."""
     from estimator.estimate import estimate_from_record
-    from analysis.estimate import main
+    from analysis.estimate_cli import main
 
     flags, world = CASES[case]
     assert main(["--world", str(world), *flags, "--json"]) == 0
@@ -83,7 +83,7 @@ def test_an_fsdp_file_is_estimated_at_the_precision_train_py_runs_it():
 
 
 def test_a_plan_the_estimator_prints_is_the_plan_train_py_runs(dry_runs, capsys):
-    from analysis.estimate import main
+    from analysis.estimate_cli import main
 
     flags, world = CASES["auto"]
     assert main([*flags, "--json"]) == 0
@@ -115,7 +115,7 @@ def test_the_projection_resolves_each_configuration_as_train_py_does(entry):
     (["--ckpt_policy", "auto"], "mem_budget_gb"),
 ])
 def test_the_estimator_refuses_what_train_py_refuses_in_one_line(argv, message):
-    from analysis.estimate import main
+    from analysis.estimate_cli import main
 
     proc = in_process(main, argv)  # the logic; tests/test_trust.py runs the CLI's refusals as processes
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr

@@ -109,13 +109,13 @@ def test_a_hybrid_checkpoint_exports_the_plain_model(launches, request, tmp_path
 
 # ------------------------------------------------------------------ bad shapes, one line each
 def _estimate(tmp_path, text: str, world: int, per_node: int, suffix=".yaml"):
-    from analysis import estimate
+    from analysis import estimate_cli
 
     path = tmp_path / f"c{suffix}"
     path.write_text(text)
     flag = "--fsdp_config" if suffix == ".yaml" else "--deepspeed_config"
-    return in_process(estimate.main, ["--world", str(world), "--gpus_per_node", str(per_node), "--preset", "tiny",
-                                      flag, str(path)])
+    return in_process(estimate_cli.main, ["--world", str(world), "--gpus_per_node", str(per_node), "--preset", "tiny",
+                                          flag, str(path)])
 
 
 FSDP2 = "backend: fsdp2\n"

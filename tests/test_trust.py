@@ -62,14 +62,14 @@ TOOL_CASES = [
                                                                     "writes model.pt in it)"),
     (["-m", "analysis.claims", str(REFERENCE), "--out", "{FILE}"], "--out: {FILE} exists and is not a directory"),
     (["-m", "analysis.claims", "{FILE}", "--out", "{DIR}"], "runs_dir {FILE} is not a directory"),
-    (["-m", "analysis.estimate", "--world", "0"], "world must be an integer >= 1 (got 0)"),
-    (["-m", "analysis.estimate", "--micro_batch", "-4"], "micro_batch must be >= 1 (got -4)"),
-    (["-m", "analysis.estimate", "--ckpt_interval", "-1"], "ckpt_interval must be >= 0 (got -1)"),
-    (["-m", "analysis.estimate", "--deepspeed_config", "ds_configs/z3.json", "--fsdp_config",
+    (["-m", "analysis.estimate_cli", "--world", "0"], "world must be an integer >= 1 (got 0)"),
+    (["-m", "analysis.estimate_cli", "--micro_batch", "-4"], "micro_batch must be >= 1 (got -4)"),
+    (["-m", "analysis.estimate_cli", "--ckpt_interval", "-1"], "ckpt_interval must be >= 0 (got -1)"),
+    (["-m", "analysis.estimate_cli", "--deepspeed_config", "ds_configs/z3.json", "--fsdp_config",
       "fsdp_configs/fsdp2.yaml"], "fsdp_config applies to backends fsdp and fsdp2 (got backend 'deepspeed')"),
-    (["-m", "analysis.estimate", "--fsdp_config", "fsdp_configs/hybrid_shard.yaml", "--world", "2",
+    (["-m", "analysis.estimate_cli", "--fsdp_config", "fsdp_configs/hybrid_shard.yaml", "--world", "2",
       "--gpus_per_node", "1"], "hybrid_shard_size 1 must be >= 2"),
-    (["-m", "analysis.estimate", "--world", "3", "--gpus_per_node", "2"], "gpus_per_node 2 must divide world 3"),
+    (["-m", "analysis.estimate_cli", "--world", "3", "--gpus_per_node", "2"], "gpus_per_node 2 must divide world 3"),
 ]
 AS_PROCESS = (0, 1, 2, 4)  # one refusal of each tool as a process (its exit code, its one line); the rest here
 

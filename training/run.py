@@ -210,7 +210,7 @@ def planned_checkpointing(setup: Setup, planner: Callable | None) -> Resolved:
     """--ckpt_policy auto: the run with the plan that fits --mem_budget_gb as its --ckpt_plan, printed.
     The plan comes from the memory estimator (the estimator layer, below training: `planner(config,
     budget_gb, workload, choices)`, estimator/ckpt_plan.plan_for_record unless a caller hands in its own,
-    as analysis.estimate does to print the plan). With --ckpt_cost measured rank 0 times the recompute;
+    as analysis.estimate_cli does to print the plan). With --ckpt_cost measured rank 0 times the recompute;
     the plan each rank runs is rank 0's (Run.agree_on_plan). Raises ConfigError naming the smallest budget
     a plan fits."""
     cfg = setup.cfg

@@ -9,7 +9,7 @@ and defaults). The planner chooses the rest: the backend configuration (ddp and 
 fsdp_configs/ and ds_configs/ file, or --configs), micro-batch x accumulation with micro x accumulation
 x W = --global_batch, and checkpointing (none, full every k, selective every k: --ckpt). Each candidate
 is resolved as train.py resolves it (simulation/describe.py: a refused one is listed with train.py's
-reason), its peak per rank estimated (analysis.estimate; over the budget less the estimator's error
+reason), its peak per rank estimated (analysis.estimate_cli; over the budget less the estimator's error
 band, MARGIN, 15%: dropped, naming the part that breaks it), and its step timed by a
 model whose parts are printed:
 

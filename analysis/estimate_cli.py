@@ -1,8 +1,8 @@
 """Memory per rank for a configuration, before running it: model states and activations.
 
-    python -m analysis.estimate --world 8 --preset paper --deepspeed_config ds_configs/z3.json --device cuda
-    python -m analysis.estimate --world 2 --fsdp_config fsdp_configs/shard_grad_op.yaml --ckpt_interval 1 --json
-    python -m analysis.estimate --world 8 --model hf:llama --model_args num_hidden_layers=4,hidden_size=256 \\
+    python -m analysis.estimate_cli --world 8 --preset paper --deepspeed_config ds_configs/z3.json --device cuda
+    python -m analysis.estimate_cli --world 2 --fsdp_config fsdp_configs/shard_grad_op.yaml --ckpt_interval 1 --json
+    python -m analysis.estimate_cli --world 8 --model hf:llama --model_args num_hidden_layers=4,hidden_size=256 \\
         --deepspeed_config ds_configs/z3.json --micro_batch 4 --device cuda
 
 The method, its moments of the step and its measured accuracy: docs/estimator.md and
@@ -27,9 +27,9 @@ from gptlite.errors import ConfigError
 def main(argv=None) -> int:
     from training.cli import OneLineParser
 
-    p = OneLineParser(prog="python -m analysis.estimate", description=__doc__.splitlines()[0], allow_abbrev=False,
+    p = OneLineParser(prog="python -m analysis.estimate_cli", description=__doc__.splitlines()[0], allow_abbrev=False,
                       formatter_class=argparse.RawDescriptionHelpFormatter,
-                      usage="python -m analysis.estimate [--world W] [--gpus_per_node N] [--json] [--out DIR] [train.py flags]",
+                      usage="python -m analysis.estimate_cli [--world W] [--gpus_per_node N] [--json] [--out DIR] [train.py flags]",
                       epilog="\n".join(["Every other flag is train.py's, with train.py's names and defaults (python "
                                          "train.py --help), resolved as the run resolves them (simulation/describe.py): "
                                          "the estimate is of the run those flags launch on --world ranks. --device "
