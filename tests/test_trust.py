@@ -1,6 +1,6 @@
 """The tools around runs keep their promises on damaged or wrong input (no launches: fast).
 
-analysis.report / analysis.table read past a damaged record; report, export and estimate refuse
+analysis.report / analysis.tables read past a damaged record; report, export and estimate refuse
 bad arguments with one line and exit code 2; a run's failure is worded so that it can be acted on
 (Ctrl-C, a failed CPU allocation is out of memory); --help shows only the suite's own flags.
 """
@@ -39,7 +39,7 @@ def records_with_a_damaged_one(tmp_path):
 
 
 @pytest.mark.launch
-@pytest.mark.parametrize("module", ["analysis.table", "analysis.report"])
+@pytest.mark.parametrize("module", ["analysis.tables", "analysis.report"])
 def test_a_damaged_record_is_skipped_and_named(records_with_a_damaged_one, tmp_path, module):
     args = ["--out", str(tmp_path / "report")] if module == "analysis.report" else []
     proc = _tool("-m", module, str(records_with_a_damaged_one), *args)
