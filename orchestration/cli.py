@@ -21,7 +21,8 @@ from orchestration.executors import executor_for
 from orchestration.max_batch import SearchError, search, write_results
 from orchestration.runner import Runner, Stopped, stop_on_sigterm
 from orchestration.slurm import FLAGS, add_flags, read_jobs, settings_from
-from orchestration.sweep import check_runs, expand, load_spec
+from orchestration.checks import check_runs
+from orchestration.sweep import expand, load_spec
 from training.cli import OneLineParser
 from training.progress import runs_bar
 

@@ -14,12 +14,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from orchestration.runner import LocalSweep
+from orchestration.slurm import SlurmSweep
 
 
 def executor_for(name: str, directory: Path, timeout_s: float, runs, slurm=None, retry_failed: bool = False):
     """LocalSweep, or with `slurm` (orchestration/sweep.SlurmSettings) SlurmSweep, for `runs` into `directory`."""
     if slurm is None:
         return LocalSweep(name, directory, timeout_s, runs, retry_failed=retry_failed)
-    from orchestration.slurm import SlurmSweep
-
     return SlurmSweep(name, directory, timeout_s, runs, slurm, retry_failed=retry_failed)

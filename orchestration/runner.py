@@ -25,11 +25,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tqdm import tqdm
+
 from core.records import SWEEP_KEY_ENV, SWEEP_KEY_FILE, atomic_write_json, read_json, read_summary
 from core.summary import FINISHED, RunSummary
 from gptlite.errors import ConfigError
 from orchestration.launch import REPO, launch_env
 from training.locks import FileLock, LockHeld, RecordLock
+from training.progress import runs_bar
 from orchestration.sweep import SweepRun
 
 RETRYABLE = ("failed", "timeout")
@@ -325,10 +328,6 @@ class LocalSweep:
         """Each run in turn, a line through `report` as it starts and one as it ends (a progress bar
         on a terminal); every run's Outcome, in order (a run recorded before by the same settings
         as already done). `follow`: always, here."""
-        from tqdm import tqdm
-
-        from training.progress import runs_bar
-
         def say(line: str) -> None:
             with tqdm.external_write_mode():
                 report(line)

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import hashlib
 import itertools
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from backends import BACKEND_NAMES, deepspeed_config
 from core.configfile import load_yaml
 from gptlite.errors import ConfigError
 from orchestration.launch import REPO, launch_command, launcher_for
@@ -156,7 +157,9 @@ class Matrix:
                 raise ConfigError(f"matrix.backend: '{labels[label]}' and '{entry}' would both name their runs "
                                   f"{label}-...; list a configuration once, or give the file another name")
             labels[label] = entry
-        from core.config import CKPT_IMPLS, COMPILE_BACKENDS, PRECISIONS  # torch: not where a Slurm job unpickles its run
+        # torch, imported here and not at the top: a Slurm job's wrapper unpickles its SweepRun, importing
+        # this module, and holds no torch while its run trains.
+        from core.config import CKPT_IMPLS, COMPILE_BACKENDS, PRECISIONS
         from gptlite.model import PRESETS
 
         for name, allowed in (("precision", PRECISIONS), ("preset", tuple(PRESETS)),
@@ -186,7 +189,7 @@ MODEL_FLAGS = ("model", "model_name_or_path", "model_args", "preset", *GPTLITE_A
 
 def model_entry(entry) -> ModelEntry:
     """A matrix.model entry, checked: a --model value, or {model, args, label}."""
-    from models.spec import check_name, format_model_args, model_label, parse_model_args
+    from models.spec import check_name, format_model_args, model_label, parse_model_args  # torch: see Matrix
 
     if isinstance(entry, str):
         entry = {"model": entry}
@@ -213,7 +216,7 @@ def model_entry(entry) -> ModelEntry:
 def model_flags(model: ModelEntry) -> dict:
     """The train.py flags of a matrix.model entry: --model and --model_args, or for GPT-lite its
     args as its own flags (--n_layer 2): applied, never dropped."""
-    from models.spec import parse_model_args
+    from models.spec import parse_model_args  # torch: see Matrix.__post_init__
 
     if model.name == "gptlite":
         return parse_model_args(model.args)
@@ -260,7 +263,7 @@ class SweepSpec:
     executor: SlurmSettings = field(default_factory=SlurmSettings)
 
     def __post_init__(self):
-        from core.config import RunConfig, check_plain_name
+        from core.config import RunConfig, check_plain_name  # torch: see Matrix.__post_init__
 
         check_plain_name("name", self.name)  # its folder, runs/sweeps/<name>
         if self.steps < 1 or self.timeout_s <= 0:
@@ -295,8 +298,6 @@ def load_spec(path: str) -> SweepSpec:
 
 def backend_of(entry: str) -> tuple[str, str | None, str]:
     """(backend name, config file or None, short label) of a matrix.backend entry."""
-    from backends import BACKEND_NAMES
-
     if entry in BACKEND_NAMES:
         if entry == "deepspeed":
             raise ConfigError("matrix.backend: deepspeed needs a config file (ds_configs/*.json)")
@@ -308,7 +309,7 @@ def backend_of(entry: str) -> tuple[str, str | None, str]:
     if path.suffix == ".json":
         return "deepspeed", entry, f"deepspeed.{path.stem}"
     if path.suffix in (".yaml", ".yml"):
-        from backends import fsdp_config
+        from backends import fsdp_config  # torch: see Matrix.__post_init__
 
         backend = fsdp_config.load(str(path)).backend
         return backend, entry, f"{backend}.{path.stem}"
@@ -436,7 +437,7 @@ def expand(spec: SweepSpec) -> tuple[list[SweepRun], list[str]]:
                  **({"compile": True, "compile_backend": compiled} if compiled != "none" else {}), **spec.train_args,
                  **({"grad_accum": accum} if stands_in else {})}
         if config_file and backend == "deepspeed":
-            from backends import deepspeed_config, deepspeed_plan
+            from backends import deepspeed_plan  # torch: see Matrix.__post_init__
 
             config = deepspeed_config.read(str(REPO / config_file))
             if "nvme" in (deepspeed_plan.offload_device(config, "offload_optimizer"),
@@ -451,77 +452,12 @@ def expand(spec: SweepSpec) -> tuple[list[SweepRun], list[str]]:
 
 def _zero_stage(config_file: str | None) -> int | None:
     """The ZeRO stage a DeepSpeed config file names."""
-    from backends import deepspeed_config
-
     config = deepspeed_config.read(str(REPO / config_file)) if config_file else {}
     return (config.get("zero_optimization") or {}).get("stage")
 
 
 def _sha256(path: Path) -> str | None:
-    import hashlib
-
     try:
         return hashlib.sha256(path.read_bytes()).hexdigest()
     except OSError:
         return None
-
-
-def check_runs(runs: list[SweepRun], directory: Path, planner=None) -> None:
-    """Every planned run resolved as train.py will resolve it (flags, config files, world size, and
-    its model and data: training/run.py check_model, each distinct model once), before the first
-    starts: a bad spec is refused whole (ConfigError naming the run). Each `auto:<GiB>` run is planned
-    too (by `planner`, else the estimator's, estimator/ckpt_plan.plan_for_record), on counted costs
-    (whether a plan fits does not depend on them): a budget no plan fits is refused here, naming the
-    smallest budget a plan fits, rather than when its turn comes."""
-    import dataclasses
-
-    import torch
-
-    import backends
-    from core.dist import DistEnv
-    from gptlite.data import DataError
-    from training.cli import config_from_argv
-    from training.run import check_blocks
-
-    from training.preflight import writable_out
-
-    # the sweep's records and logs: beside other records, never inside one, and where they can be written
-    writable_out("runs_dir", str(directory))
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    checked: dict[str, object] = {}  # each distinct model's workload, checked once
-    for run in runs:
-        nvme = dict(run.flags).get("nvme_path")
-        if nvme:  # scratch space the sweep owns, for ZeRO-Infinity's NVMe offload
-            Path(nvme).mkdir(parents=True, exist_ok=True)
-        try:
-            cfg = config_from_argv(run.argv(directory))
-            env = DistEnv(0, 0, run.world_size, run.world_size, device, launcher_for(run.backend))
-            cfg = backends.resolve(cfg, env).cfg
-            model = json.dumps({name: getattr(cfg, name) for name in MODEL_FLAGS})
-            if model not in checked:
-                checked[model] = _check_model(cfg)
-            # Each run: its backend or flags may need blocks the model does not have (fsdp, not ddp).
-            check_blocks(checked[model], cfg)
-            if cfg.ckpt_policy == "auto":
-                from estimator.ckpt_plan import plan_for_record
-                from training.run import prepare_run
-
-                plans = planner or plan_for_record
-                # A description (dry run, no name): a run recorded before may be planned again.
-                prepare_run(dataclasses.replace(cfg, dry_run=True, run_name=None), env,
-                        planner=lambda *a, **k: plans(*a, **{**k, "measure": False}), workload=checked[model])
-        except (ConfigError, DataError) as e:
-            raise ConfigError(f"run {run.name}: {e}") from None
-
-
-def _check_model(cfg):
-    from gptlite.data import DataError
-    from gptlite.errors import one_line
-    from training.run import check_model
-
-    try:
-        return check_model(cfg)
-    except (ConfigError, DataError):
-        raise
-    except Exception as e:  # noqa: BLE001 - the model's own code failed (get_model raising): so would the run
-        raise ConfigError(f"model {cfg.model}: {one_line(e)}") from None

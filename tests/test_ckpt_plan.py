@@ -320,7 +320,7 @@ def _agree(rank: int, port: int, plans: list, out) -> None:
     import torch.distributed as dist
 
     from core.config import RunConfig
-    from training.run import Run
+    from training.lifecycle import Run
 
     @dataclasses.dataclass
     class Resolved:

@@ -161,7 +161,7 @@ def _failed_run(tmp_path: Path, error: BaseException) -> dict:
     """What training/run.py records for `error` raised in rank 0 of a running run: its summary."""
     from core.records import RunRecord
     from core.summary import RunSummary
-    from training.run import Run
+    from training.lifecycle import Run
 
     env = SimpleNamespace(rank=0, is_main=True, world_size=1)
     run = Run(SimpleNamespace(cfg=SimpleNamespace(backend="fsdp2"), env=env, resume=None))
@@ -184,7 +184,7 @@ def test_sigterm_during_a_sharded_save_is_recorded_as_terminated(tmp_path):
     from torch.distributed.checkpoint import FileSystemWriter
 
     from training import checkpoint
-    from training.run import _raise_terminated
+    from training.lifecycle import _raise_terminated
 
     class StoppedWhileWriting(FileSystemWriter):
         def write_data(self, plan, planner):
@@ -211,7 +211,7 @@ def test_a_stop_dcp_gathered_from_another_rank_is_recorded_as_that_ranks(tmp_pat
     """DCP hands every rank the failures it gathered: rank 0 records rank 1's SIGTERM as rank 1's."""
     from torch.distributed.checkpoint.api import CheckpointException
 
-    from training.run import Terminated
+    from training.lifecycle import Terminated
 
     gathered = CheckpointException("write", {1: (Terminated("terminated by signal SIGTERM (the launcher)"), None)})
     summary = _failed_run(tmp_path, gathered)

@@ -19,7 +19,9 @@ from core.config import RunConfig
 from core.dist import DistEnv
 from core.memory import MemoryAccounting
 from training.loop import accumulate_gradients
-from training.run import EXIT_FAILED, EXIT_OK, Run, Setup, prepare_run
+from training.lifecycle import EXIT_FAILED, EXIT_OK, Run
+from training.run import prepare_run
+from training.setup import Setup
 
 TEXT = "".join(chr(ord("a") + (i * 7) % 26) for i in range(4000))
 

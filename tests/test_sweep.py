@@ -180,6 +180,31 @@ def test_a_sweep_records_a_failure_goes_on_and_a_rerun_skips_what_is_done(tmp_pa
 
 
 @pytest.mark.launch
+def test_orchestration_runs_one_run_and_a_sweep_of_runs_through_its_public_functions(tmp_path, stubbed):
+    """orchestration.run_one (the planner's one call per candidate) launches a run and waits for it, and
+    reuses its record when asked again; run_many runs several in order as one sweep holding the folder,
+    a failing one recorded as failed and the next still run."""
+    import orchestration
+    from orchestration import SweepRun, run_many, run_one
+
+    flags = (("preset", "tiny"), ("steps", 2), ("micro_batch", 2))
+    run = SweepRun("one", "single", None, 1, flags)
+    first = run_one(run, tmp_path / "a", 600)
+    assert first.status == "ok" and not first.skipped, first.line()
+    assert json.loads((tmp_path / "a" / "one" / "summary.json").read_text())["status"] == "ok"
+    again = run_one(run, tmp_path / "a", 600)
+    assert again.status == "ok" and again.skipped  # the same run's record, reused, not rerun
+
+    failing = SweepRun("two", "single", None, 1, flags, env=(("GPTLITE_FAULT", "kind=error,step=1"),))
+    lines = []
+    outcomes = run_many("s", tmp_path / "b", 600, [failing, SweepRun("three", "single", None, 1, flags)],
+                        report=lines.append)
+    assert [(o.run.name, o.status) for o in outcomes] == [("two", "failed"), ("three", "ok")]
+    assert any("two: failed" in line for line in lines)
+    assert orchestration.executor_for is orchestration.executors.executor_for  # one interface, not a copy
+
+
+@pytest.mark.launch
 def test_a_run_past_its_timeout_is_killed_and_recorded(tmp_path, stubbed):
     spec = _spec(tmp_path, steps=3, timeout_s=3, matrix={"backend": ["ddp"], "micro_batch": [2], "world_size": [2]},
                  train_args={"mem_profile_steps": 0}, env={"GPTLITE_FAULT": "kind=hang,step=1"})
@@ -312,7 +337,7 @@ MODEL_FILES = {"{syntax}": "def get_model(:\n",
 ])
 def test_every_model_of_a_matrix_is_resolved_before_the_first_run(tmp_path, model, train_args, message):
     from gptlite.errors import ConfigError
-    from orchestration.sweep import check_runs
+    from orchestration.checks import check_runs
 
     if isinstance(model, str) and model in MODEL_FILES:
         (tmp_path / "bad_model.py").write_text(MODEL_FILES[model])
@@ -331,7 +356,7 @@ def test_a_model_without_blocks_is_refused_for_the_runs_that_need_them(tmp_path)
     """single and ddp train a model without a repeated block; a sweep that also puts it under FSDP is
     refused whole, naming that run (case 11)."""
     from gptlite.errors import ConfigError
-    from orchestration.sweep import check_runs
+    from orchestration.checks import check_runs
 
     (tmp_path / "plain.py").write_text(MODEL_FILES["{plain}"])
     spec = load_spec(_spec(tmp_path, matrix={"backend": ["single", "ddp"], "model": [str(tmp_path / "plain.py")]}))
@@ -344,7 +369,7 @@ def test_a_model_without_blocks_is_refused_for_the_runs_that_need_them(tmp_path)
 
 def test_each_distinct_model_is_resolved_once(tmp_path, monkeypatch):
     import training.run
-    from orchestration.sweep import check_runs
+    from orchestration.checks import check_runs
 
     seen, blocks = [], set()
     monkeypatch.setattr(training.run, "check_model", lambda cfg: seen.append((cfg.model, cfg.model_args)) or cfg.model)

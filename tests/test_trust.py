@@ -18,7 +18,7 @@ from core.dist import DistEnv
 from core.records import atomic_write_json
 from core.summary import RunSummary
 from gptlite.errors import ConfigError
-from training.run import describe_error, is_oom
+from training.lifecycle import describe_error, is_oom
 
 REFERENCE = REPO / "runs" / "reference" / "nvidia-h100-80gb-hbm3"  # a compact folder (analysis/compact.py)
 
@@ -119,7 +119,7 @@ def test_a_budget_breach_is_raised_before_rank_0_counts_flops_and_a_stop_is_neve
     # counting error (torch's fake-tensor dispatch logged a traceback through our files) and went on.
     from training.loop import LoopResult
     from training.results import MemoryBudgetExceeded, finished_summary
-    from training.run import Terminated
+    from training.lifecycle import Terminated
 
     counted = []
     ranks = [{"profiled": {"peak_bytes": 5 * 2**20}, "state": {}}] * 2
@@ -163,7 +163,7 @@ def _ckpt_files(directory):
 def test_a_second_run_into_a_checkpoint_directory_is_refused_and_deletes_nothing(tmp_path):
     from gptlite.errors import ConfigError
     from test_loop import make_setup
-    from training.run import EXIT_OK, Run
+    from training.lifecycle import EXIT_OK, Run
 
     save = {"save_dir": str(tmp_path / "ckpt"), "save_every": 1, "keep_checkpoints": 2}
     assert Run(make_setup(tmp_path, run_name="first", steps=3, **save)).execute() == EXIT_OK
@@ -301,7 +301,7 @@ def _files(directory):
 
 def test_a_resume_after_the_model_file_changed_is_refused_up_front(tmp_path):
     from gptlite.errors import ConfigError
-    from training.run import EXIT_OK, Run
+    from training.lifecycle import EXIT_OK, Run
 
     (tmp_path / "net.py").write_text(MODEL_FILE.format(width=8))
     assert Run(_model_file_setup(tmp_path)).execute() == EXIT_OK
@@ -318,7 +318,7 @@ def test_a_resume_without_a_checkpoint_replaces_a_record_only_with_the_same_run(
     only for the same settings; --steps may grow, as a resume's may."""
     from gptlite.errors import ConfigError
     from test_loop import make_setup
-    from training.run import EXIT_FAILED, EXIT_OK, Run
+    from training.lifecycle import EXIT_FAILED, EXIT_OK, Run
 
     save = {"save_dir": str(tmp_path / "ckpt"), "save_every": 100}
     assert Run(make_setup(tmp_path, fail=("step", 1), **save)).execute() == EXIT_FAILED  # before any checkpoint
@@ -338,7 +338,7 @@ def test_checkpoints_are_not_kept_inside_a_record(tmp_path):
     """A record is replaced as a whole (--overwrite, a sweep's retry): checkpoints inside one would go with it."""
     from gptlite.errors import ConfigError
     from test_loop import make_setup
-    from training.run import EXIT_OK, Run
+    from training.lifecycle import EXIT_OK, Run
 
     with pytest.raises(ConfigError, match=r"save_dir: .*runs/fake/ckpt is inside the run record .*runs/fake, which"):
         make_setup(tmp_path, save_dir=str(tmp_path / "runs" / "fake" / "ckpt"), save_every=1)
@@ -371,7 +371,7 @@ def test_a_resume_continues_a_record_only_with_its_settings(tmp_path):
     """A resumed run continues its record: one record holds one run's settings (--steps may grow)."""
     from gptlite.errors import ConfigError
     from test_loop import make_setup
-    from training.run import EXIT_OK, Run
+    from training.lifecycle import EXIT_OK, Run
 
     save = {"save_dir": str(tmp_path / "ckpt"), "save_every": 1}
     assert Run(make_setup(tmp_path, **save)).execute() == EXIT_OK
@@ -415,7 +415,7 @@ def test_an_nvme_swap_directory_has_one_run_at_a_time(tmp_path):
 def test_replacing_a_record_never_deletes_checkpoints_inside_it(tmp_path):
     from gptlite.errors import ConfigError
     from test_loop import make_setup
-    from training.run import EXIT_OK, Run
+    from training.lifecycle import EXIT_OK, Run
 
     assert Run(make_setup(tmp_path)).execute() == EXIT_OK
     step = tmp_path / "runs" / "fake" / "ckpt" / "step_00000004"  # a --save_dir inside it, from before that was refused

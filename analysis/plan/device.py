@@ -140,7 +140,8 @@ def loop_step_times(train_argv: list[str], micro: int, steps: int = LOOP_STEPS) 
 
     from training.cli import config_from_argv
     from simulation.describe import simulated_env
-    from training.run import Run, prepare_run
+    from training.lifecycle import Run
+    from training.run import prepare_run
     from orchestration.runner import TERMINATED
 
     handler = signal.getsignal(signal.SIGTERM)  # a run sets its own
