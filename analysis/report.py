@@ -17,6 +17,8 @@ from analysis import compact, figures, tables
 from estimator.estimate import estimate_from_record
 from analysis.runs import load_metrics, load_runs, require_records, run_config
 from gptlite.errors import ConfigError
+from training.cli import OneLineParser
+from training.preflight import writable_out
 
 FIGURES = {
     "throughput_memory.png": "Throughput, and average and peak memory per rank, per backend configuration",
@@ -120,14 +122,10 @@ def write_report(runs_dir: str | Path, out: str | Path) -> Path:
 
 
 def main(argv=None) -> int:
-    from training.cli import OneLineParser
-
     parser = OneLineParser(prog="python -m analysis.report", description=__doc__.splitlines()[0])
     parser.add_argument("runs_dir", help="directory of run records (searched recursively)")
     parser.add_argument("--out", required=True, help="directory for report.md and the figures")
     args = parser.parse_args(argv)
-    from training.preflight import writable_out
-
     try:
         writable_out("--out", args.out)
     except ConfigError as e:

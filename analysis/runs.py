@@ -39,6 +39,7 @@ def run_dirs(path: str | Path) -> list[Path]:
 def config_label(backend: str, fsdp_config: str | None = None, deepspeed_config: str | None = None,
                  ddp_bucket_cap_mb: float | None = None) -> str:
     """A backend configuration's short name: "ddp", "ddp.bucket_100mb", "fsdp.full_shard", "deepspeed.z3", ..."""
+    # BACKEND-LITERAL: the backend whose --ddp_bucket_cap_mb names its label
     if backend == "ddp" and isinstance(ddp_bucket_cap_mb, (int, float)) and ddp_bucket_cap_mb == ddp_bucket_cap_mb:
         return f"ddp.bucket_{ddp_bucket_cap_mb:g}mb"  # (a record without the flag reads NaN in a frame)
     path = deepspeed_config or fsdp_config

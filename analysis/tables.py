@@ -83,6 +83,7 @@ def ddp_ratios(runs: pd.DataFrame) -> pd.DataFrame:
     """Each run's samples/s and peak memory as ratios to DDP's with the same model, preset, global batch,
     precision and world size (DDP without checkpointing where there is one)."""
     ok = ok_runs(runs)
+    # BACKEND-LITERAL: the baseline backend of the ratios (DDP)
     if ok.empty or "ddp" not in set(ok["label"]):
         return pd.DataFrame()
     # Records from before the quartiles were kept have none: their ties are unknown, not false.

@@ -25,6 +25,7 @@ LAUNCHERS = ("python", "torchrun", "deepspeed")
 
 def launcher_for(backend: str) -> str:
     """The launcher users of `backend` type: python for single, deepspeed for DeepSpeed, torchrun else."""
+    # BACKEND-LITERAL: which launcher a backend's users type (a Backend attribute)
     return {"single": "python", "deepspeed": "deepspeed"}.get(backend, "torchrun")
 
 

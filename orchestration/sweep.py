@@ -299,6 +299,7 @@ def load_spec(path: str) -> SweepSpec:
 def backend_of(entry: str) -> tuple[str, str | None, str]:
     """(backend name, config file or None, short label) of a matrix.backend entry."""
     if entry in BACKEND_NAMES:
+        # BACKEND-LITERAL: whether a backend needs a config file, and which flag and suffix name it
         if entry == "deepspeed":
             raise ConfigError("matrix.backend: deepspeed needs a config file (ds_configs/*.json)")
         return entry, None, entry
@@ -306,6 +307,7 @@ def backend_of(entry: str) -> tuple[str, str | None, str]:
     if not path.is_file():
         raise ConfigError(f"matrix.backend: '{entry}' is neither a backend ({', '.join(BACKEND_NAMES)}) nor an existing "
                           "config file")
+    # BACKEND-LITERAL: which backend a config file's suffix names (.json: DeepSpeed)
     if path.suffix == ".json":
         return "deepspeed", entry, f"deepspeed.{path.stem}"
     if path.suffix in (".yaml", ".yml"):
@@ -337,6 +339,7 @@ class SweepRun:
         # Never --overwrite: the runner replaces a record itself, under its lock (orchestration/runner.py).
         args = ["--runs_dir", str(runs_dir), "--run_name", self.name, "--quiet"]
         if self.config_file:
+            # BACKEND-LITERAL: the flag that names a backend's config file
             args += ["--deepspeed_config" if self.backend == "deepspeed" else "--fsdp_config", self.config_file]
         else:
             args += ["--backend", self.backend]
@@ -388,6 +391,7 @@ def expand(spec: SweepSpec) -> tuple[list[SweepRun], list[str]]:
         if not gptlite and preset != m.preset[0]:
             continue  # the presets size GPT-lite; another model runs once, with the first
         ranks = world
+        # BACKEND-LITERAL: which backend runs in one process and stands in for the ranks (the reference)
         if backend == "single":
             world = 1  # one process by definition
         # `single` stands in for the matrix's `ranks` ranks: it accumulates over them, so that it trains on the
@@ -402,6 +406,7 @@ def expand(spec: SweepSpec) -> tuple[list[SweepRun], list[str]]:
         if not interval:
             impl, offload = "none", "none"  # nothing checkpointed (or a plan): nothing to offload
             policy = policy if auto else "full"
+        # BACKEND-LITERAL: which backend runs the deepspeed ckpt_impls
         elif impl.startswith("deepspeed") and backend != "deepspeed":
             skipped.append(f"{label} with ckpt_impl {impl}: needs the deepspeed backend")
             continue
@@ -410,6 +415,7 @@ def expand(spec: SweepSpec) -> tuple[list[SweepRun], list[str]]:
             skipped.append(f"{label} with ckpt_policy {policy}: needs ckpt_impl torch_nonreentrant, without offload "
                            "or compile")
             continue
+        # BACKEND-LITERAL: whether a backend's plan refuses selective checkpointing (ZeRO-3)
         if policy != "full" and backend == "deepspeed" and _zero_stage(config_file) == 3:
             if policy == "selective":
                 skipped.append(f"{label} with ckpt_policy selective: refused under ZeRO-3 (wrong gradients)")
@@ -436,6 +442,7 @@ def expand(spec: SweepSpec) -> tuple[list[SweepRun], list[str]]:
                  **offload_flags(offload),
                  **({"compile": True, "compile_backend": compiled} if compiled != "none" else {}), **spec.train_args,
                  **({"grad_accum": accum} if stands_in else {})}
+        # BACKEND-LITERAL: which NVMe swap paths a backend's config file names (the backend's swap_dirs)
         if config_file and backend == "deepspeed":
             from backends import deepspeed_plan  # torch: see Matrix.__post_init__
 

@@ -20,6 +20,8 @@ import torch
 
 from core.dist import DistEnv
 from gptlite.errors import ConfigError
+from training.cli import config_from_argv
+from training.run import prepare_run
 
 DEVICES = ("auto", "cpu", "cuda")
 # The RunConfig fields that choose the model and its data (RunConfig.model_request).
@@ -51,9 +53,6 @@ def resolve_flags(train_argv: Sequence[str], world: int = 1, ranks_per_node: int
     """training.run.Setup of train.py's flags `train_argv` as rank 0 of `world` ranks would resolve
     them (`--dry_run`: nothing built, checked against this machine or recorded). Raises
     ConfigError/DataError with train.py's own one-line reasons."""
-    from training.cli import config_from_argv
-    from training.run import prepare_run
-
     cfg = config_from_argv([*train_argv])
     cfg = dataclasses.replace(cfg, dry_run=True)
     env = simulated_env(world, ranks_per_node, cfg.device)
