@@ -100,7 +100,7 @@ def model_key(row: dict) -> str:
 
 def run_config(run) -> dict:
     """A run's config.json (a row of load_runs): from its record's folder, or its compact folder's line."""
-    from analysis.compact import read_json
+    from analysis.compact import read_json  # here, as in run_dirs: analysis.compact may be __main__
 
     return read_json(Path(run["run_dir"]) / "config.json")
 
@@ -124,7 +124,7 @@ def load_runs(path: str | Path) -> pd.DataFrame:
     `ckpt` ("none", or "every k (impl)", plus the activation offload if any) and `compile` ("none",
     or the torch.compile backend).
     """
-    from analysis.compact import is_file, read_json
+    from analysis.compact import is_file, read_json  # here, as in run_dirs: analysis.compact may be __main__
 
     rows = []
     for run_dir in run_dirs(path):
