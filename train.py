@@ -13,7 +13,8 @@ from core.allocator import keep_freed_memory
 keep_freed_memory()  # before torch allocates anything: see core/allocator.py
 
 from training.cli import build_parser, parse_args  # noqa: E402
-from training.run import exit_process, main  # noqa: E402
+from training.lifecycle import exit_process  # noqa: E402
+from training.run import main  # noqa: E402
 
 DESCRIPTION = (
     "Train the GPT-lite model (or your own: --model) under one distributed-training backend, with the "

@@ -14,6 +14,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import matplotlib
 import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
@@ -22,11 +23,14 @@ from analysis import compact
 from analysis.runs import load_runs, require_records
 from analysis.tables import markdown, ok_runs
 from gptlite.errors import ConfigError
+from training.cli import OneLineParser
+from training.preflight import writable_out
 
 GIB = 2**30
 PLAIN_CKPT = ("none", "every 1 (torch_nonreentrant)")  # no activation offload
 
 
+# BACKEND-LITERAL: the reference backend's label in the records (one process)
 def _plain(runs: pd.DataFrame, label: str = "single") -> pd.DataFrame:
     ok = ok_runs(runs)
     return ok[(ok["label"] == label) & ok["ckpt"].isin(PLAIN_CKPT)]
@@ -53,6 +57,7 @@ def checkpointing(runs: pd.DataFrame) -> pd.DataFrame:
 def largest_batch(runs: pd.DataFrame) -> pd.DataFrame:
     """The largest micro-batch that ran with and without checkpointing, the smallest that ran out
     of memory, and the samples/s at the largest (the articles: 2-3x from the larger batch)."""
+    # BACKEND-LITERAL: the reference backend's label
     scan = runs[(runs["label"] == "single") & runs["ckpt"].isin(PLAIN_CKPT)]
     rows = []
     for ckpt, group in scan.groupby("ckpt"):
@@ -74,6 +79,7 @@ def largest_batch(runs: pd.DataFrame) -> pd.DataFrame:
 def activation_offload(runs: pd.DataFrame) -> pd.DataFrame:
     """Checkpointing with the saved inputs kept, offloaded by torch, offloaded with prefetch."""
     ok = ok_runs(runs)
+    # BACKEND-LITERAL: the reference backend's label
     ok = ok[(ok["label"] == "single") & (ok["ckpt_interval"] > 0)]
     offload_micro = ok.loc[ok["ckpt"] != PLAIN_CKPT[1], "micro_batch"].unique()
     ok = ok[ok["micro_batch"].isin(offload_micro)]
@@ -97,6 +103,7 @@ def backends(runs: pd.DataFrame) -> pd.DataFrame:
     ok = ok[ok["micro_batch"] == micro]
     table = ok.groupby(["label", "ckpt"])[["samples_per_s", "mfu", "mem_peak_bytes"]].median().reset_index()
     table["peak GiB"] = table.pop("mem_peak_bytes") / GIB
+    # BACKEND-LITERAL: the baseline the articles compare against (DDP)
     ddp = table[table["label"] == "ddp"].set_index("ckpt")["samples_per_s"]
     if not ddp.empty:
         table["samples/s vs DDP"] = table["samples_per_s"] / table["ckpt"].map(ddp)
@@ -192,22 +199,16 @@ def write_claims(runs_dir: str | Path, out: str | Path) -> Path:
 
 
 def main(argv=None) -> int:
-    from training.cli import OneLineParser
-
     parser = OneLineParser(prog="python -m analysis.claims", description=__doc__.splitlines()[0])
     parser.add_argument("runs_dir", help="directory of run records (searched recursively)")
     parser.add_argument("--out", required=True, help="directory for claims.md and its figures")
     args = parser.parse_args(argv)
     if not compact.is_dir(args.runs_dir):  # a folder, or one inside a compact folder (analysis/compact.py)
         parser.error(f"runs_dir {args.runs_dir} is not a directory")
-    from training.preflight import writable_out
-
     try:
         writable_out("--out", args.out)
     except ConfigError as e:
         parser.error(str(e))
-    import matplotlib
-
     matplotlib.use("Agg")
     try:
         print(write_claims(args.runs_dir, args.out))

@@ -30,6 +30,10 @@ import sys
 from functools import lru_cache
 from pathlib import Path
 
+from gptlite.errors import ConfigError
+from training.cli import OneLineParser
+from training.preflight import writable_out
+
 FILE = "records.jsonl"
 # Neither data nor a record's: what a run or a sweep keeps for itself.
 LEFT_OUT = ("sweep_key.json", "metrics.json")
@@ -200,10 +204,6 @@ def unpack(path: str | Path, out: str | Path) -> Path:
 
 
 def main(argv=None) -> int:
-    from gptlite.errors import ConfigError
-    from training.cli import OneLineParser
-    from training.preflight import writable_out
-
     usage = __doc__.split("\n\nEvery reader")[0]  # what a user needs; the rest is how the tools read it
     parser = OneLineParser(prog="python -m analysis.compact", description=usage.splitlines()[0],
                            epilog="\n".join(usage.splitlines()[2:]), formatter_class=argparse.RawDescriptionHelpFormatter)

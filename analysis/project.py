@@ -8,12 +8,12 @@
         --precision bf16
 
 The run is train.py's flags (any model that trains: GPT-lite, hf:, a model file; train.py's names and
-defaults), resolved for each configuration as the run resolves it (training/describe.py).
+defaults), resolved for each configuration as the run resolves it (simulation/describe.py).
 For each backend configuration (ddp and every shipped fsdp_configs/ and ds_configs/ file), on W
-ranks (W / gpus_per_node nodes): per-rank memory (analysis.estimate), the bytes of a step's
+ranks (W / gpus_per_node nodes): per-rank memory (analysis.estimate_cli), the bytes of a step's
 collectives by kind (each backend's own theory: Backend.comm_theory, the accounting the measured
 runs are checked against, tests/test_comm.py; or, with --counted, the backend's real collectives at
-W, counted by running it as rank 0 of W under torch's fake process group, training/fake_world.py),
+W, counted by running it as rank 0 of W under torch's fake process group, simulation/fake_world.py),
 and a step time:
 
     compute   = FLOPs per sample (GPT-lite's formula, any other model counted on fake tensors, plus what
@@ -57,9 +57,9 @@ from estimator.checkpointing_plan import plan_for_record
 from estimator.estimate import estimate_from_record
 from gptlite.data import DataError
 from gptlite.errors import ConfigError
-from training import launch
+from orchestration import launch
 from training.cli import OneLineParser, config_from_argv, refuse_renamed
-from training.describe import resolve_flags
+from simulation.describe import resolve_flags
 from training.preflight import writable_out
 
 REPO = Path(__file__).resolve().parent.parent
@@ -143,21 +143,21 @@ def config_flags(entry: str, path: str | None = None) -> list[str]:
 def run_flags(entry: str, train_argv: list[str]) -> list[str]:
     """train.py's flags for one configuration: the user's (`train_argv`, train.py's names and
     defaults) with the configuration's, on a GPU. The projection resolves them as the run would
-    (training/describe.py), and --counted runs them."""
+    (simulation/describe.py), and --counted runs them."""
     return [*train_argv, *config_flags(entry, str(REPO / entry)), "--device", "cuda"]
 
 
 def count(entry: str, train_argv: list[str], world: int, gpus_per_node: int) -> dict:
-    """The configuration run as rank 0 of `world` under the fake process group (training/fake_world.py):
+    """The configuration run as rank 0 of `world` under the fake process group (simulation/fake_world.py):
     its real collectives at that world size, and its memory peak on this machine's device."""
     return count_flags(run_flags(entry, train_argv), world, gpus_per_node, entry)
 
 
 def count_flags(flags: list[str], world: int, gpus_per_node: int, what: str) -> dict:
     """train.py's `flags` run as rank 0 of `world` under the fake process group, on this machine's
-    device (the same collectives): training/fake_world.py's result. Failing, a RuntimeError naming `what`."""
+    device (the same collectives): simulation/fake_world.py's result. Failing, a RuntimeError naming `what`."""
     with tempfile.TemporaryDirectory() as tmp:
-        proc = launch.run_python("-m", "training.fake_world", "--world", world, "--gpus_per_node", gpus_per_node,
+        proc = launch.run_python("-m", "simulation.fake_world", "--world", world, "--gpus_per_node", gpus_per_node,
                                  "--out", tmp, "--", *flags, "--device", "auto")
         out = Path(tmp) / "fake_world.json"
         if proc.returncode != 0 or not out.exists():
@@ -178,7 +178,7 @@ def counted_traffic(counted: dict, theory: dict, world: int) -> dict:
 
 def resolve_entry(entry: str, train_argv: list[str], world: int, per_node: int):
     """training.run.Setup of configuration `entry` of the run `train_argv` on `world` GPUs, `per_node` to a
-    node, resolved as train.py resolves it (training/describe.py), --ckpt_policy auto's plan included."""
+    node, resolved as train.py resolves it (simulation/describe.py), --ckpt_policy auto's plan included."""
     return resolve_flags(run_flags(entry, train_argv), world, per_node, planner=plan_for_record)
 
 
@@ -345,7 +345,7 @@ def main(argv=None) -> int:
                             "[--counted] [--out DIR] [train.py flags]",
                       epilog="Every other flag is train.py's, with train.py's names and defaults (the model, "
                              "--micro_batch, --grad_accum, --precision, --attention, checkpointing: python train.py "
-                             "--help), resolved for each configuration as the run resolves it (training/describe.py), "
+                             "--help), resolved for each configuration as the run resolves it (simulation/describe.py), "
                              "on a GPU. The configuration itself is --configs'.\n\n" + "\n".join(__doc__.splitlines()[2:5]))
     p.add_argument("--world", type=int, nargs="+", default=[8, 64], help="world sizes (ranks, GPUs) to project to")
     add_gpu_flag(p, hw)
@@ -358,7 +358,7 @@ def main(argv=None) -> int:
                         "(default: all shipped)")
     p.add_argument("--counted", action="store_true",
                    help="count each configuration's real collectives at each W by running it as rank 0 under "
-                        "torch's fake process group (training/fake_world.py), instead of its theory: one short "
+                        "torch's fake process group (simulation/fake_world.py), instead of its theory: one short "
                         "run per configuration and W on this machine (about a minute each for the paper preset "
                         "on 2 CPU cores); the figure stays on theory")
     p.add_argument("--out", default=None, metavar="DIR", help="directory for projection.md and samples_vs_gpus.png")

@@ -17,6 +17,8 @@ from analysis import compact, figures, tables
 from estimator.estimate import estimate_from_record
 from analysis.runs import load_metrics, load_runs, require_records, run_config
 from gptlite.errors import ConfigError
+from training.cli import OneLineParser
+from training.preflight import writable_out
 
 FIGURES = {
     "throughput_memory.png": "Throughput, and average and peak memory per rank, per backend configuration",
@@ -85,7 +87,7 @@ def write_report(runs_dir: str | Path, out: str | Path) -> Path:
         "timed steps' interquartile range over that median. Against DDP, a run whose interquartile range overlaps "
         "DDP's is a tie, not a win or a loss: one run each cannot tell them apart. Memory: per rank, "
         "the maximum over ranks; on CUDA the allocator's peak, on CPU the peak of live tensor bytes in the "
-        "profiled step (runs/README.md). The estimate is `python -m analysis.estimate` for the same configuration.",
+        "profiled step (runs/README.md). The estimate is `python -m analysis.estimate_cli` for the same configuration.",
         "",
         "## Runs",
         "",
@@ -120,14 +122,10 @@ def write_report(runs_dir: str | Path, out: str | Path) -> Path:
 
 
 def main(argv=None) -> int:
-    from training.cli import OneLineParser
-
     parser = OneLineParser(prog="python -m analysis.report", description=__doc__.splitlines()[0])
     parser.add_argument("runs_dir", help="directory of run records (searched recursively)")
     parser.add_argument("--out", required=True, help="directory for report.md and the figures")
     args = parser.parse_args(argv)
-    from training.preflight import writable_out
-
     try:
         writable_out("--out", args.out)
     except ConfigError as e:

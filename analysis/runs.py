@@ -39,6 +39,7 @@ def run_dirs(path: str | Path) -> list[Path]:
 def config_label(backend: str, fsdp_config: str | None = None, deepspeed_config: str | None = None,
                  ddp_bucket_cap_mb: float | None = None) -> str:
     """A backend configuration's short name: "ddp", "ddp.bucket_100mb", "fsdp.full_shard", "deepspeed.z3", ..."""
+    # BACKEND-LITERAL: the backend whose --ddp_bucket_cap_mb names its label
     if backend == "ddp" and isinstance(ddp_bucket_cap_mb, (int, float)) and ddp_bucket_cap_mb == ddp_bucket_cap_mb:
         return f"ddp.bucket_{ddp_bucket_cap_mb:g}mb"  # (a record without the flag reads NaN in a frame)
     path = deepspeed_config or fsdp_config
@@ -99,7 +100,7 @@ def model_key(row: dict) -> str:
 
 def run_config(run) -> dict:
     """A run's config.json (a row of load_runs): from its record's folder, or its compact folder's line."""
-    from analysis.compact import read_json
+    from analysis.compact import read_json  # here, as in run_dirs: analysis.compact may be __main__
 
     return read_json(Path(run["run_dir"]) / "config.json")
 
@@ -123,7 +124,7 @@ def load_runs(path: str | Path) -> pd.DataFrame:
     `ckpt` ("none", or "every k (impl)", plus the activation offload if any) and `compile` ("none",
     or the torch.compile backend).
     """
-    from analysis.compact import is_file, read_json
+    from analysis.compact import is_file, read_json  # here, as in run_dirs: analysis.compact may be __main__
 
     rows = []
     for run_dir in run_dirs(path):

@@ -1,4 +1,8 @@
-"""Tables from run records: the main comparison, ratios to DDP, failures, largest batches."""
+"""Tables from run records: the main comparison, ratios to DDP, failures, largest batches; run as a
+module, it prints the comparison table of the runs under a directory.
+
+    python -m analysis.tables runs/demo
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,10 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+from analysis.runs import load_runs, require_records
+from gptlite.errors import ConfigError
+from training.cli import OneLineParser
 
 MIB = 2**20
 # The configuration a run is compared with: same model, batch, precision and ranks.
@@ -75,6 +83,7 @@ def ddp_ratios(runs: pd.DataFrame) -> pd.DataFrame:
     """Each run's samples/s and peak memory as ratios to DDP's with the same model, preset, global batch,
     precision and world size (DDP without checkpointing where there is one)."""
     ok = ok_runs(runs)
+    # BACKEND-LITERAL: the baseline backend of the ratios (DDP)
     if ok.empty or "ddp" not in set(ok["label"]):
         return pd.DataFrame()
     # Records from before the quartiles were kept have none: their ties are unknown, not false.
@@ -224,3 +233,46 @@ def budget_table(runs: pd.DataFrame) -> pd.DataFrame:
     table = pd.DataFrame(rows)
     table["auto / it"] = table["samples/s"] / table["its samples/s"]
     return table
+
+
+# What `python -m analysis.tables` prints: one line per run, whatever its status.
+COLUMNS = {
+    "run_name": "run",
+    "status": "status",
+    "backend": "backend",
+    "model": "model",
+    "world_size": "ranks",
+    "global_batch": "batch",
+    "precision": "precision",
+    "samples_per_s": "samples/s",
+    "mem_peak_bytes": "peak MiB",
+    "model_state_bytes.total": "model states MiB",
+    "final_loss": "final loss",
+    "val_loss": "val loss",
+}
+
+
+def comparison_table(runs_dir: str):
+    """The comparison table of the records under `runs_dir`; ConfigError where there are none."""
+    runs = require_records(load_runs(runs_dir), runs_dir)
+    table = runs.reindex(columns=list(COLUMNS)).rename(columns=COLUMNS)
+    for col in ("peak MiB", "model states MiB"):
+        table[col] = table[col] / 2**20
+    return table
+
+
+def main(argv=None) -> int:
+    parser = OneLineParser(prog="python -m analysis.tables", description="Print a comparison table of the runs under "
+                                                                          "a directory.")
+    parser.add_argument("runs_dir", help="directory of run records (searched recursively)")
+    args = parser.parse_args(argv)
+    try:
+        table = comparison_table(args.runs_dir)
+    except ConfigError as e:
+        parser.error(str(e))
+    print(table.to_string(index=False, float_format=lambda v: f"{v:,.4g}"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

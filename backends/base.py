@@ -87,7 +87,7 @@ class Resolved:
 
 class Backend(ABC):
     name: ClassVar[str]
-    # The launcher its users type (training/launch.py): python, torchrun or deepspeed.
+    # The launcher its users type (orchestration/launch.py): python, torchrun or deepspeed.
     launcher: ClassVar[str] = "torchrun"
     # Whether the backend needs a torch.distributed process group (even for a world of one).
     needs_process_group: ClassVar[bool] = True

@@ -9,7 +9,7 @@ and the hand-set policies (none, full every k, selective every k), each a real t
 
 Every run goes through its real launcher (python, torchrun, deepspeed; 2 ranks but single) and its
 record gives the measured peak per rank (the memory profile's, on CPU) and samples/s. The budgets
-come from the estimator on the run's own `train.py --dry_run` record (analysis.estimate), at 5%,
+come from the estimator on the run's own `train.py --dry_run` record (analysis.estimate_cli), at 5%,
 27.5%, 50%, 72.5% and 95% of the way from full checkpointing's estimated peak to none's. Per budget,
 the table gives the plan, the estimated and measured peaks, the measured peak over the budget
 (issue 22 allows the estimator's band, 10%), the plan's samples/s and those of the fastest
@@ -38,7 +38,7 @@ import pandas as pd  # noqa: E402
 from analysis import load_runs, tables  # noqa: E402
 from analysis.report import with_estimates  # noqa: E402
 from estimator.estimate import estimate, record_arguments  # noqa: E402
-from training.launch import launch_command, launcher_for  # noqa: E402
+from orchestration.launch import launch_command, launcher_for  # noqa: E402
 
 GiB = 2**30
 MODELS = {

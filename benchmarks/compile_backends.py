@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from training.launch import REPO, launch_command, launcher_for  # noqa: E402
+from orchestration.launch import REPO, launch_command, launcher_for  # noqa: E402
 
 BACKENDS = {  # the benchmark's sweep spec: name -> train.py flags
     "single": ("--backend", "single"),

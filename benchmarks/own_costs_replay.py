@@ -31,7 +31,7 @@ from analysis.plan.backend_costs import (POINT_RULE, at_speed, cost_seconds, fit
                                          trainable_params)
 from benchmarks.zoo import ZOO  # noqa: E402
 from benchmarks.zoo_figures import model_accuracy, question_of, spearman  # noqa: E402
-from training.describe import resolve_flags  # noqa: E402
+from simulation.describe import resolve_flags  # noqa: E402
 
 
 def speed_now(saved: dict) -> float | None:

@@ -39,8 +39,8 @@ sys.path.insert(0, str(REPO))
 
 from analysis import compact  # noqa: E402 (a RUNS_DIR read as it is: a folder, or in its compact form)
 from analysis import plan  # noqa: E402
-from training.runner import Runner  # noqa: E402
-from training.sweep import PlannedRun  # noqa: E402
+from orchestration.runner import Runner  # noqa: E402
+from orchestration.sweep import SweepRun  # noqa: E402
 
 
 def grid_medians(directory: Path) -> dict[str, float]:
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
             name = f"{cand.run_name()}-r{rnd}"
             pairs = plan.flag_pairs([*args.train_argv, *cand.flags()[2:], "--steps", str(args.steps),
                                      "--warmup_steps", "2", "--mem_profile_steps", "1", "--eval_batches", "1"])
-            outcome = runner.run(PlannedRun(name, row["backend"], cand.file, args.world, pairs))
+            outcome = runner.run(SweepRun(name, row["backend"], cand.file, args.world, pairs))
             print(f"round {rnd + 1}/{args.rounds} [{i + 1}/{len(grid)}] {outcome.line()}", flush=True)
             key = " ".join(cand.flags())
             names[key] = row

@@ -66,8 +66,8 @@ from benchmarks.zoo import ZOO  # noqa: E402
 from benchmarks.zoo_figures import (DEEPSPEED, QUESTIONS, Question, head_to_head, model_accuracy,  # noqa: E402
                                     peak_accuracy, question_of, race_on_grid)
 from core.environment import git_commit  # noqa: E402
-from training.runner import Runner  # noqa: E402
-from training.sweep import PlannedRun  # noqa: E402
+from orchestration.runner import Runner  # noqa: E402
+from orchestration.sweep import SweepRun  # noqa: E402
 
 
 def question(out: Path) -> list[str]:
@@ -108,7 +108,7 @@ def grid(runs_dir: Path, names: list[str], rounds: int, steps: int, qname: str =
                 cand = row["candidate"]
                 pairs = plan.flag_pairs([*model.flags, *cand.flags()[2:], "--steps", str(steps), "--warmup_steps",
                                          "2", "--mem_profile_steps", "1", "--eval_batches", "1"])
-                outcome = runner.run(PlannedRun(f"{cand.run_name()}-r{rnd}", row["backend"], cand.file, q.world, pairs))
+                outcome = runner.run(SweepRun(f"{cand.run_name()}-r{rnd}", row["backend"], cand.file, q.world, pairs))
                 print(f"  round {rnd + 1}/{rounds} [{i + 1}/{len(cands)}] {outcome.line()}", flush=True)
                 s = outcome.summary
                 done.append({"name": outcome.run.name, "flags": cand.flags(), "round": rnd, "status": outcome.status,
@@ -211,7 +211,7 @@ def autotune(runs_dir: Path, names: list[str], steps: int, rounds: int) -> None:
                 config = dict(fl)["deepspeed_config"]
                 pairs = tuple((k, v) for k, v in fl if k != "deepspeed_config")
                 # BACKEND-LITERAL: the sweep runner's backend name for a --deepspeed_config run
-                outcome = runner.run(PlannedRun(f"{who}-r{rnd}", "deepspeed", config, 1, pairs))
+                outcome = runner.run(SweepRun(f"{who}-r{rnd}", "deepspeed", config, 1, pairs))
                 print(f"  final {rnd + 1}/{rounds} {who}: {outcome.line()}", flush=True)
                 final[who].append(outcome.summary.samples_per_s if outcome.status == "ok" else None)
         (out / "autotune.json").write_text(json.dumps({

@@ -109,7 +109,7 @@ def init_process_group(env: DistEnv, timeout_s: float) -> None:
 
 
 def is_fake_process_group() -> bool:
-    """Whether this process runs one rank of a simulated world (training/fake_world.py)."""
+    """Whether this process runs one rank of a simulated world (simulation/fake_world.py)."""
     return dist.is_initialized() and dist.get_backend() == "fake"
 
 

@@ -31,9 +31,9 @@ from pathlib import Path
 from core.processes import alive, machine_id, start_time
 from core.summary import SCHEMA_VERSION, RunSummary
 
-# A sweep passes each run its key (training/sweep.py PlannedRun.key) in this variable; the run's
+# A sweep passes each run its key (orchestration/sweep.py SweepRun.key) in this variable; the run's
 # rank 0 writes it into its record as SWEEP_KEY_FILE right after creating the record, holding the
-# record's lock: key and record have one writer, so they never disagree (training/runner.py).
+# record's lock: key and record have one writer, so they never disagree (orchestration/runner.py).
 SWEEP_KEY_ENV = "GPTLITE_SWEEP_KEY"
 SWEEP_KEY_FILE = "sweep_key.json"
 HEARTBEAT_FILE = "heartbeat.json"

@@ -1,7 +1,7 @@
 """Checkpointing by memory budget: for each block, none, selective or full, so that the estimated
 peak per rank stays within a budget in GiB at the least recompute cost, solved exactly.
 
-    python -m analysis.estimate --preset small --micro_batch 8 --ckpt_policy auto --mem_budget_gb 0.15
+    python -m analysis.estimate_cli --preset small --micro_batch 8 --ckpt_policy auto --mem_budget_gb 0.15
 
 Every moment of a training step that the estimator weighs (estimator/estimate.py) holds the bytes
 kept for backward by the blocks below it (all blocks at the start of backward, the first i during
@@ -174,7 +174,7 @@ def measured_costs(workload, block_class: str | None, micro_batch: int, device: 
     device's free memory: the plan then weighs counted work."""
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
-        return None  # a GPU run described on a machine without one (training/describe.py): counted
+        return None  # a GPU run described on a machine without one (simulation/describe.py): counted
     if dev.type == "cuda":
         free = torch.cuda.mem_get_info(dev)[0]
     else:

@@ -1,8 +1,8 @@
 """Memory per rank for a configuration, before running it: model states and activations.
 
-    python -m analysis.estimate --world 8 --preset paper --deepspeed_config ds_configs/z3.json --device cuda
-    python -m analysis.estimate --world 2 --fsdp_config fsdp_configs/shard_grad_op.yaml --ckpt_interval 1 --json
-    python -m analysis.estimate --world 8 --model hf:llama --model_args num_hidden_layers=4,hidden_size=256 \\
+    python -m analysis.estimate_cli --world 8 --preset paper --deepspeed_config ds_configs/z3.json --device cuda
+    python -m analysis.estimate_cli --world 2 --fsdp_config fsdp_configs/shard_grad_op.yaml --ckpt_interval 1 --json
+    python -m analysis.estimate_cli --world 8 --model hf:llama --model_args num_hidden_layers=4,hidden_size=256 \\
         --deepspeed_config ds_configs/z3.json --micro_batch 4 --device cuda
 
 DeepSpeed's estimators cover model states only; the peak of a training step is usually set by

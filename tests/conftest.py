@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from training.launch import REPO, TRAIN, launch_command, launch_env  # noqa: F401 (TRAIN: for the tests)
+from orchestration.launch import REPO, TRAIN, launch_command, launch_env  # noqa: F401 (TRAIN: for the tests)
 
 from launches import LAUNCH_TIMEOUT_S, PARITY_ARGS, REFERENCE_STEPS, Launched  # noqa: F401 (for the tests)
 import forkserver  # noqa: E402
@@ -95,7 +95,7 @@ def kill_tree(root: int, sig: int = signal.SIGKILL) -> None:
 
 
 def base_env() -> dict:
-    """A launch's environment (training/launch.py), one CPU thread per rank unless told otherwise."""
+    """A launch's environment (orchestration/launch.py), one CPU thread per rank unless told otherwise."""
     env = launch_env()
     env.setdefault("OMP_NUM_THREADS", "1")
     return env
@@ -162,7 +162,7 @@ def fork_command(launcher: str, nproc: int, script: Path = TRAIN, *args) -> list
 
 
 def fork_run_python(*args) -> subprocess.CompletedProcess:
-    """training.launch.run_python's fork-launcher twin."""
+    """orchestration.launch.run_python's fork-launcher twin."""
     return python(*args)
 
 
@@ -174,25 +174,25 @@ def _popen(command, **kwargs):
     return subprocess.Popen(command, **kwargs)
 
 
-# What training/runner.py sees as `subprocess` under the fork launcher (forked_runs).
+# What orchestration/runner.py sees as `subprocess` under the fork launcher (forked_runs).
 RUNNER_SUBPROCESS = type("subprocess", (), {"Popen": staticmethod(_popen), "STDOUT": subprocess.STDOUT,
                                             "TimeoutExpired": subprocess.TimeoutExpired})
 
 
 @contextlib.contextmanager
 def forked_runs():
-    """A sweep's or the planner's runs (training/runner.py) launched by the fork launcher, as
+    """A sweep's or the planner's runs (orchestration/runner.py) launched by the fork launcher, as
     forked_launchers and launches.sweep_forked ask: each run's command is a fork launch command
     (conftest.fork_command), which the runner starts without an interpreter for it."""
-    import training.launch
-    import training.runner
-    import training.sweep
+    import orchestration.launch
+    import orchestration.runner
+    import orchestration.sweep
     from unittest import mock
 
     fork_server()
-    with mock.patch.object(training.sweep, "launch_command", fork_command), \
-            mock.patch.object(training.launch, "run_python", fork_run_python), \
-            mock.patch.object(training.runner, "subprocess", RUNNER_SUBPROCESS):
+    with mock.patch.object(orchestration.sweep, "launch_command", fork_command), \
+            mock.patch.object(orchestration.launch, "run_python", fork_run_python), \
+            mock.patch.object(orchestration.runner, "subprocess", RUNNER_SUBPROCESS):
         yield
 
 
@@ -285,7 +285,7 @@ def record(directory: Path) -> Run:
 def matrix_run(runs: Path, label: str, ckpt: int = 0) -> Run:
     """The quick matrix's record (launches "matrix") of a configuration label (single, ddp,
     fsdp.full_shard, deepspeed.z3, ...), checkpointing off or every block."""
-    # single stands in for the 2 ranks: one process, micro-batch 4 accumulated twice (training/sweep.py)
+    # single stands in for the 2 ranks: one process, micro-batch 4 accumulated twice (orchestration/sweep.py)
     shape = "w1-tiny-mb4x2" if label == "single" else "w2-tiny-mb4"
     suffix = "-ckpt1-torch_nonreentrant" if ckpt else "-ckpt0"
     return record(runs / f"{label}-{shape}-fp32{suffix}").check_ok()

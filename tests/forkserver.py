@@ -406,7 +406,7 @@ def _wait(ranks: list[dict], timeout: float | None) -> int:
 
 class Forked:
     """A launch command (`forkserver.py launch ...`) run from this process, without its interpreter:
-    the subset of subprocess.Popen that training/runner.py uses (`pid`, `returncode`, `poll`, `wait`).
+    the subset of subprocess.Popen that orchestration/runner.py uses (`pid`, `returncode`, `poll`, `wait`).
     The ranks are forked as the command would fork them, in a process group of their own whose id is
     `pid`, so signalling the group (the runner's _kill_group) reaches them as the launcher's
     forwarding would; a thread waits for them as the command would (a failing rank stops the others)."""

@@ -34,7 +34,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from training.launch import REPO
+from orchestration.launch import REPO
 
 # Small, fast and exact: no dropout, fp32, a learning rate that moves the weights from step 0.
 PARITY_ARGS = ("--preset", "tiny", "--dropout", "0", "--precision", "fp32", "--lr_warmup_steps", "0",

@@ -1,4 +1,4 @@
-"""A stand-in for a run's launcher, for the tests of the sweep runner's own behaviour (training/runner.py:
+"""A stand-in for a run's launcher, for the tests of the sweep runner's own behaviour (orchestration/runner.py:
 records, keys, locks, failures, timeouts, retries, stopping): it keeps a run's side of the protocol as
 train.py does (the record's lock, the sweep key from the environment, config.json, metrics.jsonl and
 summary.json written atomically, one line and exit 2 for refused flags, SIGTERM recorded as a failure)

@@ -12,13 +12,13 @@ sys.path.insert(0, str(STUB.parent.parent))
 
 
 def stub_command(self, runs_dir) -> list[str]:
-    """PlannedRun.command's stand-in: the stub, with the run's own train.py flags."""
+    """SweepRun.command's stand-in: the stub, with the run's own train.py flags."""
     return [sys.executable, str(STUB), *self.argv(runs_dir)]
 
 
 if __name__ == "__main__":
     import sweep
-    from training.sweep import PlannedRun
+    from orchestration.sweep import SweepRun
 
-    PlannedRun.command = stub_command
+    SweepRun.command = stub_command
     sys.exit(sweep.main(sys.argv[1:]))

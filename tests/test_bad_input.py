@@ -550,9 +550,9 @@ def test_a_replay_of_what_is_not_a_plan_is_one_line(tmp_path, capsys, plan_json,
     assert captured.out == ""
 
 
-@pytest.mark.parametrize("tool", ["report", "claims", "table"])
+@pytest.mark.parametrize("tool", ["report", "claims", "tables"])
 def test_a_report_on_no_records_is_one_line_and_writes_nothing(tmp_path, capsys, tool):
-    """analysis.report, .claims and .table on a directory holding no run record: the one line naming
+    """analysis.report, .claims and .tables on a directory holding no run record: the one line naming
     runs_dir, exit code 2, and no --out directory made."""
     import importlib
 
@@ -560,7 +560,7 @@ def test_a_report_on_no_records_is_one_line_and_writes_nothing(tmp_path, capsys,
     empty, out = tmp_path / "runs", tmp_path / "out"
     empty.mkdir()
     with pytest.raises(SystemExit) as refused:
-        module.main([str(empty), *([] if tool == "table" else ["--out", str(out)])])
+        module.main([str(empty), *([] if tool == "tables" else ["--out", str(out)])])
     assert refused.value.code == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"python -m analysis.{tool}: error: runs_dir {empty}: no run "

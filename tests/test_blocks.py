@@ -63,9 +63,9 @@ def test_a_named_class_and_the_errors():
 
 def test_a_model_without_a_repeated_block_runs_where_nothing_needs_one(tmp_path):
     """single and ddp train it; FSDP, FSDP2, checkpointing and --compile need blocks: refused in one line
-    before anything is recorded (training.run.resolve) (issue 21, case 11)."""
+    before anything is recorded (training.run.prepare_run) (issue 21, case 11)."""
     from core.config import RunConfig
-    from training.run import check_model, resolve
+    from training.run import check_model, prepare_run
 
     path = tmp_path / "plain.py"
     path.write_text("import torch\n\ndef get_model():\n    return torch.nn.Linear(4, 3)\n\n"
@@ -77,7 +77,7 @@ def test_a_model_without_a_repeated_block_runs_where_nothing_needs_one(tmp_path)
                          ({"backend": "single", "compile": True}, "--compile")]:
         with pytest.raises(ConfigError, match=rf"\(Linear\) has no repeated block .*which {needs} needs; "
                                               "--block_class NAME or run without FSDP/checkpointing"):
-            resolve(RunConfig(model=str(path), runs_dir=str(tmp_path / "runs"), run_name="r", **flags))
+            prepare_run(RunConfig(model=str(path), runs_dir=str(tmp_path / "runs"), run_name="r", **flags))
     assert not (tmp_path / "runs").exists()
 
 

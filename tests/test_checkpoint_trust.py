@@ -207,11 +207,11 @@ def test_a_dcp_checkpoint_whose_metadata_runs_code_runs_none_of_it(tmp_path):
     """The probe's first case: torch's DCP reader unpickles .metadata, in training.export and in the
     pre-start check of an FSDP2 --resume (its parameter shapes)."""
     from training.cli import config_from_argv
-    from training.run import resolve
+    from training.run import prepare_run
 
     marker = tmp_path / "ran"
     flags = ["--fsdp_config", "fsdp_configs/fsdp2.yaml", "--preset", "tiny", "--micro_batch", "2"]
-    setup = resolve(config_from_argv([*flags, "--dry_run"]))
+    setup = prepare_run(config_from_argv([*flags, "--dry_run"]))
     meta = {"step": 4, "format": "dcp", "backend": "fsdp2", "global_batch": setup.layout.global_batch,
             "model": setup.workload.description, "world_size": 2, "run_id": "theirs", "run_name": "r"}
     save_dir = tmp_path / "save"
@@ -305,19 +305,19 @@ def test_a_meta_json_holding_a_list_is_one_line_naming_it(tmp_path):
 def test_init_from_reads_only_a_signed_export_unless_trusted(tmp_path):
     from gptlite.errors import ConfigError
     from training.cli import config_from_argv
-    from training.run import resolve
+    from training.run import prepare_run
 
     flags = ["--preset", "tiny", "--steps", "9", "--runs_dir", str(tmp_path / "runs")]
-    model = resolve(config_from_argv([*flags, "--dry_run"])).workload.build(0)
+    model = prepare_run(config_from_argv([*flags, "--dry_run"])).workload.build(0)
     export = tmp_path / "theirs" / "model.pt"
     export.parent.mkdir()
     torch.save({"model": model.state_dict(), "step": 4}, export)  # an export's layout, signed by nobody
     with pytest.raises(ConfigError, match=rf"^init_from: {export} has no manifest.json signed by you: .* pass "
                                           "--trust_checkpoint"):
-        resolve(config_from_argv([*flags, "--init_from", str(export)]))
-    assert resolve(config_from_argv([*flags, "--init_from", str(export), "--trust_checkpoint"])).init["step"] == 4
+        prepare_run(config_from_argv([*flags, "--init_from", str(export)]))
+    assert prepare_run(config_from_argv([*flags, "--init_from", str(export), "--trust_checkpoint"])).init["step"] == 4
     manifest.write(export.parent, files=["model.pt"])  # as training.export signs what it writes
-    assert resolve(config_from_argv([*flags, "--init_from", str(export)])).init["step"] == 4
+    assert prepare_run(config_from_argv([*flags, "--init_from", str(export)])).init["step"] == 4
     assert not (tmp_path / "runs").exists()
 
 

@@ -114,7 +114,7 @@ def test_export_gives_the_plain_models_state_dict(runs, name, tmp_path):
 def test_no_tool_writes_into_a_checkpoint_directory_a_run_wrote(runs, name, tmp_path):
     """core/owned.py knows the layout training/checkpoint.py writes (tests/test_owned.py: every tool)."""
     from core.owned import is_checkpoint_dir
-    from training import fake_world
+    from simulation import fake_world
 
     kept = runs(name)[2]
     assert is_checkpoint_dir(kept) and all(is_checkpoint_dir(step) for step in kept.glob("step_*"))

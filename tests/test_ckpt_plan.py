@@ -142,7 +142,7 @@ def cfg_block_params(cfg):
 
 
 def test_the_cli_prints_a_plan_or_names_the_smallest_reachable_peak():
-    from analysis.estimate import main
+    from analysis.estimate_cli import main
     from conftest import in_process
 
     def cli(*args):
@@ -320,7 +320,7 @@ def _agree(rank: int, port: int, plans: list, out) -> None:
     import torch.distributed as dist
 
     from core.config import RunConfig
-    from training.run import Run
+    from training.lifecycle import Run
 
     @dataclasses.dataclass
     class Resolved:

@@ -152,7 +152,7 @@ def test_a_frozen_layers_gradients_are_not_in_the_theory_its_gathers_are():
     (73728 bytes against 40960) and, cut into its buckets, two calls where it made one."""
     from analysis import compact
     from benchmarks.zoo import ZOO
-    from training.describe import resolve_flags
+    from simulation.describe import resolve_flags
 
     grid = [g for g in compact.read_json(FROZEN / "grid.json") if g["status"] == "ok"]
     assert len(grid) == 48
@@ -186,7 +186,7 @@ def test_ddp_broadcasts_the_models_buffers_every_step_as_the_theory_prices_it():
     from analysis import compact
     from analysis.project import price_comm
     from benchmarks.zoo import ZOO
-    from training.describe import resolve_flags
+    from simulation.describe import resolve_flags
 
     seen = {}
     for model in ("cnn_bn", "llama", "bert", "gptlite", "gru_lm"):

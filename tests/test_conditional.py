@@ -26,11 +26,11 @@ BACKENDS = {  # name -> RunConfig fields
 
 
 def _resolve(tmp_path, kind, **fields):
-    from training.run import resolve
+    from training.run import prepare_run
 
-    name = f"r{len(list(tmp_path.glob('resolved-*')))}"  # resolve holds its record's name until the process ends
+    name = f"r{len(list(tmp_path.glob('resolved-*')))}"  # prepare_run holds its record's name until the process ends
     (tmp_path / f"resolved-{name}").touch()
-    return resolve(RunConfig(model=MODEL, model_args=f"kind={kind}", steps=2, runs_dir=str(tmp_path / "runs"),
+    return prepare_run(RunConfig(model=MODEL, model_args=f"kind={kind}", steps=2, runs_dir=str(tmp_path / "runs"),
                              run_name=name, **fields))
 
 

@@ -1,5 +1,5 @@
-"""One resolution for every tool that speaks about a run (training/describe.py): the configuration
-analysis.estimate, analysis.project and training.fake_world resolve from train.py's flags equals the
+"""One resolution for every tool that speaks about a run (simulation/describe.py): the configuration
+analysis.estimate_cli, analysis.project and simulation.fake_world resolve from train.py's flags equals the
 one `train.py --dry_run` prints for the same flags under a launcher of the same world."""
 
 import json
@@ -57,10 +57,10 @@ def dry_runs():
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_the_estimator_resolves_train_py_flags_as_train_py_does(case, dry_runs, capsys):
-    """analysis.estimate takes train.py's flags (names and defaults) and its `config` is the dry run's;
+    """analysis.estimate_cli takes train.py's flags (names and defaults) and its `config` is the dry run's;
     the estimate itself is the estimate of that record (what the report gives the run)."""
     from estimator.estimate import estimate_from_record
-    from analysis.estimate import main
+    from analysis.estimate_cli import main
 
     flags, world = CASES[case]
     assert main(["--world", str(world), *flags, "--json"]) == 0
@@ -75,7 +75,7 @@ def test_an_fsdp_file_is_estimated_at_the_precision_train_py_runs_it():
     """`--precision bf16` with an FSDP file: the run gathers bf16 parameters, and so does the estimate
     (it used to estimate the file's fp32)."""
     from estimator.estimate import estimate_from_record
-    from training.describe import describe
+    from simulation.describe import describe
 
     flags = ["--fsdp_config", "fsdp_configs/shard_grad_op.yaml", "--preset", "tiny"]
     fp32, bf16 = (estimate_from_record(describe([*flags, "--precision", p], world=2)) for p in ("fp32", "bf16"))
@@ -83,7 +83,7 @@ def test_an_fsdp_file_is_estimated_at_the_precision_train_py_runs_it():
 
 
 def test_a_plan_the_estimator_prints_is_the_plan_train_py_runs(dry_runs, capsys):
-    from analysis.estimate import main
+    from analysis.estimate_cli import main
 
     flags, world = CASES["auto"]
     assert main([*flags, "--json"]) == 0
@@ -115,7 +115,7 @@ def test_the_projection_resolves_each_configuration_as_train_py_does(entry):
     (["--ckpt_policy", "auto"], "mem_budget_gb"),
 ])
 def test_the_estimator_refuses_what_train_py_refuses_in_one_line(argv, message):
-    from analysis.estimate import main
+    from analysis.estimate_cli import main
 
     proc = in_process(main, argv)  # the logic; tests/test_trust.py runs the CLI's refusals as processes
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
@@ -124,7 +124,7 @@ def test_the_estimator_refuses_what_train_py_refuses_in_one_line(argv, message):
 
 @pytest.mark.distributed
 def test_a_simulated_world_runs_the_configuration_train_py_resolves(dry_runs, tmp_path):
-    """training.fake_world runs the flags as train.py resolves them: its run's settings and backend plan
+    """simulation.fake_world runs the flags as train.py resolves them: its run's settings and backend plan
     are the dry run's, but for the settings fake_world owns (steps, where it writes)."""
     owned = {"steps", "warmup_steps", "eval_batches", "quiet", "runs_dir", "run_name", "nvme_path", "dry_run"}
     cases = ("fsdp-bf16", "z3")
@@ -132,7 +132,7 @@ def test_a_simulated_world_runs_the_configuration_train_py_resolves(dry_runs, tm
     from conftest import python
 
     proc = python(REPO / "tests" / "fake_world_batch.py", tmp_path / "cases.json", tmp_path / "out.json",
-                  timeout=600)  # training.fake_world.simulate, both in one process
+                  timeout=600)  # simulation.fake_world.simulate, both in one process
     assert proc.returncode == 0, proc.stderr
     for case, result in zip(cases, json.loads((tmp_path / "out.json").read_text())):
         flags, world = CASES[case]
@@ -160,7 +160,7 @@ def test_resolving_for_a_tool_touches_no_record_checkpoint_or_lock(tmp_path, fla
     in the runs directory or the checkpoint directory it names, whoever owns them (issue 41)."""
     import sys
 
-    from training.describe import resolve_flags
+    from simulation.describe import resolve_flags
 
     runs, ck = tmp_path / "runs", tmp_path / "ck"
     # a finished run someone else owns: its config, per-step metrics and summary

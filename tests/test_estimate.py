@@ -44,7 +44,7 @@ def test_counts_are_the_models():
 
 @pytest.mark.launch
 def test_cli_prints_json_with_every_part():
-    proc = subprocess.run([sys.executable, "-m", "analysis.estimate", "--preset", "paper", "--world", "8",
+    proc = subprocess.run([sys.executable, "-m", "analysis.estimate_cli", "--preset", "paper", "--world", "8",
                            "--deepspeed_config", "ds_configs/z3.json", "--micro_batch", "2", "--precision", "bf16", "--json"],
                           cwd=REPO, env=base_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -123,7 +123,7 @@ def test_estimate_against_every_backend_of_the_quick_matrix(launches, request):
 
 
 def _estimate_cli(capsys, *argv: str) -> tuple[int, dict | str]:
-    from analysis.estimate import main
+    from analysis.estimate_cli import main
 
     try:
         code = main([*argv, "--device", "cpu", "--json"])
@@ -168,7 +168,7 @@ UNFAKEABLE = {
 
 @pytest.mark.parametrize("model", list(UNFAKEABLE))
 def test_models_built_from_data_are_estimated_and_counted(model, capsys):
-    from analysis.estimate import main
+    from analysis.estimate_cli import main
     from core.flops import sample_flops
     import models
 
@@ -615,7 +615,7 @@ def test_a_speech_encoders_measured_peaks_are_estimated_within_ten_percent():
     the same flags. Before the front end's backward was counted, the one-process runs with every block
     checkpointed were 11.5-18.6% under."""
     from benchmarks.zoo import ZOO
-    from training.describe import describe
+    from simulation.describe import describe
 
     measured = json.loads((REPO / "tests" / "speech_ctc_peaks.json").read_text())
     errors = {}

@@ -161,7 +161,7 @@ def _failed_run(tmp_path: Path, error: BaseException) -> dict:
     """What training/run.py records for `error` raised in rank 0 of a running run: its summary."""
     from core.records import RunRecord
     from core.summary import RunSummary
-    from training.run import Run
+    from training.lifecycle import Run
 
     env = SimpleNamespace(rank=0, is_main=True, world_size=1)
     run = Run(SimpleNamespace(cfg=SimpleNamespace(backend="fsdp2"), env=env, resume=None))
@@ -184,7 +184,7 @@ def test_sigterm_during_a_sharded_save_is_recorded_as_terminated(tmp_path):
     from torch.distributed.checkpoint import FileSystemWriter
 
     from training import checkpoint
-    from training.run import _raise_terminated
+    from training.lifecycle import _raise_terminated
 
     class StoppedWhileWriting(FileSystemWriter):
         def write_data(self, plan, planner):
@@ -211,7 +211,7 @@ def test_a_stop_dcp_gathered_from_another_rank_is_recorded_as_that_ranks(tmp_pat
     """DCP hands every rank the failures it gathered: rank 0 records rank 1's SIGTERM as rank 1's."""
     from torch.distributed.checkpoint.api import CheckpointException
 
-    from training.run import Terminated
+    from training.lifecycle import Terminated
 
     gathered = CheckpointException("write", {1: (Terminated("terminated by signal SIGTERM (the launcher)"), None)})
     summary = _failed_run(tmp_path, gathered)
@@ -240,7 +240,7 @@ def test_a_run_whose_record_becomes_unwritable_is_never_shown_running(tmp_path):
     and neither rewrites it."""
     import sweep as sweep_cli
     from analysis import load_runs
-    from training.sweep import expand, load_spec
+    from orchestration.sweep import expand, load_spec
 
     skip = _can_make_immutable(tmp_path)
     if skip:
@@ -300,8 +300,8 @@ def test_a_running_record_is_shown_dead_by_its_heartbeat(tmp_path):
     from analysis import load_runs
     from core.records import SWEEP_KEY_FILE
     from core.summary import RunSummary
-    from training.slurm import SlurmSettings, SlurmSweep
-    from training.sweep import PlannedRun
+    from orchestration.slurm import SlurmSettings, SlurmSweep
+    from orchestration.sweep import SweepRun
 
     if not Path("/proc/sys/kernel/random/boot_id").exists():
         pytest.skip("no /proc here: a heartbeat from this machine is judged by its pid through /proc (Linux)")
@@ -311,7 +311,7 @@ def test_a_running_record_is_shown_dead_by_its_heartbeat(tmp_path):
              "fresh": {"machine": "elsewhere", "host": "node7"}, "alive": {}, "old": None}
     planned = []
     for name, beat in cases.items():
-        run = PlannedRun(name, "single", None, 1, (("steps", 5),))
+        run = SweepRun(name, "single", None, 1, (("steps", 5),))
         planned.append(run)
         (runs / name).mkdir(parents=True)
         (runs / name / "summary.json").write_text(json.dumps(RunSummary(name, backend="single").to_dict()))

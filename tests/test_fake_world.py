@@ -1,4 +1,4 @@
-"""training.fake_world: one process as rank 0 of W ranks predicts the real run's collectives and memory."""
+"""simulation.fake_world: one process as rank 0 of W ranks predicts the real run's collectives and memory."""
 
 import json
 import subprocess
@@ -15,7 +15,7 @@ DROPPED = {"--runs_dir", "--run_name", "--local_rank"}  # the record's own place
 
 def _fake_world(world: int, train_flags: list[str], tmp_path, gpus_per_node: int = 8) -> dict:
     out = tmp_path / "fake"
-    proc = python("-m", "training.fake_world", "--world", world, "--gpus_per_node", gpus_per_node, "--out", out,
+    proc = python("-m", "simulation.fake_world", "--world", world, "--gpus_per_node", gpus_per_node, "--out", out,
                   "--json", "--", *train_flags, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     result = json.loads((out / "fake_world.json").read_text())
@@ -103,7 +103,7 @@ def test_ddp_all_reduces_in_the_buckets_its_flag_sets(tmp_path):
         assert comm["collectives"]["all_reduce"]["bytes"] == 846848
         calls[cap] = comm["collectives"]["all_reduce"]["calls"]
     from backends.ddp import buckets
-    from training.describe import resolve_flags
+    from simulation.describe import resolve_flags
 
     sizes = resolve_flags(["--preset", "tiny", "--backend", "ddp"], 2, 2).workload.param_sizes
     assert calls == {None: len(buckets(sizes, 2**20, 25 * 2**20)), "0.1": len(buckets(sizes, *(0.1 * 2**20,) * 2))}
@@ -134,11 +134,11 @@ AS_PROCESS = (0, 3)  # the exit code and the one line of the process itself; the
                                   for i in range(len(BAD))])
 def test_bad_input_is_refused_in_one_line(case):
     from conftest import in_process
-    from training import fake_world
+    from simulation import fake_world
 
     args = BAD[case]
     if case in AS_PROCESS:
-        proc = subprocess.run([sys.executable, "-m", "training.fake_world", *args], cwd=REPO, env=base_env(),
+        proc = subprocess.run([sys.executable, "-m", "simulation.fake_world", *args], cwd=REPO, env=base_env(),
                               capture_output=True, text=True, timeout=120)
     else:
         proc = in_process(fake_world.main, args)
@@ -151,7 +151,7 @@ def test_bad_input_is_refused_in_one_line(case):
 def test_every_spelling_of_an_output_flag_is_refused_before_simulating(flags, tmp_path, monkeypatch, capsys):
     """In-process: a simulated run must never write into a real run's record, checkpoints or NVMe
     swap files, however a flag is spelled (argparse would take an abbreviation)."""
-    from training import fake_world
+    from simulation import fake_world
 
     def simulate(*args):
         raise AssertionError("simulated")
@@ -162,7 +162,7 @@ def test_every_spelling_of_an_output_flag_is_refused_before_simulating(flags, tm
         fake_world.main(["--world", "2", "--", "--preset", "tiny", *[f.replace("{DIR}", str(target)) for f in flags]])
     assert refused.value.code == 2
     err = capsys.readouterr().err
-    assert len(err.strip().splitlines()) == 1 and err.startswith("python -m training.fake_world: error:"), err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("python -m simulation.fake_world: error:"), err
     assert not target.exists()
 
 
@@ -177,7 +177,7 @@ def test_every_spelling_of_an_output_flag_is_refused_before_simulating(flags, tm
 def test_what_would_fail_after_simulating_is_refused_before(own, message, tmp_path, monkeypatch, capsys):
     """In-process: a bad --out, or a world too large for this machine's memory (bad_alloc otherwise),
     refused in one line before the simulation starts."""
-    from training import fake_world
+    from simulation import fake_world
 
     def simulate(*args):
         raise AssertionError("simulated")
@@ -197,7 +197,7 @@ def test_what_would_fail_after_simulating_is_refused_before(own, message, tmp_pa
 
 
 def test_a_world_that_fits_is_simulated(monkeypatch):
-    from training import fake_world
+    from simulation import fake_world
     from training.cli import config_from_argv
 
     monkeypatch.setattr(fake_world, "available_memory", lambda: 8 * 2**30)
@@ -210,7 +210,7 @@ def test_a_simulated_rank_whose_own_step_would_not_fit_is_refused_before_simulat
     bookkeeping (the paper preset under ZeRO-3 at world 64, the --help example, was killed by the kernel).
     The same flags at a preset that fits pass; the machine's memory is set, not read."""
     from gptlite.errors import ConfigError
-    from training import fake_world
+    from simulation import fake_world
     from training.cli import config_from_argv
 
     monkeypatch.setattr(fake_world, "available_memory", lambda: 8 * 2**30)

@@ -109,13 +109,13 @@ def test_a_hybrid_checkpoint_exports_the_plain_model(launches, request, tmp_path
 
 # ------------------------------------------------------------------ bad shapes, one line each
 def _estimate(tmp_path, text: str, world: int, per_node: int, suffix=".yaml"):
-    from analysis import estimate
+    from analysis import estimate_cli
 
     path = tmp_path / f"c{suffix}"
     path.write_text(text)
     flag = "--fsdp_config" if suffix == ".yaml" else "--deepspeed_config"
-    return in_process(estimate.main, ["--world", str(world), "--gpus_per_node", str(per_node), "--preset", "tiny",
-                                      flag, str(path)])
+    return in_process(estimate_cli.main, ["--world", str(world), "--gpus_per_node", str(per_node), "--preset", "tiny",
+                                          flag, str(path)])
 
 
 FSDP2 = "backend: fsdp2\n"
@@ -198,7 +198,7 @@ def test_a_shard_group_spanning_nodes_is_refused_under_two_node_launchers(tmp_pa
 
 # ------------------------------------------------------------------ theory, in process
 def _theory(flags: list[str], world: int, per_node: int) -> dict:
-    from training.describe import resolve_flags
+    from simulation.describe import resolve_flags
 
     setup = resolve_flags(["--preset", "tiny", *flags], world, per_node)
     return setup.resolved.build(setup.env).comm_theory(setup.n_params, setup.workload.n_trainable), setup.n_params

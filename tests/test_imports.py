@@ -5,7 +5,7 @@ import ast
 
 from conftest import REPO
 
-PACKAGES = ["gptlite", "models", "core", "backends", "estimator", "training", "analysis"]
+PACKAGES = ["gptlite", "models", "core", "backends", "estimator", "training", "simulation", "orchestration", "analysis"]
 
 
 def _module_of(path) -> str:

@@ -1,7 +1,9 @@
 """The packages form layers that point one way, and a run loads only its own backend's library.
 
 gptlite (model, data) <- models (any model and its data) <- core (config, records, memory, dist) <- backends <-
-estimator (memory per rank, --ckpt_policy auto's plan) <- training (loop, run, sweep, CLI) <- analysis. The packages' modules are imported in one fresh interpreter, layer by layer
+estimator (memory per rank, --ckpt_policy auto's plan) <- training (one run: loop, run, CLI) <- simulation
+(describe, fake_world) <- orchestration (many runs: sweep, runner, Slurm) <- analysis. The packages' modules are
+imported in one fresh interpreter, layer by layer
 from the bottom: what each layer's imports newly load must belong to that layer or one below it
 (a module of a higher layer loaded earlier was loaded by a lower layer, whose check failed then).
 """
@@ -15,7 +17,7 @@ import pytest
 
 from conftest import REPO, TRAIN, base_env
 
-LAYERS = ["gptlite", "models", "core", "backends", "estimator", "training", "analysis"]
+LAYERS = ["gptlite", "models", "core", "backends", "estimator", "training", "simulation", "orchestration", "analysis"]
 
 pytestmark = pytest.mark.launch  # fresh interpreters: what a package loads, from nothing
 

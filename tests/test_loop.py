@@ -19,7 +19,9 @@ from core.config import RunConfig
 from core.dist import DistEnv
 from core.memory import MemoryAccounting
 from training.loop import accumulate_gradients
-from training.run import EXIT_FAILED, EXIT_OK, Run, Setup, resolve
+from training.lifecycle import EXIT_FAILED, EXIT_OK, Run
+from training.run import prepare_run
+from training.setup import Setup
 
 TEXT = "".join(chr(ord("a") + (i * 7) % 26) for i in range(4000))
 
@@ -107,7 +109,7 @@ def make_setup(tmp_path, fail=None, **flags) -> Setup:
     text = tmp_path / "text.txt"
     text.write_text(TEXT)
     cfg = dataclasses.replace(cfg, data=str(text))
-    return resolve(cfg, env, Resolved(Failing, cfg))
+    return prepare_run(cfg, env, Resolved(Failing, cfg))
 
 
 def read(tmp_path, name):

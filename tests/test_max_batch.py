@@ -7,9 +7,9 @@ import pytest
 import yaml
 
 from core.summary import RunSummary
-from training.max_batch import SearchError, largest_fitting, search
-from training.runner import Outcome
-from training.sweep import PlannedRun
+from orchestration.max_batch import SearchError, largest_fitting, search
+from orchestration.runner import Outcome
+from orchestration.sweep import SweepRun
 
 
 @pytest.mark.parametrize("limit", [1, 2, 3, 5, 37, 64, 100, 1000])
@@ -46,7 +46,7 @@ class FakeRunner:
         return Outcome(planned, summary, 1.0)
 
 
-BASE = PlannedRun("ddp-w2-tiny-mb8-fp32-ckpt0", "ddp", None, 2, (("micro_batch", 8), ("steps", 20)),
+BASE = SweepRun("ddp-w2-tiny-mb8-fp32-ckpt0", "ddp", None, 2, (("micro_batch", 8), ("steps", 20)),
                   config_key="ddp-w2-tiny-fp32-ckpt0")
 
 
@@ -90,7 +90,7 @@ def test_a_probe_under_another_budget_is_never_taken_as_done(tmp_path):
     """A search's probes are keyed by everything they ran with, the budget included."""
     from core.records import atomic_write_json
     from gptlite.errors import ConfigError
-    from training.runner import Runner
+    from orchestration.runner import Runner
 
     runner = Runner(tmp_path, timeout_s=60)
     probe = BASE.with_flags("probe-mb4", micro_batch=4, mem_budget_gb=0.01)

@@ -382,13 +382,13 @@ FILE_CASES = [
 
 @pytest.mark.parametrize("name, body, error, message", FILE_CASES, ids=[c[0] for c in FILE_CASES])
 def test_a_model_file_and_its_data_are_checked_before_anything_is_recorded(tmp_path, name, body, error, message):
-    """Through training.run.resolve, as train.py calls it on every rank: one line, before any record."""
-    from training.run import resolve
+    """Through training.run.prepare_run, as train.py calls it on every rank: one line, before any record."""
+    from training.run import prepare_run
 
     cfg = RunConfig(model=write_model_file(tmp_path, HEAD + body), backend="single", steps=2,
                     runs_dir=str(tmp_path / "runs"), run_name="r")
     with pytest.raises(error, match=message) as caught:
-        resolve(cfg)
+        prepare_run(cfg)
     assert "\n" not in str(caught.value)
     assert not (tmp_path / "runs").exists()
 

@@ -52,7 +52,7 @@ def _export(out, runs, ck):
 
 
 def _fake_world(out, runs, ck):
-    from training import fake_world
+    from simulation import fake_world
 
     return in_process(fake_world.main, ["--world", "2", "--out", out, "--", "--preset", "tiny", "--steps", "2"])
 

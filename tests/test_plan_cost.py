@@ -20,7 +20,7 @@ def h100():
 
 
 def _schedule(*flags: str) -> dict:
-    from training.describe import resolve_flags
+    from simulation.describe import resolve_flags
 
     setup = resolve_flags([*TINY, *flags], 2, 2)
     return setup.resolved.build(setup.env).comm_schedule(setup.workload.param_sizes)
@@ -70,7 +70,7 @@ def test_on_a_named_gpu_selective_checkpointing_recomputes_only_what_it_does_not
     third of full's cost (runs/reference/nvidia-h200/README.md)."""
     from backends.activation_checkpointing import SELECTIVE_SAVE_OPS
     from core.flops import sample_flops
-    from training.describe import resolve_flags
+    from simulation.describe import resolve_flags
 
     argv = [*TINY, "--attention", "sdpa"]
     rows = {ckpt: plan.evaluate(plan.Candidate("single", 8, 1, ckpt), argv, 1, 1, 10.0, h100())
@@ -121,7 +121,7 @@ def test_the_pick_is_the_run_train_py_resolves_from_the_printed_command():
                         [*TINY, "--precision", "bf16"], 2, 2, 10.0, here)
     argv = shlex.split(row["command"])
     assert argv[:3] == ["torchrun", "--nproc_per_node", "2"] and argv[3] == "train.py"
-    from training.describe import describe
+    from simulation.describe import describe
 
     described, printed = describe(argv[4:], 2), dry_run(argv[4:], 2)
     described.pop("environment", None)
@@ -175,7 +175,7 @@ def test_a_frozen_fsdp_unit_is_priced_without_its_reduce_scatter():
     import torch
 
     from analysis.plan import backend_costs as bc
-    from training.describe import resolve_flags
+    from simulation.describe import resolve_flags
 
     flags = ["--model", str(REPO / "benchmarks/zoo/frozen_tied.py"), "--fsdp_config", "fsdp_configs/fsdp2.yaml"]
     setup = resolve_flags(flags, 2)
@@ -201,7 +201,7 @@ def test_a_configurations_measured_cost_is_added_to_its_step_and_left_out_of_the
     and the root, else trainable tensors)) on top of the same step without, and no other
     configuration's; the refit takes it as given."""
     from analysis.plan import backend_costs as bc
-    from training.describe import resolve_flags
+    from simulation.describe import resolve_flags
 
     link = plan.Link(1.0, 100.0, "test")
     costs = {"per_step_s": 0.01, "per_micro_step_s": 0.003, "per_item_s": 2e-5, "per_param_s": 1e-8,

@@ -91,7 +91,7 @@ def test_the_default_with_nothing_kept_prices_with_the_costs_shipped_for_this_ki
     line = next(a for a in out["assumptions"] if a.startswith("each configuration's own cost"))
     assert "not measured here, shipped for this machine's kind" in line and line.endswith("measures them here): ddp")
     assert "torch 0.0.1 (here " in line and "priced at 0" not in line
-    from training.describe import resolve_flags
+    from simulation.describe import resolve_flags
 
     tensors = bc.items(resolve_flags([*TINY, "--backend", "ddp"], 2), "ddp")[1]
     fitting = [c for c in out["candidates"] if c.get("fits")]
@@ -142,7 +142,7 @@ def test_a_quick_measurement_calibrates_the_probe_once_for_every_configuration(t
     configuration's own (the machine's speed drifts between them) and runs each point REPEATS times."""
     from types import SimpleNamespace
 
-    import training.runner
+    import orchestration.runner
 
     monkeypatch.setenv("GPTLITE_BACKEND_COSTS", str(tmp_path / "kept.json"))
     monkeypatch.setattr(probe, "reference_seconds", lambda: 1e-3)
@@ -157,7 +157,7 @@ def test_a_quick_measurement_calibrates_the_probe_once_for_every_configuration(t
             summary = SimpleNamespace(samples_per_s=100.0, error=None)
             return SimpleNamespace(status="ok", summary=summary, line=lambda: f"{planned.name}: ok")
 
-    monkeypatch.setattr(training.runner, "Runner", Runner)
+    monkeypatch.setattr(orchestration.runner, "Runner", Runner)
     calibrated = []
 
     def device(model, micro_batches):

@@ -129,7 +129,7 @@ def test_the_calibration_times_its_two_micro_batches_taking_turns(monkeypatch):
     alone in the machine's first seconds (an H100 timed the first at 59 ms where the runs said 43:
     runs/reference/nvidia-h100-80gb-hbm3-plan)."""
     from estimator import checkpointing_plan as ckpt_plan
-    from training.describe import resolve_flags
+    from simulation.describe import resolve_flags
 
     order, first = [], []
     real = ckpt_plan.forward_backward

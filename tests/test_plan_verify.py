@@ -29,16 +29,16 @@ def test_to_verify_takes_the_top_and_two_from_further_down():
 
 
 def _fake_runner(monkeypatch, speeds: dict, peak=lambda config, rate: 0.5):
-    """training.runner.Runner replaced: each run's samples/s from `speeds` by its configuration's
+    """orchestration.runner.Runner replaced: each run's samples/s from `speeds` by its configuration's
     name, given its steps (a callable, or a number; None: out of memory), its peak in GiB
     peak(config, rate), each run 10 s. Returns the (name, steps) of the runs, in order."""
     from types import SimpleNamespace
 
-    import training.runner
+    import orchestration.runner
 
     ran = []
 
-    class Runner:  # training/runner.LocalSweep's runner
+    class Runner:  # orchestration/runner.LocalSweep's runner
         def __init__(self, directory, timeout_s, retry_failed=False):
             self.directory_lock = SimpleNamespace(release=lambda: None)
 
@@ -59,7 +59,7 @@ def _fake_runner(monkeypatch, speeds: dict, peak=lambda config, rate: 0.5):
             return SimpleNamespace(status="ok" if rate else "oom", summary=summary, line=lambda: planned.name,
                                    seconds=10.0, skipped=False)
 
-    monkeypatch.setattr(training.runner, "Runner", Runner)
+    monkeypatch.setattr(orchestration.runner, "Runner", Runner)
     return ran
 
 

@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from conftest import REPO, base_env, in_process, train
-from training.slurm import SlurmSettings, node_command, shape_of
-from training.sweep import expand, load_spec
+from orchestration.slurm import SlurmSettings, node_command, shape_of
+from orchestration.sweep import expand, load_spec
 
 SWEEP = REPO / "sweep.py"
 SCRIPT = REPO / "tools" / "slurm_local.sh"
@@ -341,7 +341,7 @@ def test_a_local_rerun_continues_a_checkpointed_run(tmp_path):
     """The same resume path locally: a run stopped after its first checkpoint continues there
     when the spec runs again, into the same record."""
     from core.records import SWEEP_KEY_ENV
-    from training.runner import Runner
+    from orchestration.runner import Runner
 
     spec = load_spec(str(_write(tmp_path, {"name": "s", "runs_dir": str(tmp_path / "r"), "steps": 6,
                                           "train_args": {"save_every": 3, "warmup_steps": 1, "eval_batches": 1},
@@ -358,7 +358,7 @@ def test_a_local_rerun_continues_a_checkpointed_run(tmp_path):
 
 
 def test_only_runs_with_checkpoints_are_left_requeueable_after_a_node_failure(tmp_path):
-    from training.slurm import _requeue_option
+    from orchestration.slurm import _requeue_option
 
     plain = expand(load_spec(str(_write(tmp_path, {"name": "a", "runs_dir": str(tmp_path / "a"),
                                                    "matrix": {"backend": ["ddp"]}}, "a.yaml"))))[0]

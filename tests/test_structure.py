@@ -39,7 +39,7 @@ HEAVY_OPTIONAL = {
     "pyarrow": "datasets' column store, loaded with it: tokenized text only (models/text_data.py)",
     "torchvision": "optional and may not import at all (PyPI's wheels are CUDA builds; no CPU build matches "
                    "the pinned CPU torch): torchvision: models only (models/vision.py)",
-    "submitit": "heavy optional: --executor slurm only (training/slurm.py)",
+    "submitit": "heavy optional: --executor slurm only (orchestration/slurm.py)",
     "wandb": "heavy optional: --tracker wandb only (training/trackers.py)",
     "torch.utils.tensorboard": "heavy optional (tensorboard): --tracker tensorboard only (training/trackers.py)",
     "matplotlib": "figures only: a command that draws none does not load it",
@@ -58,7 +58,7 @@ LOCAL_IMPORTS = {
 PENDING = {
     "functions": {"estimator/estimate.py:estimate", "analysis/plan/__init__.py:_main",
                   "estimator/traced_model.py:_trace"},
-    "modules": {"core/config.py", "estimator/estimate.py", "training/run.py", "training/sweep.py",
+    "modules": {"core/config.py", "estimator/estimate.py", "training/run.py", "orchestration/sweep.py",
                 "analysis/plan/device.py", "analysis/plan/__init__.py"},
     # Modules (or folders) whose function-local imports are not yet named above.
     "local_imports_in": ("analysis/", "backends/", "estimator/", "training/", "core/comm.py", "core/config.py",

@@ -16,7 +16,7 @@ import yaml
 from conftest import REPO, base_env, in_process
 from models.spec import parse_model_args
 from stub_sweep import stub_command
-from training.sweep import expand, load_spec
+from orchestration.sweep import expand, load_spec
 
 SWEEP = REPO / "sweep.py"
 
@@ -42,9 +42,9 @@ def _sweep_here(*args, timeout=None):
 @pytest.fixture
 def stubbed(monkeypatch):
     """Every run the sweep launches is tests/stub_run.py (the runner's behaviour, no launch per run)."""
-    from training.sweep import PlannedRun
+    from orchestration.sweep import SweepRun
 
-    monkeypatch.setattr(PlannedRun, "command", stub_command)
+    monkeypatch.setattr(SweepRun, "command", stub_command)
 
 
 def test_expansion_rules(tmp_path):
@@ -180,6 +180,31 @@ def test_a_sweep_records_a_failure_goes_on_and_a_rerun_skips_what_is_done(tmp_pa
 
 
 @pytest.mark.launch
+def test_orchestration_runs_one_run_and_a_sweep_of_runs_through_its_public_functions(tmp_path, stubbed):
+    """orchestration.run_one (the planner's one call per candidate) launches a run and waits for it, and
+    reuses its record when asked again; run_many runs several in order as one sweep holding the folder,
+    a failing one recorded as failed and the next still run."""
+    import orchestration
+    from orchestration import SweepRun, run_many, run_one
+
+    flags = (("preset", "tiny"), ("steps", 2), ("micro_batch", 2))
+    run = SweepRun("one", "single", None, 1, flags)
+    first = run_one(run, tmp_path / "a", 600)
+    assert first.status == "ok" and not first.skipped, first.line()
+    assert json.loads((tmp_path / "a" / "one" / "summary.json").read_text())["status"] == "ok"
+    again = run_one(run, tmp_path / "a", 600)
+    assert again.status == "ok" and again.skipped  # the same run's record, reused, not rerun
+
+    failing = SweepRun("two", "single", None, 1, flags, env=(("GPTLITE_FAULT", "kind=error,step=1"),))
+    lines = []
+    outcomes = run_many("s", tmp_path / "b", 600, [failing, SweepRun("three", "single", None, 1, flags)],
+                        report=lines.append)
+    assert [(o.run.name, o.status) for o in outcomes] == [("two", "failed"), ("three", "ok")]
+    assert any("two: failed" in line for line in lines)
+    assert orchestration.executor_for is orchestration.executors.executor_for  # one interface, not a copy
+
+
+@pytest.mark.launch
 def test_a_run_past_its_timeout_is_killed_and_recorded(tmp_path, stubbed):
     spec = _spec(tmp_path, steps=3, timeout_s=3, matrix={"backend": ["ddp"], "micro_batch": [2], "world_size": [2]},
                  train_args={"mem_profile_steps": 0}, env={"GPTLITE_FAULT": "kind=hang,step=1"})
@@ -312,7 +337,7 @@ MODEL_FILES = {"{syntax}": "def get_model(:\n",
 ])
 def test_every_model_of_a_matrix_is_resolved_before_the_first_run(tmp_path, model, train_args, message):
     from gptlite.errors import ConfigError
-    from training.sweep import check_runs
+    from orchestration.checks import check_runs
 
     if isinstance(model, str) and model in MODEL_FILES:
         (tmp_path / "bad_model.py").write_text(MODEL_FILES[model])
@@ -331,7 +356,7 @@ def test_a_model_without_blocks_is_refused_for_the_runs_that_need_them(tmp_path)
     """single and ddp train a model without a repeated block; a sweep that also puts it under FSDP is
     refused whole, naming that run (case 11)."""
     from gptlite.errors import ConfigError
-    from training.sweep import check_runs
+    from orchestration.checks import check_runs
 
     (tmp_path / "plain.py").write_text(MODEL_FILES["{plain}"])
     spec = load_spec(_spec(tmp_path, matrix={"backend": ["single", "ddp"], "model": [str(tmp_path / "plain.py")]}))
@@ -344,7 +369,7 @@ def test_a_model_without_blocks_is_refused_for_the_runs_that_need_them(tmp_path)
 
 def test_each_distinct_model_is_resolved_once(tmp_path, monkeypatch):
     import training.run
-    from training.sweep import check_runs
+    from orchestration.checks import check_runs
 
     seen, blocks = [], set()
     monkeypatch.setattr(training.run, "check_model", lambda cfg: seen.append((cfg.model, cfg.model_args)) or cfg.model)
@@ -419,7 +444,7 @@ def test_a_run_another_process_holds_is_left_alone(tmp_path, state):
     """Another sweep's run holds the record's lock (before or after creating its record): the
     runner launches nothing, writes no key, no log and no summary, and says so."""
     from training.locks import RecordLock
-    from training.runner import Runner
+    from orchestration.runner import Runner
 
     runs = tmp_path / "runs"
     planned = _planned(tmp_path)
@@ -437,7 +462,7 @@ def test_a_record_of_a_run_that_never_got_going_does_not_pin_its_name(tmp_path):
     """A corrected spec replaces the record of a run that was refused or failed before it wrote its
     config; a record of other settings that trained (ok, or failed after starting) stays refused."""
     from gptlite.errors import ConfigError
-    from training.runner import Runner
+    from orchestration.runner import Runner
 
     runs = tmp_path / "runs"
     old, corrected = _planned(tmp_path, lr=0.5), _planned(tmp_path)
@@ -454,7 +479,7 @@ def test_a_record_of_a_run_that_never_got_going_does_not_pin_its_name(tmp_path):
 def test_status_applies_the_rule_running_applies(tmp_path):
     """A record of its name made by another spec (steps 25, then 3: issue 39, case 6) was reported ok by
     --status while running refused it: --status now says other settings, and leaves it as it is."""
-    from training.slurm import SlurmSettings, SlurmSweep
+    from orchestration.slurm import SlurmSettings, SlurmSweep
 
     runs = tmp_path / "runs"
     mine, other = _planned(tmp_path), _planned(tmp_path, lr=0.5)
@@ -487,7 +512,7 @@ def test_a_refused_run_is_recorded_with_its_key_and_a_corrected_spec_replaces_it
     """The runner records a run train.py refused (with the run's key, never a record that is not
     its own); a corrected spec then runs in its place; a run's key is written by the run itself."""
     from core.records import SWEEP_KEY_FILE
-    from training.runner import Runner
+    from orchestration.runner import Runner
 
     runs = tmp_path / "runs"
     runner = Runner(runs, timeout_s=300)
@@ -570,7 +595,7 @@ def test_a_stopped_run_is_ended_by_its_sigterm_not_left_for_the_kill():
     once: SIGCONT follows, as Slurm sends them, instead of SIGKILL after the grace period."""
     import signal
 
-    from training.runner import _kill_group
+    from orchestration.runner import _kill_group
 
     # A process that handles SIGTERM (as train.py does); one that does not dies of it even stopped.
     proc = subprocess.Popen([sys.executable, "-c", "import signal, sys, time\n"
@@ -583,14 +608,14 @@ def test_a_stopped_run_is_ended_by_its_sigterm_not_left_for_the_kill():
 
 
 def test_the_local_and_slurm_executors_share_one_interface(tmp_path):
-    """training/executors.py: sweep.py and the planner's verification call either alike."""
+    """orchestration/executors.py: sweep.py and the planner's verification call either alike."""
     import inspect
 
     from gptlite.errors import ConfigError
-    from training.executors import executor_for
-    from training.runner import LocalSweep
-    from training.slurm import SlurmSweep
-    from training.sweep import SlurmSettings
+    from orchestration.executors import executor_for
+    from orchestration.runner import LocalSweep
+    from orchestration.slurm import SlurmSweep
+    from orchestration.sweep import SlurmSettings
 
     run = _planned(tmp_path)
     local = executor_for("t", tmp_path / "runs", 60, [run])

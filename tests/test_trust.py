@@ -1,6 +1,6 @@
 """The tools around runs keep their promises on damaged or wrong input (no launches: fast).
 
-analysis.report / analysis.table read past a damaged record; report, export and estimate refuse
+analysis.report / analysis.tables read past a damaged record; report, export and estimate refuse
 bad arguments with one line and exit code 2; a run's failure is worded so that it can be acted on
 (Ctrl-C, a failed CPU allocation is out of memory); --help shows only the suite's own flags.
 """
@@ -18,7 +18,7 @@ from core.dist import DistEnv
 from core.records import atomic_write_json
 from core.summary import RunSummary
 from gptlite.errors import ConfigError
-from training.run import describe_error, is_oom
+from training.lifecycle import describe_error, is_oom
 
 REFERENCE = REPO / "runs" / "reference" / "nvidia-h100-80gb-hbm3"  # a compact folder (analysis/compact.py)
 
@@ -39,7 +39,7 @@ def records_with_a_damaged_one(tmp_path):
 
 
 @pytest.mark.launch
-@pytest.mark.parametrize("module", ["analysis.table", "analysis.report"])
+@pytest.mark.parametrize("module", ["analysis.tables", "analysis.report"])
 def test_a_damaged_record_is_skipped_and_named(records_with_a_damaged_one, tmp_path, module):
     args = ["--out", str(tmp_path / "report")] if module == "analysis.report" else []
     proc = _tool("-m", module, str(records_with_a_damaged_one), *args)
@@ -62,14 +62,14 @@ TOOL_CASES = [
                                                                     "writes model.pt in it)"),
     (["-m", "analysis.claims", str(REFERENCE), "--out", "{FILE}"], "--out: {FILE} exists and is not a directory"),
     (["-m", "analysis.claims", "{FILE}", "--out", "{DIR}"], "runs_dir {FILE} is not a directory"),
-    (["-m", "analysis.estimate", "--world", "0"], "world must be an integer >= 1 (got 0)"),
-    (["-m", "analysis.estimate", "--micro_batch", "-4"], "micro_batch must be >= 1 (got -4)"),
-    (["-m", "analysis.estimate", "--ckpt_interval", "-1"], "ckpt_interval must be >= 0 (got -1)"),
-    (["-m", "analysis.estimate", "--deepspeed_config", "ds_configs/z3.json", "--fsdp_config",
+    (["-m", "analysis.estimate_cli", "--world", "0"], "world must be an integer >= 1 (got 0)"),
+    (["-m", "analysis.estimate_cli", "--micro_batch", "-4"], "micro_batch must be >= 1 (got -4)"),
+    (["-m", "analysis.estimate_cli", "--ckpt_interval", "-1"], "ckpt_interval must be >= 0 (got -1)"),
+    (["-m", "analysis.estimate_cli", "--deepspeed_config", "ds_configs/z3.json", "--fsdp_config",
       "fsdp_configs/fsdp2.yaml"], "fsdp_config applies to backends fsdp and fsdp2 (got backend 'deepspeed')"),
-    (["-m", "analysis.estimate", "--fsdp_config", "fsdp_configs/hybrid_shard.yaml", "--world", "2",
+    (["-m", "analysis.estimate_cli", "--fsdp_config", "fsdp_configs/hybrid_shard.yaml", "--world", "2",
       "--gpus_per_node", "1"], "hybrid_shard_size 1 must be >= 2"),
-    (["-m", "analysis.estimate", "--world", "3", "--gpus_per_node", "2"], "gpus_per_node 2 must divide world 3"),
+    (["-m", "analysis.estimate_cli", "--world", "3", "--gpus_per_node", "2"], "gpus_per_node 2 must divide world 3"),
 ]
 AS_PROCESS = (0, 1, 2, 4)  # one refusal of each tool as a process (its exit code, its one line); the rest here
 
@@ -119,7 +119,7 @@ def test_a_budget_breach_is_raised_before_rank_0_counts_flops_and_a_stop_is_neve
     # counting error (torch's fake-tensor dispatch logged a traceback through our files) and went on.
     from training.loop import LoopResult
     from training.results import MemoryBudgetExceeded, finished_summary
-    from training.run import Terminated
+    from training.lifecycle import Terminated
 
     counted = []
     ranks = [{"profiled": {"peak_bytes": 5 * 2**20}, "state": {}}] * 2
@@ -163,7 +163,7 @@ def _ckpt_files(directory):
 def test_a_second_run_into_a_checkpoint_directory_is_refused_and_deletes_nothing(tmp_path):
     from gptlite.errors import ConfigError
     from test_loop import make_setup
-    from training.run import EXIT_OK, Run
+    from training.lifecycle import EXIT_OK, Run
 
     save = {"save_dir": str(tmp_path / "ckpt"), "save_every": 1, "keep_checkpoints": 2}
     assert Run(make_setup(tmp_path, run_name="first", steps=3, **save)).execute() == EXIT_OK
@@ -229,7 +229,7 @@ def test_rotation_deletes_only_this_runs_checkpoints(tmp_path):
 @pytest.mark.parametrize("key", ["save_dir", "resume"])
 def test_a_sweep_does_not_share_a_checkpoint_directory_between_its_runs(key):
     from gptlite.errors import ConfigError
-    from training.sweep import Matrix, SweepSpec, expand
+    from orchestration.sweep import Matrix, SweepSpec, expand
 
     with pytest.raises(ConfigError, match=f"train_args: '{key}' is set by the sweep: with save_every each run "
                                           "checkpoints into <runs dir>/.ckpt/<run>"):
@@ -284,7 +284,7 @@ def _model_file_setup(tmp_path, **flags):
     from core.config import RunConfig
     from core.dist import DistEnv
     from test_loop import FakeBackend
-    from training.run import resolve
+    from training.run import prepare_run
 
     cfg = RunConfig(**{"model": str(tmp_path / "net.py"), "micro_batch": 2, "grad_accum": 1, "steps": 3, "warmup_steps": 0,
                        "mem_profile_steps": 0, "eval_batches": 1, "quiet": True, "runs_dir": str(tmp_path / "runs"),
@@ -292,7 +292,7 @@ def _model_file_setup(tmp_path, **flags):
                        "save_dir": str(tmp_path / "ckpt"), "save_every": 1, **flags})
     env = DistEnv(rank=0, local_rank=0, world_size=1, local_world_size=1, device=torch.device("cpu"),
                   launcher="python")
-    return resolve(cfg, env, Resolved(FakeBackend, cfg))
+    return prepare_run(cfg, env, Resolved(FakeBackend, cfg))
 
 
 def _files(directory):
@@ -301,7 +301,7 @@ def _files(directory):
 
 def test_a_resume_after_the_model_file_changed_is_refused_up_front(tmp_path):
     from gptlite.errors import ConfigError
-    from training.run import EXIT_OK, Run
+    from training.lifecycle import EXIT_OK, Run
 
     (tmp_path / "net.py").write_text(MODEL_FILE.format(width=8))
     assert Run(_model_file_setup(tmp_path)).execute() == EXIT_OK
@@ -318,7 +318,7 @@ def test_a_resume_without_a_checkpoint_replaces_a_record_only_with_the_same_run(
     only for the same settings; --steps may grow, as a resume's may."""
     from gptlite.errors import ConfigError
     from test_loop import make_setup
-    from training.run import EXIT_FAILED, EXIT_OK, Run
+    from training.lifecycle import EXIT_FAILED, EXIT_OK, Run
 
     save = {"save_dir": str(tmp_path / "ckpt"), "save_every": 100}
     assert Run(make_setup(tmp_path, fail=("step", 1), **save)).execute() == EXIT_FAILED  # before any checkpoint
@@ -338,7 +338,7 @@ def test_checkpoints_are_not_kept_inside_a_record(tmp_path):
     """A record is replaced as a whole (--overwrite, a sweep's retry): checkpoints inside one would go with it."""
     from gptlite.errors import ConfigError
     from test_loop import make_setup
-    from training.run import EXIT_OK, Run
+    from training.lifecycle import EXIT_OK, Run
 
     with pytest.raises(ConfigError, match=r"save_dir: .*runs/fake/ckpt is inside the run record .*runs/fake, which"):
         make_setup(tmp_path, save_dir=str(tmp_path / "runs" / "fake" / "ckpt"), save_every=1)
@@ -371,7 +371,7 @@ def test_a_resume_continues_a_record_only_with_its_settings(tmp_path):
     """A resumed run continues its record: one record holds one run's settings (--steps may grow)."""
     from gptlite.errors import ConfigError
     from test_loop import make_setup
-    from training.run import EXIT_OK, Run
+    from training.lifecycle import EXIT_OK, Run
 
     save = {"save_dir": str(tmp_path / "ckpt"), "save_every": 1}
     assert Run(make_setup(tmp_path, **save)).execute() == EXIT_OK
@@ -396,7 +396,7 @@ def test_an_nvme_swap_directory_has_one_run_at_a_time(tmp_path):
     from backends.deepspeed import DeepSpeedBackend
     from test_loop import FakeBackend, make_setup
     from training.locks import FileLock
-    from training.run import resolve
+    from training.run import prepare_run
 
     nvme = tmp_path / "nvme"
     nvme.mkdir()
@@ -409,16 +409,16 @@ def test_an_nvme_swap_directory_has_one_run_at_a_time(tmp_path):
     held = FileLock(nvme / "gptlite.lock")  # as a live run using it holds it
     try:
         with pytest.raises(ConfigError, match=r"nvme_path: .*nvme is being used by pid \d+"):
-            resolve(cfg, env, Resolved(Swapping, cfg, plan))
+            prepare_run(cfg, env, Resolved(Swapping, cfg, plan))
     finally:
         held.release()
-    assert resolve(cfg, env, Resolved(Swapping, cfg, plan)).nvme_locks
+    assert prepare_run(cfg, env, Resolved(Swapping, cfg, plan)).nvme_locks
 
 
 def test_replacing_a_record_never_deletes_checkpoints_inside_it(tmp_path):
     from gptlite.errors import ConfigError
     from test_loop import make_setup
-    from training.run import EXIT_OK, Run
+    from training.lifecycle import EXIT_OK, Run
 
     assert Run(make_setup(tmp_path)).execute() == EXIT_OK
     step = tmp_path / "runs" / "fake" / "ckpt" / "step_00000004"  # a --save_dir inside it, from before that was refused
@@ -434,21 +434,21 @@ def test_a_model_larger_than_the_machine_is_refused_before_anything_is_built_or_
     are refused in one line naming --model_args, with no run directory, before any allocation."""
     from training import memory_check
     from training.cli import config_from_argv
-    from training.run import resolve
+    from training.run import prepare_run
 
     runs = tmp_path / "runs"
     huge = ["--model", "hf:gpt2", "--model_args", "n_layer=4,n_embd=16384,n_head=16", "--device", "cpu",
             "--runs_dir", str(runs), "--steps", "1"]
-    size = memory_check.model_bytes(resolve(config_from_argv([*huge, "--dry_run"])).workload.meta())
+    size = memory_check.model_bytes(prepare_run(config_from_argv([*huge, "--dry_run"])).workload.meta())
     assert size > 50e9  # ~12.9 B fp32 parameters, measured on the meta device
     # The machine's memory as the kernel reports it, held just below the model.
     monkeypatch.setattr(memory_check, "available_host_bytes", lambda: size - 1)
     with pytest.raises(ConfigError, match=r"^model_args: the model's parameters .* 5\d\.\d GB.* available"):
-        resolve(config_from_argv(huge))
+        prepare_run(config_from_argv(huge))
     assert not runs.exists()
     # Two ranks on the machine build it twice: refused with room for one.
     monkeypatch.setattr(memory_check, "available_host_bytes", lambda: int(size * 1.5))
-    meta = resolve(config_from_argv([*huge, "--dry_run"])).workload.meta()
+    meta = prepare_run(config_from_argv([*huge, "--dry_run"])).workload.meta()
     memory_check.check_model_fits(config_from_argv(huge), DistEnv(0, 0, 1, 1, torch.device("cpu"), "python"), meta)
     with pytest.raises(ConfigError, match="each of the 2 ranks on this machine"):
         memory_check.check_model_fits(config_from_argv(huge), DistEnv(0, 0, 2, 2, torch.device("cpu"), "torchrun"),
@@ -457,11 +457,11 @@ def test_a_model_larger_than_the_machine_is_refused_before_anything_is_built_or_
     # GPT-lite's size comes from its flags: the line names the ones given, or the preset.
     for flags, named in [(["--n_layer", "48", "--n_embd", "4096", "--n_head", "8"], "n_layer/n_embd"), (["--preset", "paper"], "preset")]:
         argv = [*flags, "--device", "cpu", "--runs_dir", str(runs), "--steps", "1"]
-        size = memory_check.model_bytes(resolve(config_from_argv([*argv, "--dry_run"])).workload.meta())
+        size = memory_check.model_bytes(prepare_run(config_from_argv([*argv, "--dry_run"])).workload.meta())
         monkeypatch.setattr(memory_check, "available_host_bytes", lambda: size - 1)
         with pytest.raises(ConfigError, match=rf"^{named}: the model's parameters"):
-            resolve(config_from_argv(argv))
+            prepare_run(config_from_argv(argv))
         assert not runs.exists()
     monkeypatch.undo()
     small = config_from_argv(["--preset", "small", "--device", "cpu", "--runs_dir", str(runs), "--steps", "1"])
-    resolve(small)
+    prepare_run(small)

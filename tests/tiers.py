@@ -104,7 +104,7 @@ class Tiers:
     def pytest_configure(self, config):
         log_dir = Path(tempfile.mkdtemp(prefix="gptlite-tests-"))
         os.environ[LOG_ENV] = str(log_dir / "launches.log")
-        # Every interpreter started below this one imports the counter (training.launch.launch_env keeps
+        # Every interpreter started below this one imports the counter (orchestration.launch.launch_env keeps
         # the PYTHONPATH it is given, after the repository).
         paths = [str(COUNTER), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
         os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))

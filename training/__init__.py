@@ -1,1 +1,1 @@
-"""Training runs: the step loop, a run's life cycle, its command line, checkpoints, launching, sweeps."""
+"""Training runs: one run: the step loop, its life cycle, its command line, checkpoints, export."""

@@ -101,7 +101,7 @@ def build_parser(prog: str = "train.py", description: str | None = None, example
     width = max(len(name) for name in BACKEND_SUMMARIES) + 2
     epilog = "backends:\n" + "".join(f"  {name:<{width}}{summary}\n" for name, summary in BACKEND_SUMMARIES.items())
     # No abbreviations (--save_d for --save_dir): a flag is spelled one way, as records, sweep keys
-    # and training.fake_world's checks read it, and a new flag cannot make an old launch ambiguous.
+    # and simulation.fake_world's checks read it, and a new flag cannot make an old launch ambiguous.
     parser = parser_class(prog=prog, description=textwrap.fill(description) if description else None,
                           formatter_class=HelpFormatter, epilog=epilog + (f"\n{examples}" if examples else ""),
                           allow_abbrev=False)

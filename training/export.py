@@ -33,8 +33,10 @@ from pathlib import Path
 import torch
 
 from gptlite.errors import ConfigError
+from models.pretrained import save_transformers
 from models.spec import PRETRAINED
 from training import checkpoint, manifest
+from training.preflight import writable_out
 
 def resolve(path: str | Path) -> Path:
     """A checkpoint directory, or the latest one under a --save_dir."""
@@ -105,8 +107,6 @@ OUT_FILE = "model.pt"  # what --out DIR holds
 def export(checkpoint_path: str | Path, out_dir: str | Path, trust: bool = False) -> Path:
     """The checkpoint consolidated into `out_dir`/model.pt (written whole or not at all) and signed
     (`out_dir`/manifest.json); its path. `trust`: --trust_checkpoint."""
-    from training.preflight import writable_out
-
     # Not into a record or a checkpoint (its run's: never written into from outside), not a file's name.
     writable_out("--out", str(out_dir), writes=OUT_FILE)
     manifest.signing_key()  # a key that cannot be made or read is refused before the work
@@ -141,8 +141,6 @@ def export(checkpoint_path: str | Path, out_dir: str | Path, trust: bool = False
     written = [OUT_FILE]
     if (meta.get("model") or {}).get("name") == PRETRAINED and (meta["model"].get("config")):
         # A run from a transformers checkpoint (--model_name_or_path): also as one, for from_pretrained.
-        from models.pretrained import save_transformers
-
         written += save_transformers(state, meta["model"], out.parent)
     manifest.write(out.parent, files=written)
     return out

@@ -48,7 +48,7 @@ def check_model_fits(cfg, env: DistEnv, model: torch.nn.Module) -> None:
     flag = "model_args" if cfg.model_args else ("/".join(sizes) or "preset" if cfg.model == "gptlite" else "model")
     what = f"{flag}: the model's parameters and buffers take {_gb(size)}"
     host = available_host_bytes()
-    # A simulated world (training/fake_world.py) runs one rank of it here, whatever its ranks per node.
+    # A simulated world (simulation/fake_world.py) runs one rank of it here, whatever its ranks per node.
     ranks = 1 if is_fake_process_group() else max(1, env.local_world_size)
     if host is not None and size * ranks > host:
         on = f"on each of the {ranks} ranks on this machine ({_gb(size * ranks)})" if ranks > 1 else "on the host"

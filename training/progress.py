@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import sys
 
+from tqdm import tqdm
+
 
 def runs_bar(total: int, desc: str):
     """A sweep's bar over its runs (or searches): on stderr, drawn only on a terminal."""
-    from tqdm import tqdm
-
     return tqdm(total=total, desc=desc, unit="run", disable=not sys.stderr.isatty(), dynamic_ncols=True)
 
 
@@ -18,8 +18,6 @@ class Progress:
         self.enabled = enabled
         self.bar = None
         if enabled and sys.stdout.isatty():
-            from tqdm import tqdm
-
             self.bar = tqdm(total=steps, unit="step", dynamic_ncols=True)
 
     def update(self, step: int, line: dict) -> None:

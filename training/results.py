@@ -36,7 +36,7 @@ def gather_ranks(result: LoopResult) -> list[dict]:
     mine = {"allocator": result.allocator, "profiled": result.profiled, "rss_peak": peak_rss_bytes(),
             "state": result.state_bytes}
     if not (torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1) or is_fake_process_group():
-        return [mine]  # a simulated world (training/fake_world.py) has no other ranks to ask
+        return [mine]  # a simulated world (simulation/fake_world.py) has no other ranks to ask
     ranks = [None] * torch.distributed.get_world_size()
     torch.distributed.all_gather_object(ranks, mine)
     return ranks

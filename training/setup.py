@@ -1,4 +1,4 @@
-"""What a run resolved before anything started (training/run.py resolve makes it; the step loop and the
+"""What a run resolved before anything started (training/run.py prepare_run makes it; the step loop and the
 run's life cycle read it): its own module, so that the loop (training/loop.py) reads it without
 importing the life cycle that runs the loop."""
 

@@ -8,8 +8,8 @@ The model is train.py's flags (any model that trains: GPT-lite, hf:, a model fil
 and defaults). The planner chooses the rest: the backend configuration (ddp and every shipped
 fsdp_configs/ and ds_configs/ file, or --configs), micro-batch x accumulation with micro x accumulation
 x W = --global_batch, and checkpointing (none, full every k, selective every k: --ckpt). Each candidate
-is resolved as train.py resolves it (training/describe.py: a refused one is listed with train.py's
-reason), its peak per rank estimated (analysis.estimate; over the budget less the estimator's error
+is resolved as train.py resolves it (simulation/describe.py: a refused one is listed with train.py's
+reason), its peak per rank estimated (analysis.estimate_cli; over the budget less the estimator's error
 band, MARGIN, 15%: dropped, naming the part that breaks it), and its step timed by a
 model whose parts are printed:
 
@@ -23,7 +23,7 @@ model whose parts are printed:
               (hardware.yaml for a named GPU; --gpu here: all_reduce timed between W local processes),
               cut into the calls the configuration's bucket sizes make (Backend.comm_schedule: each
               call pays the link's latency); with --counted, the calls and bytes counted by running
-              the candidate as rank 0 of W under the fake process group (training.fake_world)
+              the candidate as rank 0 of W under the fake process group (simulation.fake_world)
     wait      the share of comm nothing overlaps (Backend.comm_schedule): DeepSpeed stage 0's all-reduce
               after backward, ZeRO-1/2's gather in the optimizer step and reductions without
               overlap_comm, ZeRO-3's gathers with stage3_prefetch_bucket_size 0, FSDP's backward
@@ -64,7 +64,7 @@ from gptlite.errors import ConfigError
 from core.config import RunConfig
 from training.cli import OneLineParser, config_from_argv
 from training.preflight import writable_out
-from training.slurm import SlurmSettings, add_flags, settings_from
+from orchestration.slurm import SlurmSettings, add_flags, settings_from
 from analysis.project import HARDWARE, add_cost_flags, add_gpu_flag
 from analysis.plan.backend_costs import QUICK_REPEATS, REPEATS, reference_seconds, summary_line
 from analysis.plan.candidates import (CHOSEN_FLAGS, CKPT, RUN_OWN_FLAGS, _check_ckpt_within_blocks, _check_config,
@@ -81,7 +81,7 @@ def main(argv=None) -> int:
     """The planner's command line. Ctrl-C: one line and exit code 130 (128 + SIGINT, what a shell reports
     for a command Ctrl-C stopped, and what sweep.py returns; 2 says bad input, which this is not),
     with nothing half-written: the verifying run in progress is stopped and recorded failed
-    (training/runner.py), the calibration's processes stopped, every file kept so far whole."""
+    (orchestration/runner.py), the calibration's processes stopped, every file kept so far whole."""
     try:
         return _main(argv)
     except KeyboardInterrupt:
@@ -119,7 +119,7 @@ def build_parser(hw: dict) -> OneLineParser:
                         "FSDP FULL_SHARD/HYBRID_SHARD without backward prefetch")
     p.add_argument("--counted", action="store_true",
                    help="price each fitting candidate's real collectives (calls and bytes), counted by running it as rank "
-                        "0 of --world under the fake process group (training.fake_world: a few seconds each), not the "
+                        "0 of --world under the fake process group (simulation.fake_world: a few seconds each), not the "
                         "theory's bytes cut by the configuration's buckets: "
                         "ZeRO-3's and FSDP's gathers go module by module")
     p.add_argument("--ckpt", nargs="+", default=list(CKPT), metavar="P",

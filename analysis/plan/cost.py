@@ -14,9 +14,9 @@ from core.config import RunConfig, interval_choices
 from core.flops import sample_flops
 from estimator.estimate import estimate_from_record
 from training.cli import config_from_argv
-from training.describe import MODEL_FIELDS, resolve_config
-from training.fake_world import DEFAULT_FLAGS as COUNT_FLAGS
-from training.launch import launcher_for
+from simulation.describe import MODEL_FIELDS, resolve_config
+from simulation.fake_world import DEFAULT_FLAGS as COUNT_FLAGS
+from orchestration.launch import launcher_for
 from training.run import Setup
 from analysis import project
 from analysis.project import Assumptions, kept_ops, offload_seconds, price_comm

@@ -27,9 +27,9 @@ import yaml
 from core.dist import set_cpu_threads
 from estimator import checkpointing_plan
 from training.cli import config_from_argv
-from training.describe import resolve_flags, simulated_env
-from training.run import Run, resolve
-from training.runner import TERMINATED
+from simulation.describe import resolve_flags, simulated_env
+from training.lifecycle import Run
+from orchestration.runner import TERMINATED
 from analysis.project import HARDWARE
 import analysis.plan.backend_costs as bc
 from analysis.plan.candidates import REFERENCE, WARM_S
@@ -145,7 +145,7 @@ def loop_step_times(train_argv: list[str], micro: int, steps: int = LOOP_STEPS) 
                                     "--eval_batches", "1", "--runs_dir", tmp, "--run_name", "loop", "--quiet"])
             # a scratch run: none of the user's trackers, checkpoints or resumption
             cfg = dataclasses.replace(cfg, tracker=None, save_dir=None, resume=False)
-            setup = resolve(cfg, env=simulated_env(1, None, cfg.device))
+            setup = prepare_run(cfg, env=simulated_env(1, None, cfg.device))
             run = Run(setup)
             # The run's own lines about how it ended, said after it, unless the plan was stopped: a
             # Ctrl-C (KeyboardInterrupt, passed on) or SIGTERM from the plan stopping its calibration's

@@ -46,17 +46,17 @@ RACE_LEAST = 2
 # (the 24-candidate grids' races run 4-5 of their 6).
 RACE_SHARE = 0.25
 
-# Slurm settings the plan's question decides (training/slurm.py FLAGS).
+# Slurm settings the plan's question decides (orchestration/slurm.py FLAGS).
 SLURM_OWN = ("nodes", "gpus_per_node")
 
 
 def verify(rows: list[dict], k: int, train_argv: list[str], world: int, runs_dir: Path, steps: int,
            timeout_s: float, slurm=None, rounds: int = 1) -> list[dict]:
     """Run the top `k` candidates and two from further down (to_verify) through the sweep's executor
-    (training/executors.py: ordinary records under `runs_dir`, a progress line each; a record of the
+    (orchestration/executors.py: ordinary records under `runs_dir`, a progress line each; a record of the
     same run there is reused), each `steps` steps, `rounds` times taking turns here (the machine's
     speed drifts: each candidate's runs are spread over the whole verification), or with `slurm`
-    (training/sweep.SlurmSettings) as Slurm jobs, all at once; predicted against measured, the median
+    (orchestration/sweep.SlurmSettings) as Slurm jobs, all at once; predicted against measured, the median
     of a candidate's runs."""
     chosen = to_verify(rows, k)
     return _run_rows(chosen, rows, train_argv, world, runs_dir, steps, timeout_s, slurm, rounds, "plan")

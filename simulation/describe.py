@@ -1,9 +1,9 @@
 """The run train.py's flags describe, on a world of any size, without launching it: one resolution
-for every tool that speaks about a run (analysis.estimate, analysis.project, analysis.plan,
-training.fake_world).
+for every tool that speaks about a run (analysis.estimate_cli, analysis.project, analysis.plan,
+simulation.fake_world).
 
 `describe(train_argv, world=W)` reads the flags exactly as train.py does (training/cli.py: the same
-names, defaults and checks), resolves them exactly as a run does (training/run.resolve, hence
+names, defaults and checks), resolves them exactly as a run does (training/run.prepare_run, hence
 `backends.resolve`: the backend, its config file, `--precision` applied to an FSDP file's mixed
 precision, the batch layout, `--ckpt_policy auto`'s plan) as rank 0 of W ranks, and returns what
 `train.py --dry_run` prints under a launcher of W ranks: config.json's description of the run, plus
@@ -20,6 +20,8 @@ import torch
 
 from core.dist import DistEnv
 from gptlite.errors import ConfigError
+from training.cli import config_from_argv
+from training.run import prepare_run
 
 DEVICES = ("auto", "cpu", "cuda")
 # The RunConfig fields that choose the model and its data (RunConfig.model_request).
@@ -51,22 +53,18 @@ def resolve_flags(train_argv: Sequence[str], world: int = 1, ranks_per_node: int
     """training.run.Setup of train.py's flags `train_argv` as rank 0 of `world` ranks would resolve
     them (`--dry_run`: nothing built, checked against this machine or recorded). Raises
     ConfigError/DataError with train.py's own one-line reasons."""
-    from training.cli import config_from_argv
-
     return resolve_config(config_from_argv([*train_argv]), world, ranks_per_node, planner)
 
 
 def resolve_config(cfg, world: int = 1, ranks_per_node: int | None = None, planner: Callable | None = None):
     """resolve_flags of a RunConfig already parsed (the planner's candidates: one model's flags
     parsed once, each candidate's choices set by dataclasses.replace)."""
-    from training.run import resolve
-
     cfg = dataclasses.replace(cfg, dry_run=True)
     env = simulated_env(world, ranks_per_node, cfg.device)
     # One model is described under many configurations and worlds (analysis.project): loaded and
     # checked once.
     key = tuple(getattr(cfg, name) for name in MODEL_FIELDS)
-    setup = resolve(cfg, env=env, planner=planner, workload=_WORKLOADS.get(key))
+    setup = prepare_run(cfg, env=env, planner=planner, workload=_WORKLOADS.get(key))
     _WORKLOADS[key] = setup.workload
     return setup
 
@@ -74,7 +72,7 @@ def resolve_config(cfg, world: int = 1, ranks_per_node: int | None = None, plann
 def describe(train_argv: Sequence[str], world: int = 1, ranks_per_node: int | None = None,
              planner: Callable | None = None) -> dict:
     """config.json's description of the run `train_argv` names on `world` ranks (what `train.py
-    --dry_run` prints for rank 0 of that world), with `environment.device`: what analysis.estimate's
+    --dry_run` prints for rank 0 of that world), with `environment.device`: what analysis.estimate_cli's
     estimate_from_record and the other tools read. `planner`: --ckpt_policy auto's (default: the
     estimator's, as the run's own)."""
     setup = resolve_flags(train_argv, world, ranks_per_node, planner)

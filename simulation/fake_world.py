@@ -1,7 +1,7 @@
 """Rank 0 of a W-rank world, in this one process: its real collectives and memory, no cluster.
 
-    python -m training.fake_world --world 64 --gpus_per_node 8 -- --preset paper --deepspeed_config ds_configs/z3.json
-    python -m training.fake_world --world 2 --out results -- --preset tiny --fsdp_config fsdp_configs/fsdp2.yaml
+    python -m simulation.fake_world --world 64 --gpus_per_node 8 -- --preset paper --deepspeed_config ds_configs/z3.json
+    python -m simulation.fake_world --world 2 --out results -- --preset tiny --fsdp_config fsdp_configs/fsdp2.yaml
 
 torch's fake process group (torch.testing._internal.distributed.fake_pg) answers every collective
 at once without moving a byte, so one process runs the backend exactly as rank 0 of W ranks would:
@@ -22,13 +22,29 @@ rank of the simulated world.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import json
 import os
 import sys
 import tempfile
+from dataclasses import fields
 from pathlib import Path
+
+import torch.distributed as dist
+from torch.testing._internal.distributed.fake_pg import FakeStore
+
+from backends import deepspeed_config, fsdp_config
+from core.blocks import find_blocks
+from core.config import RunConfig
+from estimator.estimate import estimate_from_record
+from gptlite.errors import ConfigError
+from simulation.describe import resolve_flags
+from training.cli import OneLineParser, config_from_argv, parse_args
+from training.preflight import writable_out
+from training.run import check_model
+from training.run import main as run
 
 OUT_FILE = "fake_world.json"  # what --out DIR holds
 # Short by default: the first step settles the allocations, the second (the last) is profiled.
@@ -43,12 +59,6 @@ OUTPUT_FIELDS = ("runs_dir", "run_name", "overwrite", "resume", "save_dir", "sav
 def check_train_flags(train_argv: list[str]):
     """train.py's flags as train.py reads them (their RunConfig), none of them saying where to write
     (ConfigError)."""
-    from dataclasses import fields
-
-    from core.config import RunConfig
-    from gptlite.errors import ConfigError
-    from training.cli import config_from_argv
-
     cfg = config_from_argv([*DEFAULT_FLAGS, *train_argv])
     for f in fields(RunConfig):
         if f.name in OUTPUT_FIELDS and getattr(cfg, f.name) != f.default:
@@ -63,6 +73,7 @@ def check_train_flags(train_argv: list[str]):
 # 2000 to 10000, CPU), per simulated rank: DDP 27 KiB (tiny preset, 4 blocks), FSDP 300 (tiny) and
 # 420 (small, 6 blocks), FSDP2 275, ZeRO-2 114, ZeRO-3 2500 (tiny) and 3950 (small). Bytes per
 # simulated rank and per block (plus one for the rest of the model), above every measurement:
+# BACKEND-LITERAL: how a backend's bookkeeping grows with the simulated world (a Backend attribute)
 PER_RANK_PER_BLOCK = {"ddp": 8 * 2**10, "fsdp": 64 * 2**10, "fsdp2": 64 * 2**10, "zero": 32 * 2**10,
                       "zero3": 640 * 2**10}
 BASE_BYTES = 2**30  # the process itself: libraries, the model, the step
@@ -70,17 +81,11 @@ BASE_BYTES = 2**30  # the process itself: libraries, the model, the step
 
 def world_memory(world: int, cfg) -> tuple[int, str]:
     """Bytes rank 0 needs to simulate `world` ranks of the run `cfg`, and what that comes from."""
-    from core.blocks import find_blocks
-    from training.run import check_model
-
+    # BACKEND-LITERAL: which growth family the run's backend (and its config file) belongs to
     if cfg.deepspeed_config and cfg.backend in (None, "deepspeed"):
-        from backends import deepspeed_config
-
         stage = (deepspeed_config.read(cfg.deepspeed_config).get("zero_optimization") or {}).get("stage", 0)
         family, what = ("zero3", "ZeRO-3") if stage == 3 else ("zero", f"ZeRO-{stage}")
     elif cfg.fsdp_config:
-        from backends import fsdp_config
-
         family = what = fsdp_config.load(cfg.fsdp_config).backend
     elif cfg.backend == "accelerate" and cfg.accelerate_plugin != "none":
         family, what = ("fsdp", "accelerate's FSDP") if cfg.accelerate_plugin == "fsdp" else ("zero3", "accelerate's DeepSpeed")
@@ -108,9 +113,6 @@ def step_memory(world: int, gpus_per_node: int, train_argv: list[str]) -> int:
     this world and its activations, which the real step it runs on this machine holds. The paper preset
     at micro-batch 8, ZeRO-3 at world 64: 64.9 GiB estimated, and the simulation was killed by the kernel
     at 23.6 GiB on a 23 GiB machine before this was counted (2026-12-05)."""
-    from estimator.estimate import estimate_from_record
-    from training.describe import resolve_flags
-
     setup = resolve_flags(train_argv, world, gpus_per_node)
     return estimate_from_record({**setup.record(), "environment": {"device": "cpu"}}).total_bytes
 
@@ -118,8 +120,6 @@ def step_memory(world: int, gpus_per_node: int, train_argv: list[str]) -> int:
 def check_world(world: int, cfg, gpus_per_node: int = 8, train_argv: list[str] | None = None) -> None:
     """Refuse (ConfigError) a world this machine cannot simulate, before simulating it: the per-rank
     bookkeeping of `world` ranks, and (given `train_argv`) the simulated rank's own step."""
-    from gptlite.errors import ConfigError
-
     available = available_memory()
     if available is None:
         return
@@ -145,15 +145,9 @@ def simulate(world: int, gpus_per_node: int, train_argv: list[str]) -> dict:
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE=str(world),
                       LOCAL_WORLD_SIZE=str(min(world, gpus_per_node)), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=os.environ.get("MASTER_PORT", "29500"))
-    import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    from training.cli import parse_args
-    from training.run import main as run
-
     with tempfile.TemporaryDirectory(prefix="fake_world-") as runs_dir:
         cfg = parse_args([*DEFAULT_FLAGS, *train_argv, "--runs_dir", runs_dir, "--run_name", "fake_world"])
-        if cfg.deepspeed_config and cfg.backend in (None, "deepspeed"):
+        if cfg.deepspeed_config and cfg.backend in (None, "deepspeed"):  # BACKEND-LITERAL: does it swap to NVMe
             # NVMe offload's swap files go to a directory of its own, never the one its config names.
             nvme = Path(runs_dir) / "nvme"
             nvme.mkdir()
@@ -205,13 +199,9 @@ def _stdout_to_stderr():
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    from training.cli import OneLineParser
-
     argv = sys.argv[1:] if argv is None else argv
     own, train_argv = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
-    p = OneLineParser(prog="python -m training.fake_world", description=__doc__.splitlines()[0],
+    p = OneLineParser(prog="python -m simulation.fake_world", description=__doc__.splitlines()[0],
                       epilog="\n".join(__doc__.splitlines()[1:]), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--world", type=int, required=True, help="ranks in the simulated world")
     p.add_argument("--gpus_per_node", type=int, default=8, help="ranks per node (HYBRID_SHARD's shard groups)")
@@ -223,13 +213,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--world and --gpus_per_node must be >= 1")
     if args.world > args.gpus_per_node and args.world % args.gpus_per_node:
         p.error(f"--world {args.world}: beyond one node, whole nodes of --gpus_per_node {args.gpus_per_node}")
-    from gptlite.errors import ConfigError
-
     try:  # all before simulating: a simulation can take minutes
         cfg = check_train_flags(train_argv)
         if args.out:
-            from training.preflight import writable_out
-
             writable_out("--out", args.out, writes=OUT_FILE)
         check_world(args.world, cfg, args.gpus_per_node, train_argv)
     except ConfigError as e:

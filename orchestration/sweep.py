@@ -1,4 +1,4 @@
-"""Sweeps: a YAML matrix of runs, planned (training/runner.py launches them).
+"""Sweeps: a YAML matrix of runs, planned (orchestration/runner.py launches them).
 
 A spec (sweeps/*.yaml) names a matrix over backend configurations, activation checkpointing,
 micro-batch, precision, world size, preset, compilation and model, plus train.py flags common to every run. Each run
@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import hashlib
 import itertools
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from backends import BACKEND_NAMES, deepspeed_config
 from core.configfile import load_yaml
 from gptlite.errors import ConfigError
-from training.launch import REPO, launch_command, launcher_for
+from orchestration.launch import REPO, launch_command, launcher_for
 
 # Flags the sweep sets itself for every run; a spec cannot set them in train_args.
 SWEEP_OWNED = {"backend", "fsdp_config", "deepspeed_config", "runs_dir", "run_name", "overwrite", "quiet", "model",
@@ -156,7 +157,9 @@ class Matrix:
                 raise ConfigError(f"matrix.backend: '{labels[label]}' and '{entry}' would both name their runs "
                                   f"{label}-...; list a configuration once, or give the file another name")
             labels[label] = entry
-        from core.config import CKPT_IMPLS, COMPILE_BACKENDS, PRECISIONS  # torch: not where a Slurm job unpickles its run
+        # torch, imported here and not at the top: a Slurm job's wrapper unpickles its SweepRun, importing
+        # this module, and holds no torch while its run trains.
+        from core.config import CKPT_IMPLS, COMPILE_BACKENDS, PRECISIONS
         from gptlite.model import PRESETS
 
         for name, allowed in (("precision", PRECISIONS), ("preset", tuple(PRESETS)),
@@ -186,7 +189,7 @@ MODEL_FLAGS = ("model", "model_name_or_path", "model_args", "preset", *GPTLITE_A
 
 def model_entry(entry) -> ModelEntry:
     """A matrix.model entry, checked: a --model value, or {model, args, label}."""
-    from models.spec import check_name, format_model_args, model_label, parse_model_args
+    from models.spec import check_name, format_model_args, model_label, parse_model_args  # torch: see Matrix
 
     if isinstance(entry, str):
         entry = {"model": entry}
@@ -213,7 +216,7 @@ def model_entry(entry) -> ModelEntry:
 def model_flags(model: ModelEntry) -> dict:
     """The train.py flags of a matrix.model entry: --model and --model_args, or for GPT-lite its
     args as its own flags (--n_layer 2): applied, never dropped."""
-    from models.spec import parse_model_args
+    from models.spec import parse_model_args  # torch: see Matrix.__post_init__
 
     if model.name == "gptlite":
         return parse_model_args(model.args)
@@ -256,11 +259,11 @@ class SweepSpec:
     runs_dir: str | None = None  # default: runs/sweeps/<name>
     train_args: dict = field(default_factory=dict)  # train.py flags for every run, e.g. {dropout: 0.0}
     env: dict = field(default_factory=dict)  # environment variables for every run
-    # How runs are submitted with sweep.py --executor slurm (training/slurm.py); unused locally.
+    # How runs are submitted with sweep.py --executor slurm (orchestration/slurm.py); unused locally.
     executor: SlurmSettings = field(default_factory=SlurmSettings)
 
     def __post_init__(self):
-        from core.config import RunConfig, check_plain_name
+        from core.config import RunConfig, check_plain_name  # torch: see Matrix.__post_init__
 
         check_plain_name("name", self.name)  # its folder, runs/sweeps/<name>
         if self.steps < 1 or self.timeout_s <= 0:
@@ -295,9 +298,8 @@ def load_spec(path: str) -> SweepSpec:
 
 def backend_of(entry: str) -> tuple[str, str | None, str]:
     """(backend name, config file or None, short label) of a matrix.backend entry."""
-    from backends import BACKEND_NAMES
-
     if entry in BACKEND_NAMES:
+        # BACKEND-LITERAL: whether a backend needs a config file, and which flag and suffix name it
         if entry == "deepspeed":
             raise ConfigError("matrix.backend: deepspeed needs a config file (ds_configs/*.json)")
         return entry, None, entry
@@ -305,10 +307,11 @@ def backend_of(entry: str) -> tuple[str, str | None, str]:
     if not path.is_file():
         raise ConfigError(f"matrix.backend: '{entry}' is neither a backend ({', '.join(BACKEND_NAMES)}) nor an existing "
                           "config file")
+    # BACKEND-LITERAL: which backend a config file's suffix names (.json: DeepSpeed)
     if path.suffix == ".json":
         return "deepspeed", entry, f"deepspeed.{path.stem}"
     if path.suffix in (".yaml", ".yml"):
-        from backends import fsdp_config
+        from backends import fsdp_config  # torch: see Matrix.__post_init__
 
         backend = fsdp_config.load(str(path)).backend
         return backend, entry, f"{backend}.{path.stem}"
@@ -316,7 +319,7 @@ def backend_of(entry: str) -> tuple[str, str | None, str]:
 
 
 @dataclass(frozen=True)
-class PlannedRun:
+class SweepRun:
     name: str
     backend: str
     config_file: str | None
@@ -333,9 +336,10 @@ class PlannedRun:
         return bool(dict(self.flags).get("resume"))
 
     def argv(self, runs_dir: Path) -> list[str]:
-        # Never --overwrite: the runner replaces a record itself, under its lock (training/runner.py).
+        # Never --overwrite: the runner replaces a record itself, under its lock (orchestration/runner.py).
         args = ["--runs_dir", str(runs_dir), "--run_name", self.name, "--quiet"]
         if self.config_file:
+            # BACKEND-LITERAL: the flag that names a backend's config file
             args += ["--deepspeed_config" if self.backend == "deepspeed" else "--fsdp_config", self.config_file]
         else:
             args += ["--backend", self.backend]
@@ -368,16 +372,16 @@ class PlannedRun:
                 **({"model_file_sha256": _sha256(model_file if model_file.is_absolute() else REPO / model_file)}
                    if model_file else {})}
 
-    def with_flags(self, name: str, **flags) -> "PlannedRun":
+    def with_flags(self, name: str, **flags) -> "SweepRun":
         merged = dict(self.flags)
         merged.update(flags)
         return dataclasses.replace(self, name=name, flags=tuple(merged.items()))
 
 
-def expand(spec: SweepSpec) -> tuple[list[PlannedRun], list[str]]:
+def expand(spec: SweepSpec) -> tuple[list[SweepRun], list[str]]:
     """The runs of the matrix, and the combinations left out (with why)."""
     m = spec.matrix
-    runs: dict[str, PlannedRun] = {}
+    runs: dict[str, SweepRun] = {}
     skipped: list[str] = []
     for entry, interval, impl, offload, micro, precision, world, preset, compiled, model, policy in itertools.product(
             m.backend, m.ckpt_interval, m.ckpt_impl, m.activation_offload, m.micro_batch, m.precision, m.world_size,
@@ -387,6 +391,7 @@ def expand(spec: SweepSpec) -> tuple[list[PlannedRun], list[str]]:
         if not gptlite and preset != m.preset[0]:
             continue  # the presets size GPT-lite; another model runs once, with the first
         ranks = world
+        # BACKEND-LITERAL: which backend runs in one process and stands in for the ranks (the reference)
         if backend == "single":
             world = 1  # one process by definition
         # `single` stands in for the matrix's `ranks` ranks: it accumulates over them, so that it trains on the
@@ -401,6 +406,7 @@ def expand(spec: SweepSpec) -> tuple[list[PlannedRun], list[str]]:
         if not interval:
             impl, offload = "none", "none"  # nothing checkpointed (or a plan): nothing to offload
             policy = policy if auto else "full"
+        # BACKEND-LITERAL: which backend runs the deepspeed ckpt_impls
         elif impl.startswith("deepspeed") and backend != "deepspeed":
             skipped.append(f"{label} with ckpt_impl {impl}: needs the deepspeed backend")
             continue
@@ -409,6 +415,7 @@ def expand(spec: SweepSpec) -> tuple[list[PlannedRun], list[str]]:
             skipped.append(f"{label} with ckpt_policy {policy}: needs ckpt_impl torch_nonreentrant, without offload "
                            "or compile")
             continue
+        # BACKEND-LITERAL: whether a backend's plan refuses selective checkpointing (ZeRO-3)
         if policy != "full" and backend == "deepspeed" and _zero_stage(config_file) == 3:
             if policy == "selective":
                 skipped.append(f"{label} with ckpt_policy selective: refused under ZeRO-3 (wrong gradients)")
@@ -435,8 +442,9 @@ def expand(spec: SweepSpec) -> tuple[list[PlannedRun], list[str]]:
                  **offload_flags(offload),
                  **({"compile": True, "compile_backend": compiled} if compiled != "none" else {}), **spec.train_args,
                  **({"grad_accum": accum} if stands_in else {})}
+        # BACKEND-LITERAL: which NVMe swap paths a backend's config file names (the backend's swap_dirs)
         if config_file and backend == "deepspeed":
-            from backends import deepspeed_config, deepspeed_spec
+            from backends import deepspeed_spec  # torch: see Matrix.__post_init__
 
             config = deepspeed_config.read(str(REPO / config_file))
             if "nvme" in (deepspeed_spec.offload_device(config, "offload_optimizer"),
@@ -444,84 +452,19 @@ def expand(spec: SweepSpec) -> tuple[list[PlannedRun], list[str]]:
                 flags.setdefault("nvme_path", str(spec.directory / ".nvme" / name))
         if spec.train_args.get("save_every"):  # its own checkpoints, continued when the run starts again
             flags.update(save_dir=str(spec.directory / ".ckpt" / name), resume=True)
-        runs.setdefault(name, PlannedRun(name, backend, config_file, world, tuple(flags.items()),
+        runs.setdefault(name, SweepRun(name, backend, config_file, world, tuple(flags.items()),
                                          tuple((k, str(v)) for k, v in spec.env.items()), key))
     return list(runs.values()), list(dict.fromkeys(skipped))
 
 
 def _zero_stage(config_file: str | None) -> int | None:
     """The ZeRO stage a DeepSpeed config file names."""
-    from backends import deepspeed_config
-
     config = deepspeed_config.read(str(REPO / config_file)) if config_file else {}
     return (config.get("zero_optimization") or {}).get("stage")
 
 
 def _sha256(path: Path) -> str | None:
-    import hashlib
-
     try:
         return hashlib.sha256(path.read_bytes()).hexdigest()
     except OSError:
         return None
-
-
-def check_runs(runs: list[PlannedRun], directory: Path, planner=None) -> None:
-    """Every planned run resolved as train.py will resolve it (flags, config files, world size, and
-    its model and data: training/run.py check_model, each distinct model once), before the first
-    starts: a bad spec is refused whole (ConfigError naming the run). Each `auto:<GiB>` run is planned
-    too (by `planner`, else the estimator's, estimator/checkpointing_plan.plan_for_record), on counted costs
-    (whether a plan fits does not depend on them): a budget no plan fits is refused here, naming the
-    smallest budget a plan fits, rather than when its turn comes."""
-    import dataclasses
-
-    import torch
-
-    import backends
-    from core.dist import DistEnv
-    from gptlite.data import DataError
-    from training.cli import config_from_argv
-    from training.run import check_blocks
-
-    from training.preflight import writable_out
-
-    # the sweep's records and logs: beside other records, never inside one, and where they can be written
-    writable_out("runs_dir", str(directory))
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    checked: dict[str, object] = {}  # each distinct model's workload, checked once
-    for run in runs:
-        nvme = dict(run.flags).get("nvme_path")
-        if nvme:  # scratch space the sweep owns, for ZeRO-Infinity's NVMe offload
-            Path(nvme).mkdir(parents=True, exist_ok=True)
-        try:
-            cfg = config_from_argv(run.argv(directory))
-            env = DistEnv(0, 0, run.world_size, run.world_size, device, launcher_for(run.backend))
-            cfg = backends.resolve(cfg, env).cfg
-            model = json.dumps({name: getattr(cfg, name) for name in MODEL_FLAGS})
-            if model not in checked:
-                checked[model] = _check_model(cfg)
-            # Each run: its backend or flags may need blocks the model does not have (fsdp, not ddp).
-            check_blocks(checked[model], cfg)
-            if cfg.ckpt_policy == "auto":
-                from estimator.checkpointing_plan import plan_for_record
-                from training.run import resolve
-
-                plans = planner or plan_for_record
-                # A description (dry run, no name): a run recorded before may be planned again.
-                resolve(dataclasses.replace(cfg, dry_run=True, run_name=None), env,
-                        planner=lambda *a, **k: plans(*a, **{**k, "measure": False}), workload=checked[model])
-        except (ConfigError, DataError) as e:
-            raise ConfigError(f"run {run.name}: {e}") from None
-
-
-def _check_model(cfg):
-    from gptlite.data import DataError
-    from gptlite.errors import one_line
-    from training.run import check_model
-
-    try:
-        return check_model(cfg)
-    except (ConfigError, DataError):
-        raise
-    except Exception as e:  # noqa: BLE001 - the model's own code failed (get_model raising): so would the run
-        raise ConfigError(f"model {cfg.model}: {one_line(e)}") from None

@@ -2,7 +2,7 @@
 
 One sweep at a time writes into a directory (`hold_directory`: <dir>/.sweep.lock, naming its
 holder). A run's record is reused ("already done") only when it was made by the same run: each run
-is given its key (PlannedRun.key: flags, launcher, environment, the config file's contents) and
+is given its key (SweepRun.key: flags, launcher, environment, the config file's contents) and
 writes it into its record (core/records.py SWEEP_KEY_FILE) as it creates it, holding the record's
 lock, so key and record have one writer. A record whose key differs is refused before anything
 starts, never silently taken for the new run nor overwritten, unless its run never got going
@@ -25,12 +25,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tqdm import tqdm
+
 from core.records import SWEEP_KEY_ENV, SWEEP_KEY_FILE, atomic_write_json, read_json, read_summary
 from core.summary import FINISHED, RunSummary
 from gptlite.errors import ConfigError
-from training.launch import REPO, launch_env
+from orchestration.launch import REPO, launch_env
 from training.locks import FileLock, LockHeld, RecordLock
-from training.sweep import PlannedRun
+from training.progress import runs_bar
+from orchestration.sweep import SweepRun
 
 RETRYABLE = ("failed", "timeout")
 # Run again whenever the spec is: a cancelled run was stopped by its user, not by its result.
@@ -48,7 +51,7 @@ class Stopped(Exception):
 
 @dataclass
 class Outcome:
-    run: PlannedRun
+    run: SweepRun
     summary: RunSummary
     seconds: float
     skipped: bool = False
@@ -80,7 +83,7 @@ class Runner:
         self.retry_failed = retry_failed
         # Signals the launched run ignores (it and its ranks inherit that): a Slurm job's SIGUSR2
         # ahead of its time limit reaches every process of the job, and its default action would
-        # kill the run before the runner stops it in order (training/slurm.py).
+        # kill the run before the runner stops it in order (orchestration/slurm.py).
         self.child_ignores = tuple(child_ignores)
         self.directory_lock: FileLock | None = None
         self._current: tuple | None = None  # (planned, launcher process, log, start) of the run in progress
@@ -94,7 +97,7 @@ class Runner:
                               "at a time: wait for it to finish, or give this one another name or runs_dir") from None
         return self.directory_lock
 
-    def done(self, planned: PlannedRun) -> RunSummary | None:
+    def done(self, planned: SweepRun) -> RunSummary | None:
         """The record of `planned` when it needs no launch: finished by these settings (its key),
         not cancelled, and not a failure that --retry_failed asks to run again."""
         summary = read_summary(self.directory / planned.name / "summary.json")
@@ -104,7 +107,7 @@ class Runner:
             return summary
         return None
 
-    def check_records(self, runs: list[PlannedRun]) -> None:
+    def check_records(self, runs: list[SweepRun]) -> None:
         """Refuse (ConfigError) when a run's name holds a record made with other settings."""
         for planned in runs:
             changed = other_settings(self.directory, planned)
@@ -112,7 +115,7 @@ class Runner:
                 raise ConfigError(f"{self.directory / planned.name} was recorded with other settings ({changed}); "
                                   "give the sweep another name (or runs_dir), or move the old records away")
 
-    def run(self, planned: PlannedRun, command: list[str] | None = None) -> Outcome:
+    def run(self, planned: SweepRun, command: list[str] | None = None) -> Outcome:
         """Launch `planned` (its own command, or `command`: the same run started otherwise, as a
         Slurm job's node does) and settle its record."""
         record = self.directory / planned.name
@@ -163,21 +166,21 @@ class Runner:
     def stop_current(self, status: str, why: str) -> Outcome | None:
         """Stop the run in progress (its launcher and every rank) and record it as `status` with
         `why`, unless it finished first: a Slurm job about to be stopped at its time limit or
-        preempted (training/slurm.py) settles its run this way before the scheduler kills it."""
+        preempted (orchestration/slurm.py) settles its run this way before the scheduler kills it."""
         if self._current is None:
             return None
         planned, proc, log, started = self._current
         _kill_group(proc)
         return self._settle(planned, proc.returncode, False, log, time.monotonic() - started, ended=(status, why))
 
-    def settle_ended(self, planned: PlannedRun, status: str, why: str) -> Outcome:
+    def settle_ended(self, planned: SweepRun, status: str, why: str) -> Outcome:
         """Record `planned` as `status` with `why` when its launch ended elsewhere without settling it
         (a Slurm job killed at its time limit, cancelled while queued, or its node lost); a record
         the run settled itself is left as it is."""
         return self._settle(planned, 0, False, self.directory / ".logs" / f"{planned.name}.log", 0.0,
                             ended=(status, why))
 
-    def _settle(self, planned: PlannedRun, returncode: int | None, timed_out: bool, log: Path, seconds: float,
+    def _settle(self, planned: SweepRun, returncode: int | None, timed_out: bool, log: Path, seconds: float,
                 interrupted: str | None = None, ended: tuple[str, str] | None = None) -> Outcome:
         """The run's outcome, its final summary written here when the run could not write one
         itself: only into the run's own record (its key), or a new one, holding the record's lock."""
@@ -219,7 +222,7 @@ class Runner:
             lock.release()
 
 
-def _left_alone(planned: PlannedRun, seconds: float, why: str) -> Outcome:
+def _left_alone(planned: SweepRun, seconds: float, why: str) -> Outcome:
     return Outcome(planned, RunSummary(planned.name), seconds, left_alone=why)
 
 
@@ -230,7 +233,7 @@ def _read_key(record: Path) -> dict | None:
         return None
 
 
-def stored_key(directory: Path, planned: PlannedRun) -> dict | None:
+def stored_key(directory: Path, planned: SweepRun) -> dict | None:
     """The sweep key in the run's record; records of sweeps before keys moved into them have theirs
     in <dir>/.keys/."""
     for path in (directory / planned.name / SWEEP_KEY_FILE, directory / ".keys" / f"{planned.name}.json"):
@@ -241,10 +244,10 @@ def stored_key(directory: Path, planned: PlannedRun) -> dict | None:
     return None
 
 
-def other_settings(directory: Path, planned: PlannedRun) -> str | None:
+def other_settings(directory: Path, planned: SweepRun) -> str | None:
     """How the record under `planned`'s name differs from `planned` (its key), where one exists that was
     made with other settings; None where there is none or it is this run's. Running refuses such a
-    record (Runner.check_records) and --status does not report it as this run's (training/slurm.py)."""
+    record (Runner.check_records) and --status does not report it as this run's (orchestration/slurm.py)."""
     record = directory / planned.name
     if not record.exists() or _never_got_going(record):
         return None
@@ -305,7 +308,7 @@ def _last_line(log: Path) -> str:
 
 class LocalSweep:
     """The local executor: a sweep's runs one after another on this machine, through the Runner.
-    training/slurm.SlurmSweep is the other; both are built by training/executors.executor_for and
+    orchestration/slurm.SlurmSweep is the other; both are built by orchestration/executors.executor_for and
     called alike (hold_directory, check, run_all)."""
 
     def __init__(self, name: str, directory: Path, timeout_s: float, runs, retry_failed: bool = False):
@@ -325,10 +328,6 @@ class LocalSweep:
         """Each run in turn, a line through `report` as it starts and one as it ends (a progress bar
         on a terminal); every run's Outcome, in order (a run recorded before by the same settings
         as already done). `follow`: always, here."""
-        from tqdm import tqdm
-
-        from training.progress import runs_bar
-
         def say(line: str) -> None:
             with tqdm.external_write_mode():
                 report(line)

@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from core.records import atomic_write_json
-from training.runner import Outcome, Runner
-from training.sweep import PlannedRun
+from orchestration.runner import Outcome, Runner
+from orchestration.sweep import SweepRun
 
 
 class SearchError(RuntimeError):
@@ -59,7 +59,7 @@ class SearchResult:
     probes: list[dict] = field(default_factory=list)
 
 
-def search(base: PlannedRun, runner: Runner, budget_gb: float | None, probe_steps: int, full_steps: int,
+def search(base: SweepRun, runner: Runner, budget_gb: float | None, probe_steps: int, full_steps: int,
            limit: int, report: Callable[[Outcome], None] = lambda outcome: None) -> SearchResult:
     """The largest micro-batch of `base`'s configuration, and its throughput over `full_steps`."""
     stem = base.config_key

@@ -1,8 +1,8 @@
 """Memory per rank for a configuration, before running it: model states and activations.
 
-    python -m analysis.estimate --world 8 --preset paper --deepspeed_config ds_configs/z3.json --device cuda
-    python -m analysis.estimate --world 2 --fsdp_config fsdp_configs/shard_grad_op.yaml --ckpt_interval 1 --json
-    python -m analysis.estimate --world 8 --model hf:llama --model_args num_hidden_layers=4,hidden_size=256 \\
+    python -m analysis.estimate_cli --world 8 --preset paper --deepspeed_config ds_configs/z3.json --device cuda
+    python -m analysis.estimate_cli --world 2 --fsdp_config fsdp_configs/shard_grad_op.yaml --ckpt_interval 1 --json
+    python -m analysis.estimate_cli --world 8 --model hf:llama --model_args num_hidden_layers=4,hidden_size=256 \\
         --deepspeed_config ds_configs/z3.json --micro_batch 4 --device cuda
 
 The method, its moments of the step and its measured accuracy: docs/estimator.md and
@@ -19,19 +19,22 @@ from dataclasses import asdict
 from pathlib import Path
 
 from analysis.runs import config_label
+from core.config import describe_plan as describe_choices
+from estimator.checkpointing_plan import plan_for_record
 from estimator.estimate import Estimate, estimate, estimate_from_record, record_arguments  # noqa: F401 - the API, as before
 from gptlite.data import DataError
 from gptlite.errors import ConfigError
+from simulation.describe import describe
+from training.cli import OneLineParser, refuse_renamed
+from training.preflight import writable_out
 
 
 def main(argv=None) -> int:
-    from training.cli import OneLineParser
-
-    p = OneLineParser(prog="python -m analysis.estimate", description=__doc__.splitlines()[0], allow_abbrev=False,
+    p = OneLineParser(prog="python -m analysis.estimate_cli", description=__doc__.splitlines()[0], allow_abbrev=False,
                       formatter_class=argparse.RawDescriptionHelpFormatter,
-                      usage="python -m analysis.estimate [--world W] [--gpus_per_node N] [--json] [--out DIR] [train.py flags]",
+                      usage="python -m analysis.estimate_cli [--world W] [--gpus_per_node N] [--json] [--out DIR] [train.py flags]",
                       epilog="\n".join(["Every other flag is train.py's, with train.py's names and defaults (python "
-                                         "train.py --help), resolved as the run resolves them (training/describe.py): "
+                                         "train.py --help), resolved as the run resolves them (simulation/describe.py): "
                                          "the estimate is of the run those flags launch on --world ranks. --device "
                                          "cuda estimates a GPU run from a machine without one.", "",
                                          *__doc__.splitlines()[2:7]]))
@@ -41,25 +44,17 @@ def main(argv=None) -> int:
     p.add_argument("--json", action="store_true", help="print JSON: the estimate's parts, the plan of --ckpt_policy "
                    "auto, and `config`, the run resolved (train.py --dry_run's record)")
     p.add_argument("--out", default=None, metavar="DIR", help="also write what --json prints to DIR/estimate.json")
-    from training.cli import refuse_renamed
-
     refuse_renamed(p, argv)
     args, train_argv = p.parse_known_args(argv)
     chosen = []
 
     def planner(*a, **k):  # the run's own (estimator/checkpointing_plan.py), keeping what it chose to print it
-        from estimator.checkpointing_plan import plan_for_record
-
         chosen.append(plan_for_record(*a, **k))
         return chosen[-1]
 
     try:
         if args.out:
-            from training.preflight import writable_out
-
             writable_out("--out", args.out, writes="estimate.json")
-        from training.describe import describe
-
         config = describe(train_argv, args.world, args.gpus_per_node, planner=planner)
         model, positional, kwargs = record_arguments(config)
         est = estimate(model, *positional, **kwargs)  # the record says its ranks per node
@@ -90,8 +85,6 @@ def main(argv=None) -> int:
     print(f"{what}, {label}, {args.world} rank(s), micro-batch {run['micro_batch']}, {run['precision']}, {ckpt}, on "
           f"{config['environment']['device']}, per rank:")
     if plan:
-        from core.config import describe_plan as describe_choices
-
         print(f"  checkpointing planned for {run['mem_budget_gb']:g} GiB: {describe_choices(plan.choices)} "
               f"({plan.describe_cost()})")
     for name, value in (("parameters", est.params), ("gathered parameters", est.params_gathered),

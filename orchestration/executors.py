@@ -1,5 +1,5 @@
 """Where a sweep's runs go, behind one interface: this machine, one run after another
-(training/runner.LocalSweep), or one Slurm job each (training/slurm.SlurmSweep).
+(orchestration/runner.LocalSweep), or one Slurm job each (orchestration/slurm.SlurmSweep).
 
     executor = executor_for(name, directory, timeout_s, runs, slurm=None)  # SlurmSettings for Slurm
     executor.check()                 # ConfigError: a record made with other settings, or what Slurm refuses
@@ -13,13 +13,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from training.runner import LocalSweep
+from orchestration.runner import LocalSweep
+from orchestration.slurm import SlurmSweep
 
 
 def executor_for(name: str, directory: Path, timeout_s: float, runs, slurm=None, retry_failed: bool = False):
-    """LocalSweep, or with `slurm` (training/sweep.SlurmSettings) SlurmSweep, for `runs` into `directory`."""
+    """LocalSweep, or with `slurm` (orchestration/sweep.SlurmSettings) SlurmSweep, for `runs` into `directory`."""
     if slurm is None:
         return LocalSweep(name, directory, timeout_s, runs, retry_failed=retry_failed)
-    from training.slurm import SlurmSweep
-
     return SlurmSweep(name, directory, timeout_s, runs, slurm, retry_failed=retry_failed)

@@ -2,7 +2,7 @@
 
 Each run of the matrix becomes one Slurm job (one job array per resource shape). The job runs, on
 its node, the command the local runner runs (python, torchrun or deepspeed with the run's ranks)
-through the same Runner (training/runner.py): the same record, key and lock rules, so a recorded
+through the same Runner (orchestration/runner.py): the same record, key and lock rules, so a recorded
 configuration is not submitted again and a changed spec never overwrites a record. Records go to
 the sweep's runs directory, which must be on a filesystem the nodes share; submitit's files and
 the sweep's job list go to <runs dir>/.slurm/.
@@ -27,9 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from core.records import atomic_write_json, dead_because, read_json, read_summary
-from gptlite.errors import ConfigError
-from training.launch import REPO, launch_env, launcher_for
-from training.sweep import SlurmSettings  # the spec's executor: section, read with the spec
+from gptlite.errors import ConfigError, one_line
+from orchestration.launch import REPO, launch_env, launcher_for
+from orchestration.runner import TERMINATED, Outcome, Runner, other_settings, wait_for
+from orchestration.sweep import SlurmSettings  # the spec's executor: section, read with the spec
+from training.locks import FileLock, LockHeld
 
 SLURM_DIR = ".slurm"
 JOBS_FILE = "jobs.json"
@@ -97,8 +99,6 @@ class SlurmRun:
 
     def __call__(self) -> str:
         import submitit
-
-        from training.runner import Runner
 
         job = submitit.JobEnvironment()
         command = node_command(self.run, self.directory, self.nodes, job.hostnames, str(job.job_id))
@@ -256,23 +256,16 @@ class SlurmSweep:
     def hold_directory(self):
         """The directory for this sweep's submission alone (ConfigError naming the holder): a lock
         released when this process exits; the jobs go on."""
-        from training.runner import Runner
-
         return Runner(self.directory, self.timeout_s).hold_directory()
 
     def check(self) -> None:
         """Refuse (ConfigError) a run whose name holds a record made with other settings, then what
         this cluster cannot run (its partitions, GPUs and nodes against the runs' shapes)."""
-        from training.runner import Runner
-
         Runner(self.directory, self.timeout_s).check_records(self.runs)
         check_slurm(self.settings, sorted(set(self.shapes().values()), key=str))
 
     def _write_jobs(self, update: dict) -> None:
         """Merge `update` into the job list, holding its lock (a --cancel may write beside a submission)."""
-        from training.locks import FileLock, LockHeld
-        from training.runner import wait_for
-
         lock = wait_for(lambda: FileLock(self.folder / "jobs.lock"), 60.0)
         if isinstance(lock, LockHeld):
             raise ConfigError(f"{self.folder / JOBS_FILE}: {lock}")
@@ -288,8 +281,6 @@ class SlurmSweep:
         """(the runs that need a job: not done, as the local runner decides, nor queued or running;
         {run name: job id} of those queued or running already, from an earlier invocation;
         {run name: its RunSummary} of those done)."""
-        from training.runner import Runner
-
         jobs = read_jobs(self.directory)
         states = queue_states(entry["job_id"] for entry in jobs.values() if entry.get("job_id"))
         runner = Runner(self.directory, self.timeout_s, retry_failed=self.retry_failed)
@@ -311,8 +302,6 @@ class SlurmSweep:
         """Submit what needs a job, then follow it, and any job of these runs still queued or running
         from an earlier invocation, to its end: every run's Outcome in order (those recorded before
         as already done); None when not following. ConfigError: Slurm refused the submission."""
-        from training.runner import Outcome
-
         todo, live, done = self.to_submit(report)
         submitted = self.submit(todo) if todo else {}
         if submitted:
@@ -352,8 +341,6 @@ class SlurmSweep:
                     jobs = [executor.submit(SlurmRun(self.directory, run, self.timeout_s, shape.nodes,
                                                      self.settings.time_min)) for run in group]
             except Exception as e:  # noqa: BLE001 - sbatch refusing what --test-only took: its message, one line
-                from gptlite.errors import one_line
-
                 raise ConfigError(f"--executor slurm: submission failed: {one_line(e)}") from None
             for run, job in zip(group, jobs):
                 submitted[run.name] = str(job.job_id)
@@ -365,8 +352,6 @@ class SlurmSweep:
         """The outcome of a run whose job has ended: its record, or, when the job ended before the
         run could settle it (killed at its time limit, cancelled while queued, its node lost), a
         record saying so, with the job's final state where squeue still has it (`slurm_state`)."""
-        from training.runner import TERMINATED, Outcome, Runner
-
         entry = read_jobs(self.directory).get(run.name, {})
         summary = read_summary(self.directory / run.name / "summary.json")
         stopped = summary is not None and summary.status == "failed" and TERMINATED in (summary.error or "")
@@ -403,11 +388,9 @@ class SlurmSweep:
     def status(self) -> list[tuple[str, str, str | None, str]]:
         """(run, state, job id, detail) of every run: queued or running from squeue, else its
         record's status (ok, failed, oom, timeout, cancelled), or 'not submitted'; 'other settings' where its
-        name holds another spec's record (the rule running applies: training/runner.py other_settings).
+        name holds another spec's record (the rule running applies: orchestration/runner.py other_settings).
         A record that says running without a job of this sweep (a local sweep's) is running, or dead
         where its process is gone (core/records.dead_because), shown so and left as it is."""
-        from training.runner import other_settings
-
         jobs = read_jobs(self.directory)
         states = queue_states(entry["job_id"] for entry in jobs.values() if entry.get("job_id"))
 
