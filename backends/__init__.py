@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from backends import fsdp_config
 from backends.registry import BACKEND_NAMES, BACKEND_SUMMARIES, DEEPSPEED, REFERENCE, flag_owners, get_backend
 
 if TYPE_CHECKING:
@@ -27,6 +26,8 @@ def resolve(cfg: RunConfig, env: DistEnv) -> Resolved:
     --fsdp_config (read here once and handed to the backend), else single.
     """
     if cfg.backend is None and cfg.fsdp_config is not None and cfg.deepspeed_config is None:
+        from backends import fsdp_config  # torch: the names above stay importable without it
+
         options = fsdp_config.load(cfg.fsdp_config)
         return get_backend(options.backend).resolve(dataclasses.replace(cfg, backend=options.backend), env,
                                                     options=options)

@@ -20,7 +20,6 @@ import os
 import re
 from pathlib import Path
 
-from backends import deepspeed_support
 from core.configfile import NESTING_ALLOWED, check_json_nesting
 from gptlite.errors import ConfigError
 
@@ -249,6 +248,8 @@ def _check_reduce_scatter(where: str, config: dict) -> None:
 
 def _validate_with_deepspeed(where: str, config: dict) -> None:
     """DeepSpeed's own parser (its pydantic sections reject unknown keys and bad values)."""
+    from backends import deepspeed_support  # torch: reading a file stays torch-free (a sweep, a Slurm job's wrapper)
+
     deepspeed_support.import_deepspeed()
     from deepspeed.runtime.config import DeepSpeedConfig
 
