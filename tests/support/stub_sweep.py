@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 STUB = Path(__file__).resolve().parent / "stub_run.py"
-sys.path.insert(0, str(STUB.parent.parent))
+sys.path.insert(0, str(STUB.parents[2]))  # the repository
 
 
 def stub_command(self, runs_dir) -> list[str]:

@@ -1,13 +1,28 @@
 """The table of shared launches (tests/launches.py) says who reads what, and says it truly; the port
 every launch gets is free."""
 
-import importlib
+import importlib.util
 import socket
+import sys
+from pathlib import Path
 
 import pytest
 
 from ckpt_probe import parse_case
 from launches import LAUNCHES, PROBE_GROUPS, REFERENCE_STEPS, committed_reference
+
+TESTS = Path(__file__).resolve().parents[1]
+
+
+def module_named(name: str):
+    """The test module `name` from whichever tier folder holds it: pytest puts a folder on sys.path only
+    when it collects a file there, and this test may run alone."""
+    if name not in sys.modules:
+        path, = TESTS.glob(f"*/{name}.py")
+        spec = importlib.util.spec_from_file_location(name, path)
+        sys.modules[name] = module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
 
 @pytest.mark.parametrize("name", list(LAUNCHES))
@@ -17,7 +32,7 @@ def test_every_launch_names_readers_that_exist(name):
     assert isinstance(launch.readers, tuple) and all(isinstance(r, str) for r in launch.readers)
     for reader in launch.readers:
         module, function = reader.split("::")
-        assert hasattr(importlib.import_module(module), function), f"{name}: {reader} is no test or fixture"
+        assert hasattr(module_named(module), function), f"{name}: {reader} is no test or fixture"
 
 
 def test_the_probes_groups_are_distinct_and_their_cases_parse():

@@ -113,7 +113,7 @@ def references(tmp_path_factory) -> dict:
              for model, args in MODELS.items() for ckpt in (0, 1)}
     # The eight one-process references in one interpreter (tests/run_many.py: train.py's main on each).
     (runs / "runs.json").write_text(json.dumps(list(argvs.values())))
-    proc = python(REPO / "tests" / "run_many.py", runs / "runs.json", timeout=900)
+    proc = python(REPO / "tests" / "support" / "run_many.py", runs / "runs.json", timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return {model: {ckpt: record(runs / f"{model}-ckpt{ckpt}").check_ok() for ckpt in (0, 1)} for model in MODELS}
 

@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository
 
 from core.records import SWEEP_KEY_ENV, SWEEP_KEY_FILE, atomic_write_json, atomic_write_text  # noqa: E402
 from core.summary import RunSummary  # noqa: E402

@@ -423,7 +423,7 @@ class Launched:
             plan = directory / "plan.json"
             directory.mkdir(parents=True)
             plan.write_text(json.dumps(PROBE_GROUPS))
-            proc = start(REPO / "tests" / "ckpt_probe.py", [str(directory / "out"), str(plan)], launch.launcher, 2,
+            proc = start(REPO / "tests" / "support" / "ckpt_probe.py", [str(directory / "out"), str(plan)], launch.launcher, 2,
                          timeout=launch.timeout, env=env, real=launch.real)
             assert proc.returncode == 0, proc.stderr[-4000:]
             ranks = [torch.load(p) for p in sorted((directory / "out").glob("rank*.pt"))]
@@ -476,9 +476,9 @@ def reader_of(request) -> str:
 # The reference's losses and validation loss, committed (tests/reference_losses.json): the parity tests
 # compare against them without depending on the reference launch; test_parity.py holds the launch to
 # them (exactly, on the machine and torch that wrote them). Regenerate after a change that moves them:
-#     .venv/bin/python tests/launches.py --write-reference
+#     .venv/bin/python tests/support/launches.py --write-reference
 REFERENCE_FILE = Path(__file__).resolve().parent / "reference_losses.json"
-REGENERATE = ".venv/bin/python tests/launches.py --write-reference"
+REGENERATE = ".venv/bin/python tests/support/launches.py --write-reference"
 
 
 def machine() -> dict:
@@ -515,7 +515,7 @@ def write_reference() -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/, for conftest
     if sys.argv[1:] != ["--write-reference"]:
         sys.exit(f"usage: {REGENERATE}")
     write_reference()

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository
 
 from backends import get_backend  # noqa: E402
 from backends.base import local_tensor  # noqa: E402

@@ -48,6 +48,7 @@ SOCKET_ENV = "GPTLITE_TEST_FORKSERVER"  # the server's socket, for launch comman
 LOG_ENV = "GPTLITE_TEST_LAUNCH_LOG"  # tests/tiers.py's launch log
 LAUNCHERS = ("python", "torchrun", "deepspeed")
 KILL_GRACE_S = 15  # after SIGTERM, as the sweep's runner waits
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # above tests/support/
 
 
 # ------------------------------------------------------------------ the wire: one JSON message, with fds
@@ -120,7 +121,7 @@ def _cache_cpuinfo() -> None:
 def serve(path: str) -> None:
     import gc
 
-    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository, not tests/
+    sys.path[0] = REPOSITORY  # the repository, not tests/support/
     ready = os.dup(1)  # stdout says "ready" only: what the imports print goes to stderr
     os.dup2(2, 1)
     _preload()
@@ -522,7 +523,7 @@ def _launch_main(args: list[str]) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, forward)
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, REPOSITORY)
     return launch(argv, launcher, nproc, env=dict(os.environ), cwd=os.getcwd(), stdout=1, stderr=2, pids=pids)
 
 

@@ -237,7 +237,7 @@ def test_stopping_the_sweep_stops_its_run_and_records_it(tmp_path):
 
     spec = _spec(tmp_path, steps=100000, matrix={"backend": ["ddp"], "micro_batch": [2], "world_size": [2]},
                  train_args={"mem_profile_steps": 0})
-    sweep = subprocess.Popen([sys.executable, str(REPO / "tests" / "stub_sweep.py"), spec], cwd=REPO, env=base_env(),
+    sweep = subprocess.Popen([sys.executable, str(REPO / "tests" / "support" / "stub_sweep.py"), spec], cwd=REPO, env=base_env(),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     summary = tmp_path / "runs" / "ddp-w2-tiny-mb2-fp32-ckpt0" / "summary.json"
     deadline = time.monotonic() + 120

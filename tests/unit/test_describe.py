@@ -131,7 +131,7 @@ def test_a_simulated_world_runs_the_configuration_train_py_resolves(dry_runs, tm
     (tmp_path / "cases.json").write_text(json.dumps([[CASES[c][1], 8, CASES[c][0]] for c in cases]))
     from conftest import python
 
-    proc = python(REPO / "tests" / "fake_world_batch.py", tmp_path / "cases.json", tmp_path / "out.json",
+    proc = python(REPO / "tests" / "support" / "fake_world_batch.py", tmp_path / "cases.json", tmp_path / "out.json",
                   timeout=600)  # training.fake_world.simulate, both in one process
     assert proc.returncode == 0, proc.stderr
     for case, result in zip(cases, json.loads((tmp_path / "out.json").read_text())):

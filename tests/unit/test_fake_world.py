@@ -55,7 +55,7 @@ def _fake_worlds(cases: list, tmp_path) -> list[dict]:
     results = {}
     for n, batch in enumerate(_batches(cases)):
         (tmp_path / f"cases{n}.json").write_text(json.dumps([cases[i] for i in batch]))
-        proc = python(REPO / "tests" / "fake_world_batch.py", tmp_path / f"cases{n}.json", tmp_path / f"out{n}.json",
+        proc = python(REPO / "tests" / "support" / "fake_world_batch.py", tmp_path / f"cases{n}.json", tmp_path / f"out{n}.json",
                       timeout=900)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
         results.update(zip(batch, json.loads((tmp_path / f"out{n}.json").read_text())))

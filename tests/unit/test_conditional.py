@@ -11,7 +11,7 @@ from conftest import REPO, in_process, train
 from core.config import RunConfig
 from gptlite.errors import ConfigError
 
-MODEL = str(REPO / "tests" / "conditional_model.py")
+MODEL = str(REPO / "tests" / "support" / "conditional_model.py")
 STEPS = 12
 ARGS = ("--model", MODEL, "--precision", "fp32", "--lr_warmup_steps", "0", "--mem_profile_steps", "0",
         "--warmup_steps", "0", "--eval_batches", "1", "--steps", str(STEPS))

@@ -617,7 +617,7 @@ def test_a_speech_encoders_measured_peaks_are_estimated_within_ten_percent():
     from benchmarks.zoo import ZOO
     from training.describe import describe
 
-    measured = json.loads((REPO / "tests" / "speech_ctc_peaks.json").read_text())
+    measured = json.loads((REPO / "tests" / "support" / "speech_ctc_peaks.json").read_text())
     errors = {}
     for run in measured["runs"]:
         config = describe([*ZOO["speech_ctc"].flags, *run["flags"]], run["world"])
