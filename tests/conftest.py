@@ -121,6 +121,58 @@ def in_process(main, argv: list[str]) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(list(argv), code, out.getvalue(), err.getvalue())
 
 
+LAUNCHER_ENV = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+
+
+def dry_run(flags: list[str], world: int) -> dict:
+    """What `train.py --dry_run` prints as rank 0 of `world` ranks (a launcher's environment): train.py's
+    main, in this process, under that environment (tests/unit/test_cli.py runs --dry_run as a process)."""
+    import train
+    from training.cli import build_parser, parse_args
+    from training.run import main
+
+    env = {"WORLD_SIZE": str(world), "RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": str(world)} if world > 1 else {}
+    saved = {name: os.environ.pop(name, None) for name in LAUNCHER_ENV}
+    os.environ.update(env)
+    try:
+        parser = build_parser(description=train.DESCRIPTION, examples=train.EXAMPLES)
+        proc = in_process(lambda a: main(parse_args([*a, "--dry_run"], parser=parser)),
+                          flags)
+    finally:
+        for name, value in saved.items():
+            os.environ.pop(name, None)
+            if value is not None:
+                os.environ[name] = value
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def tool_in_process(tool: str, argv: list[str]) -> subprocess.CompletedProcess:
+    """train.py's or sweep.py's main, called in this process with argv (tests/unit/test_bad_input.py runs some
+    cases as processes too)."""
+    if tool == "train":
+        import train
+        from training.cli import build_parser, parse_args
+        from training.run import main
+
+        parser = build_parser(description=train.DESCRIPTION, examples=train.EXAMPLES)
+        return in_process(lambda a: main(parse_args(a, parser=parser)), argv)
+    import sweep
+
+    return in_process(sweep.main, argv)
+
+
+def check_refused(proc, script: str, message: str, runs) -> None:
+    """Bad input refused as the suite refuses it: exit 2, one line naming it, no traceback, nothing recorded."""
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, proc.stderr
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"{script}: error:") and message in lines[0], lines[0]
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert not any(json.loads(p.read_text()).get("status") == "ok" for p in runs.rglob("summary.json"))
+    assert not list(runs.rglob("summary.json"))  # nothing recorded at all
+
+
 _SERVER: list = []  # the test run's fork server (tests/forkserver.py), started by the first fork launch
 
 

@@ -20,10 +20,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import REPO, assert_losses_close, base_env, launch_command
+from conftest import REPO, assert_losses_close, base_env, check_refused, launch_command, tool_in_process
 from launches import PRETRAINED_BACKENDS, REFERENCE_STEPS, pretrained_checkpoint
 from pretrained_checkpoint import POSITIONS, write_checkpoint
-from test_bad_input import _check_refused, _in_process
 
 BACKENDS = list(PRETRAINED_BACKENDS)
 REFERENCE = "pretrained-single"
@@ -193,7 +192,7 @@ def test_bad_model_input_is_one_line_and_records_nothing(tmp_path, monkeypatch, 
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty cache: the name is not there
     args, message = _bad(tmp_path, small_checkpoint, case)
     runs = tmp_path / "runs"
-    _check_refused(_in_process("train", [*args, "--steps", "1", "--runs_dir", str(runs)]), "train.py", message, runs)
+    check_refused(tool_in_process("train", [*args, "--steps", "1", "--runs_dir", str(runs)]), "train.py", message, runs)
 
 
 @pytest.mark.distributed
@@ -341,6 +340,6 @@ def test_a_tokenizer_larger_than_the_checkpoints_embedding_is_refused(tmp_path, 
     tokenizer = write_tokenizer(tmp_path / "tok")  # 300 tokens and more
     rows = write_jsonl(tmp_path / "train.jsonl", corpus_rows(100))
     runs = tmp_path / "runs"
-    _check_refused(_in_process("train", ["--model_name_or_path", str(checkpoint), "--tokenizer_name", str(tokenizer),
+    check_refused(tool_in_process("train", ["--model_name_or_path", str(checkpoint), "--tokenizer_name", str(tokenizer),
                                          "--train_file", str(rows), "--steps", "1", "--runs_dir", str(runs)]),
                    "train.py", "tokenizer_name: the tokenizer", runs)

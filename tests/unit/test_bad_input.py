@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, TRAIN, base_env, in_process, launch_command
+from conftest import REPO, TRAIN, base_env, check_refused, launch_command, tool_in_process
 
 Z2 = json.loads((REPO / "ds_configs" / "z2.json").read_text())
 DEEP = 100_000  # levels of nesting: every parser here recursed once per level (a RecursionError traceback)
@@ -387,36 +387,12 @@ def _case(tmp_path, args, file, message):
     return args, message
 
 
-def _in_process(tool: str, argv: list[str]) -> subprocess.CompletedProcess:
-    """train.py's or sweep.py's main, called here with argv (the processes themselves are below)."""
-    if tool == "train":
-        import train
-        from training.cli import build_parser, parse_args
-        from training.run import main
-
-        parser = build_parser(description=train.DESCRIPTION, examples=train.EXAMPLES)
-        return in_process(lambda a: main(parse_args(a, parser=parser)), argv)
-    import sweep
-
-    return in_process(sweep.main, argv)
-
-
-def _check_refused(proc, script: str, message: str, runs) -> None:
-    lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2, proc.stderr
-    assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith(f"{script}: error:") and message in lines[0], lines[0]
-    assert "Traceback" not in proc.stdout + proc.stderr
-    assert not any(json.loads(p.read_text()).get("status") == "ok" for p in runs.rglob("summary.json"))
-    assert not list(runs.rglob("summary.json"))  # nothing recorded at all
-
-
 @pytest.mark.parametrize("name, tool, args, file, message", CASES, ids=[c[0] for c in CASES])
 def test_bad_input(tmp_path, name, tool, args, file, message):
     args, message = _case(tmp_path, args, file, message)
     runs = tmp_path / "runs"
     extra = ["--runs_dir", str(runs)] if tool == "train" and "--runs_dir" not in args else []
-    _check_refused(_in_process(tool, [*args, *extra]), f"{tool}.py", message, runs)
+    check_refused(tool_in_process(tool, [*args, *extra]), f"{tool}.py", message, runs)
 
 
 # As processes, where the exit code and the one line are the interpreter's own: one case of each
@@ -437,7 +413,7 @@ def test_bad_input_as_a_process(tmp_path, name, tool, args, file, message):
     extra = ["--runs_dir", str(runs)] if tool == "train" and "--runs_dir" not in args else []
     proc = subprocess.run([sys.executable, str(script), *args, *extra], cwd=REPO, env=base_env(), capture_output=True,
                           text=True, timeout=120)
-    _check_refused(proc, script.name, message, runs)
+    check_refused(proc, script.name, message, runs)
 
 
 # Under torchrun, every case goes one way from the moment it is caught (an error raised before any

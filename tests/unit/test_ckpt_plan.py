@@ -10,7 +10,7 @@ import pytest
 from estimator import ckpt_plan
 from estimator.estimate import estimate
 from backends.activation_checkpointing import save_ops_for
-from conftest import TRAIN, python
+from conftest import TRAIN, dry_run, python
 from core.flops import block_flops_by_op
 
 GiB = 2**30
@@ -194,7 +194,6 @@ def test_an_auto_run_trains_as_without_checkpointing_within_its_budget(tmp_path,
     common = ("--preset", "small", "--micro_batch", "8", "--steps", "3", "--dropout", "0.1", "--precision", "fp32",
               "--warmup_steps", "0", "--eval_batches", "1", "--lr_warmup_steps", "0", *backend)
     world = 1 if launcher == "python" else 2
-    from test_describe import dry_run
 
     budget = _budget_between(dry_run(list(common), 1), world)
     plain = train(tmp_path, "plain", *common, launcher=launcher).check_ok()
@@ -232,7 +231,6 @@ def test_a_resumed_auto_run_keeps_the_plan_it_started_with(tmp_path):
               "--save_every", "1")
     first = train(tmp_path / "runs", "r", *common, "--steps", "2", "--micro_batch", "8").check_ok()
     plan = first.config["run"]["ckpt_plan"]
-    from test_describe import dry_run
 
     dry = dry_run(["--preset", "small", "--micro_batch", "4", "--ckpt_policy", "auto", "--mem_budget_gb", "0.15",
                    "--ckpt_cost", "counted"], 1)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import REPO, in_process
+from conftest import REPO, dry_run, in_process
 
 LLAMA = "num_hidden_layers=2,hidden_size=64,num_attention_heads=2,num_key_value_heads=2,intermediate_size=128"
 
@@ -20,34 +20,6 @@ CASES = {
     "ddp-defaults": (["--backend", "ddp"], 2),
     "auto": (["--preset", "tiny", "--ckpt_policy", "auto", "--mem_budget_gb", "0.012", "--ckpt_cost", "counted"], 1),
 }
-
-
-LAUNCHER_ENV = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
-
-
-def dry_run(flags: list[str], world: int) -> dict:
-    """What `train.py --dry_run` prints as rank 0 of `world` ranks (a launcher's environment): train.py's
-    main, in this process, under that environment (tests/test_cli.py runs --dry_run as a process)."""
-    import os
-
-    import train
-    from training.cli import build_parser, parse_args
-    from training.run import main
-
-    env = {"WORLD_SIZE": str(world), "RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": str(world)} if world > 1 else {}
-    saved = {name: os.environ.pop(name, None) for name in LAUNCHER_ENV}
-    os.environ.update(env)
-    try:
-        parser = build_parser(description=train.DESCRIPTION, examples=train.EXAMPLES)
-        proc = in_process(lambda a: main(parse_args([*a, "--dry_run"], parser=parser)),
-                          flags)
-    finally:
-        for name, value in saved.items():
-            os.environ.pop(name, None)
-            if value is not None:
-                os.environ[name] = value
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
 
 
 @pytest.fixture(scope="module")
