@@ -18,7 +18,7 @@ from training.launch import REPO, TRAIN, launch_command, launch_env  # noqa: F40
 from launches import LAUNCH_TIMEOUT_S, PARITY_ARGS, REFERENCE_STEPS, Launched  # noqa: F401 (for the tests)
 import forkserver  # noqa: E402
 
-pytest_plugins = ["tiers"]  # tier markers, the unit tier's guard, the launch counts (tests/tiers.py)
+pytest_plugins = ["tiers"]  # tier markers, the unit tier's guard, the launch counts (tests/support/tiers.py)
 
 # A run record names the checkout's commit (git, once per process) and the processor (platform runs
 # `uname -p` once per process): read here, before any unit test, so the unit tests that run a record
@@ -173,7 +173,7 @@ def check_refused(proc, script: str, message: str, runs) -> None:
     assert not list(runs.rglob("summary.json"))  # nothing recorded at all
 
 
-_SERVER: list = []  # the test run's fork server (tests/forkserver.py), started by the first fork launch
+_SERVER: list = []  # the test run's fork server (tests/support/forkserver.py), started by the first fork launch
 
 
 def fork_server() -> str:
@@ -191,7 +191,7 @@ def fork_server() -> str:
 def pytest_sessionstart(session):
     """matplotlib's font list built before any test runs: built on first use, it runs fc-list where
     fontconfig is installed, and a unit test's first figure (the plan's --out) would start a process
-    (tests/tiers.py refuses it) on any machine without matplotlib's cache yet."""
+    (tests/support/tiers.py refuses it) on any machine without matplotlib's cache yet."""
     with contextlib.suppress(ImportError):
         import matplotlib
 
@@ -275,7 +275,7 @@ def python(*args, env: dict | None = None, timeout: float = LAUNCH_TIMEOUT_S, re
 def launch(script, args: list[str], launcher: str = "python", nproc: int = 2, timeout: float = LAUNCH_TIMEOUT_S,
            env: dict | None = None, real: bool = False, cwd: Path = REPO) -> subprocess.CompletedProcess:
     """`script args` under `launcher` on `nproc` ranks, to completion: the real launcher with `real`,
-    else forked from the fork server (tests/forkserver.py: the same ranks without their start-up).
+    else forked from the fork server (tests/support/forkserver.py: the same ranks without their start-up).
     `script`: a path, or ["-m", MODULE]."""
     env = {**base_env(), **(env or {})}
     if real or launcher not in forkserver.LAUNCHERS:
@@ -319,7 +319,7 @@ def runs_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def launches(tmp_path_factory) -> Launched:
-    """The real launches of tests/launches.py's table, each made once per test run, when a test first
+    """The real launches of tests/support/launches.py's table, each made once per test run, when a test first
     reads it: `launches.get(name, request)`. Under pytest-xdist the workers of a run share them (in
     the directory above each worker's own)."""
     if os.environ.get("PYTEST_XDIST_WORKER"):

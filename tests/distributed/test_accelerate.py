@@ -29,7 +29,7 @@ def accelerate_launch(runs_dir: Path, name: str, *args: str) -> Run:
 
 @pytest.fixture
 def reference():
-    """The reference's first STEPS steps (committed: tests/reference_losses.json)."""
+    """The reference's first STEPS steps (committed: tests/support/reference_losses.json)."""
     return committed_reference()["losses"][:STEPS]
 
 

@@ -12,7 +12,7 @@ from launches import CKPT_BASELINE as BASELINE, CKPT_CASES as CASES, PLAN_CASES,
 
 N_LAYER = 4  # the tiny preset
 TOLERANCE = 1e-6
-# The 2-rank backends of the probe launch (tests/launches.py) with the full set of cases; single runs
+# The 2-rank backends of the probe launch (tests/support/launches.py) with the full set of cases; single runs
 # the same cases in this process.
 BACKENDS = ["ddp", "fsdp", "fsdp2"]
 MORE_BACKENDS = [g["label"] for g in PROBE_GROUPS if g["cases"] in (PLAN_CASES, ZERO3_PLAN_CASES)]
@@ -28,7 +28,7 @@ def test_checkpointed_blocks_are_every_kth_from_the_first():
 
 @pytest.fixture(scope="module")
 def single_probe():
-    """The probe's cases for the one-process backend, run in this process (as tests/ckpt_probe.py would)."""
+    """The probe's cases for the one-process backend, run in this process (as tests/support/ckpt_probe.py would)."""
     from core.dist import DistEnv
     from gptlite.data import CharDataset
 

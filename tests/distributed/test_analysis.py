@@ -76,7 +76,7 @@ def test_report_writes_markdown_and_every_figure(mixed, tmp_path):
     out = tmp_path / "report"
     from analysis import report
 
-    proc = in_process(report.main, [mixed, "--out", out])  # the logic; tests/test_trust.py runs the CLI as a process
+    proc = in_process(report.main, [mixed, "--out", out])  # the logic; tests/unit/test_trust.py runs the CLI as a process
     assert proc.returncode == 0, proc.stderr
     report = (out / "report.md").read_text()
     for section in ("## Runs", "## Against DDP", "## Runs that did not succeed", "## Figures"):

@@ -33,8 +33,8 @@ def _tier(name):
 
 @pytest.fixture
 def eager(launches, request):
-    """Eager training at the same global batch: the reference launch (tests/launches.py). Every
-    backend and checkpointing repeats its losses within 1e-5 (tests/test_parity.py), so it is the
+    """Eager training at the same global batch: the reference launch (tests/support/launches.py). Every
+    backend and checkpointing repeats its losses within 1e-5 (tests/distributed/test_parity.py), so it is the
     eager run of each."""
     return launches.get("reference", request)
 

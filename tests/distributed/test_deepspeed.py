@@ -103,7 +103,7 @@ def test_memory_is_measured_under_deepspeed(ds_runs):
 
 @pytest.fixture
 def probe(launches, request):
-    """The shared probe launch (tests/launches.py PROBE_GROUPS): each rank's results by group."""
+    """The shared probe launch (tests/support/launches.py PROBE_GROUPS): each rank's results by group."""
     return launches.get("probe", request)
 
 

@@ -1,6 +1,6 @@
 """FSDP and FSDP2 through torchrun on 2 CPU ranks: parity with single, and per-rank bytes.
 
-The runs are the suite's shared launches (tests/launches.py): the quick matrix's records for the
+The runs are the suite's shared launches (tests/support/launches.py): the quick matrix's records for the
 configurations it has, and launches of their own for the CPU-offload files and for accumulation."""
 
 import pytest
@@ -11,7 +11,7 @@ from backends import fsdp_config
 from launches import HYBRID, QUICK_SPEC, committed_reference
 from conftest import assert_losses_close, matrix_run
 
-# The hybrid family outside the quick matrix runs at 4 ranks as 2 nodes of 2 (tests/test_hybrid.py):
+# The hybrid family outside the quick matrix runs at 4 ranks as 2 nodes of 2 (tests/distributed/test_hybrid.py):
 # on one node of 2 it is FULL_SHARD or SHARD_GRAD_OP again.
 IN_MATRIX = set(yaml.safe_load(QUICK_SPEC.read_text())["matrix"]["backend"])
 FP32_CONFIGS = [p for p in fsdp_config.shipped_configs() if fsdp_config.precision_of(fsdp_config.load(str(p))) == "fp32"

@@ -1,5 +1,5 @@
 """The hybrid family (sharded within a node, replicated or re-gathered across nodes) at 4 ranks as 2
-torchrun nodes of 2 (tests/launches.py HYBRID): FSDP2 on a 2-D mesh (HSDP), FSDP2 resharding to a
+torchrun nodes of 2 (tests/support/launches.py HYBRID): FSDP2 on a 2-D mesh (HSDP), FSDP2 resharding to a
 node after forward, FSDP1 HYBRID_SHARD and _HYBRID_SHARD_ZERO2, ZeRO++'s hpZ; each against the
 one-process reference, resumed, its communication per link against its theory, its memory against
 the estimate; and the shapes that cannot run, refused in one line."""
@@ -45,7 +45,7 @@ def test_each_hybrid_configuration_resumes_exactly(launches, request, name):
 @pytest.mark.distributed
 @pytest.mark.parametrize("name", NAMES)
 def test_each_hybrid_configuration_communicates_per_link_as_its_theory_says(launches, request, name):
-    """Bytes within 5% of the theory (the suite's tolerance, tests/test_comm.py), and on each link:
+    """Bytes within 5% of the theory (the suite's tolerance, tests/unit/test_comm.py), and on each link:
     the calls each process group counted (c10d's sequence numbers) fall on the links the theory puts
     their kinds, but for at most one small all-reduce (the gradient norm's, which no theory counts)."""
     comm = _nodes(launches, request, name).first.summary["comm"]

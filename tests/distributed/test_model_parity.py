@@ -24,7 +24,7 @@ held to parity by the GPT-lite tests.
 
 Every backend is covered by a model other than GPT-lite in `make test` (a rotation, to keep the
 suite's time); GPTLITE_MODEL_MATRIX=full runs every model under every backend
-(`GPTLITE_MODEL_MATRIX=full python -m pytest tests/test_model_parity.py`: 52 runs, 6 min 49 s here).
+(`GPTLITE_MODEL_MATRIX=full python -m pytest tests/distributed/test_model_parity.py`: 52 runs, 6 min 49 s here).
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def references(tmp_path_factory) -> dict:
                              "--save_every", str(STEPS), "--runs_dir", str(runs), "--run_name", f"{model}-ckpt{ckpt}",
                              "--quiet"]
              for model, args in MODELS.items() for ckpt in (0, 1)}
-    # The eight one-process references in one interpreter (tests/run_many.py: train.py's main on each).
+    # The eight one-process references in one interpreter (tests/support/run_many.py: train.py's main on each).
     (runs / "runs.json").write_text(json.dumps(list(argvs.values())))
     proc = python(REPO / "tests" / "support" / "run_many.py", runs / "runs.json", timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -16,7 +16,7 @@ STEPS = 6
 
 @pytest.fixture
 def reference():
-    """The reference's first STEPS steps (global batch 8; committed: tests/reference_losses.json)."""
+    """The reference's first STEPS steps (global batch 8; committed: tests/support/reference_losses.json)."""
     return committed_reference()["losses"][:STEPS]
 
 

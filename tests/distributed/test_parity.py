@@ -1,10 +1,10 @@
-"""Every backend trains as one process does: the 2-rank runs of the shared launches (tests/launches.py)
-against the reference's committed losses (tests/reference_losses.json), and the reference launch
+"""Every backend trains as one process does: the 2-rank runs of the shared launches (tests/support/launches.py)
+against the reference's committed losses (tests/support/reference_losses.json), and the reference launch
 itself against them.
 
 Global batch 8 everywhere: the reference's micro-batch 8 in one process, 2 ranks x micro-batch 4, or
 2 ranks x 2 x 2-step accumulation. rtol 1e-5: the torch backends repeat the reference to about 1e-7,
-DeepSpeed's CPU Adam to 1.34e-6 (it keeps beta^t in fp32; tests/test_deepspeed.py).
+DeepSpeed's CPU Adam to 1.34e-6 (it keeps beta^t in fp32; tests/distributed/test_deepspeed.py).
 """
 
 import pytest

@@ -1,11 +1,11 @@
 """A transformers checkpoint trained from its weights (--model_name_or_path) under every backend.
 
-One GPT-2 of 8 blocks with tied embeddings (tests/launches.py: pretrained_checkpoint, written with
+One GPT-2 of 8 blocks with tied embeddings (tests/support/launches.py: pretrained_checkpoint, written with
 save_pretrained), one launch per backend (PRETRAINED_BACKENDS: 10 steps in the parity settings):
 - the first step's loss is the one transformers computes itself on the same batch, from the
   checkpoint (within 1e-5, fp32): the weights were loaded, and the loss is transformers' loss;
 - every 2-rank backend matches the one process for 10 steps (the suite's tolerances: 1e-5 torch,
-  1e-4 DeepSpeed, as tests/test_model_parity.py);
+  1e-4 DeepSpeed, as tests/distributed/test_model_parity.py);
 - ZeRO-3 and FSDP2 load it without a whole copy per rank: each rank's loading peak (the record's
   checkpoint_load: torch-allocated bytes live in the loading window) is at most the share it holds
   plus one block's parameters, where DDP's, which loads it whole, is the whole model;

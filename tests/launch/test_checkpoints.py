@@ -112,7 +112,7 @@ def test_export_gives_the_plain_models_state_dict(runs, name, tmp_path):
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=_tier(n)) for n in ("single", "z3")])
 def test_no_tool_writes_into_a_checkpoint_directory_a_run_wrote(runs, name, tmp_path):
-    """core/owned.py knows the layout training/checkpoint.py writes (tests/test_owned.py: every tool)."""
+    """core/owned.py knows the layout training/checkpoint.py writes (tests/unit/test_owned.py: every tool)."""
     from core.owned import is_checkpoint_dir
     from training import fake_world
 

@@ -16,7 +16,7 @@ from conftest import REPO, base_env
 
 SCRIPT = REPO / "tools" / "slurm_local.sh"
 SPEC = {"timeout_s": 600, "matrix": {"world_size": [2], "preset": ["tiny"], "precision": ["fp32"], "micro_batch": [4]},
-        # The quick matrix's test settings (tests/launches.py MATRIX_TRAIN_ARGS): its records hold these.
+        # The quick matrix's test settings (tests/support/launches.py MATRIX_TRAIN_ARGS): its records hold these.
         "train_args": {"warmup_steps": 1, "mem_profile_steps": 1, "eval_batches": 1, "dropout": 0.0,
                        "lr_warmup_steps": 0},
         # One CPU per node: each node is half this machine (the script gives each slurmd one CPU).
@@ -135,7 +135,7 @@ def test_a_node_lost_mid_run_ends_the_run_failed_not_a_sweep_waiting(two_nodes, 
 def test_the_hybrid_family_over_two_slurm_nodes_records_the_losses_of_one_host(two_nodes, launches, request, tmp_path):
     """The hybrid configurations at 2 nodes x 2 ranks as Slurm jobs (torchrun on each node): each job on
     both nodes, its record's ranks per node 2, and the losses the same runs make on one host as two
-    torchrun nodes (tests/launches.py HYBRID), bit for bit."""
+    torchrun nodes (tests/support/launches.py HYBRID), bit for bit."""
     from launches import HYBRID
 
     configs = [flags[1] for flags in HYBRID.values()]

@@ -2,11 +2,11 @@
 checkpointing settings, in ONE launch (python or torchrun): every group of cases shares the process
 group, one after another, so the suite starts one launch for what used to be twenty.
 
-    python -m torch.distributed.run --nproc_per_node 2 tests/ckpt_probe.py OUT_DIR PLAN.json
+    python -m torch.distributed.run --nproc_per_node 2 tests/support/ckpt_probe.py OUT_DIR PLAN.json
 
 PLAN.json is a list of groups, each {"label", "backend", "config" (an --fsdp_config or
 --deepspeed_config file, or null), "cases": [...], "freeze_embeddings" (optional)}: the probe's
-table lives in tests/launches.py (PROBE_GROUPS). Each case is interval:impl:offload[:policy[:dropout]],
+table lives in tests/support/launches.py (PROBE_GROUPS). Each case is interval:impl:offload[:policy[:dropout]],
 offload being 0 (none), 1 (torch's, --ckpt_offload) or pH (--offload_activations with horizon H; the
 offloader's schedule of the first step is recorded), policy full (default) or selective
 (--ckpt_policy), or a plan, each block's choice joined by "+" (--ckpt_plan: full+selective+none+full,

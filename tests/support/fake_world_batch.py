@@ -1,11 +1,11 @@
 """Several simulated worlds in one interpreter (training.fake_world.simulate, one after another), for
 the tests that replay many runs: one process instead of one per replay.
 
-    python tests/fake_world_batch.py CASES.json OUT.json
+    python tests/support/fake_world_batch.py CASES.json OUT.json
 
 CASES.json: a list of [world, gpus_per_node, train.py flags]; OUT.json: the list of simulate()'s
 results, in order. Each simulation makes and ends its own fake process group, as the CLI's does
-(`python -m training.fake_world` runs one; tests/test_fake_world.py runs that CLI for real too). At most
+(`python -m training.fake_world` runs one; tests/unit/test_fake_world.py runs that CLI for real too). At most
 one DeepSpeed run per batch: DeepSpeed keeps its process groups in module globals, and a second
 simulation found the first's group gone ("Group ... is not registered").
 """

@@ -6,11 +6,11 @@ imports it), DeepSpeed and the suite, every time, in every rank and in the launc
 1.3 s is training; 8.3 s as 2 DDP ranks under torchrun). A test whose subject is a backend, a
 checkpointing policy or a record rather than a launcher launches through this instead:
 
-    server   python tests/forkserver.py serve SOCKET
+    server   python tests/support/forkserver.py serve SOCKET
              one per test run (tests/conftest.py starts it at the first fork launch and stops it at
              the end): imports torch, dynamo, DeepSpeed, transformers and the suite's modules once,
              then forks a supervisor per request, which forks the rank and reports how it ended.
-    launch   python tests/forkserver.py launch --launcher torchrun --nproc 2 train.py ARGS
+    launch   python tests/support/forkserver.py launch --launcher torchrun --nproc 2 train.py ARGS
              (or `-m MODULE ARGS`, as python -m)
              a launcher command (the sweep's runner starts it as it would start torchrun): asks the
              server for the ranks, passes its stdout and stderr on to them, forwards SIGTERM and
@@ -24,11 +24,11 @@ argv, environment, working directory and PYTHONPATH), in the environment its lau
 torchrun's (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT, TORCHELASTIC_RUN_ID,
 ...) or the deepspeed launcher's (CROSS_RANK, LOCAL_SIZE and `--local_rank=N` in argv), so a record
 names the launcher it would have named. What stays real: every launcher keeps tests of its own
-(tests/launches.py launches the reference, DDP with accumulation and ZeRO-2 with the real ones; the
+(tests/support/launches.py launches the reference, DDP with accumulation and ZeRO-2 with the real ones; the
 fault, multi-node, accelerate, Slurm and bad-input tests start them too). A rank whose client dies
 (the test timed out, SIGKILL) is killed by its supervisor; a rank whose supervisor dies gets
 SIGTERM (train.py's stop_with_launcher). Each forked rank adds a line to the suite's launch log
-(tests/tiers.py counts them as forks, beside the interpreters).
+(tests/support/tiers.py counts them as forks, beside the interpreters).
 
 This module's launch side imports nothing heavy (it runs as a launcher command); only `serve` imports torch.
 """
@@ -45,7 +45,7 @@ import sys
 import time
 
 SOCKET_ENV = "GPTLITE_TEST_FORKSERVER"  # the server's socket, for launch commands started under the suite
-LOG_ENV = "GPTLITE_TEST_LAUNCH_LOG"  # tests/tiers.py's launch log
+LOG_ENV = "GPTLITE_TEST_LAUNCH_LOG"  # tests/support/tiers.py's launch log
 LAUNCHERS = ("python", "torchrun", "deepspeed")
 KILL_GRACE_S = 15  # after SIGTERM, as the sweep's runner waits
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # above tests/support/
@@ -533,4 +533,4 @@ if __name__ == "__main__":
     elif sys.argv[1:2] == ["launch"]:
         sys.exit(_launch_main(sys.argv[2:]))
     else:
-        sys.exit("usage: python tests/forkserver.py serve SOCKET | launch --launcher L --nproc N SCRIPT ARGS...")
+        sys.exit("usage: python tests/support/forkserver.py serve SOCKET | launch --launcher L --nproc N SCRIPT ARGS...")

@@ -3,14 +3,14 @@
 
 A test reads a launch through the `launches` fixture (conftest.py): `launches.get("matrix", request)`.
 Only the tests a launch names may read it (`readers`, as "module::test" or "module::fixture"), so the
-table says who depends on what; tests/test_launch_table.py holds every reader to a real test or fixture.
+table says who depends on what; tests/unit/test_launch_table.py holds every reader to a real test or fixture.
 A launch that failed fails every test that reads it, with its output.
 
 Kinds:
     train   train.py under a launcher (python, torchrun, deepspeed): a Run (conftest.Run); "{DIR}" in
             its args and env is the launch's own directory (its record is {DIR}/<name>)
     sweep   sweep.py on a spec built from a shipped one: the directory of its records
-    probe   tests/ckpt_probe.py under torchrun, every group of PROBE_GROUPS in one launch: each rank's
+    probe   tests/support/ckpt_probe.py under torchrun, every group of PROBE_GROUPS in one launch: each rank's
             results ({group label: {case: result}})
     nodes   train.py on 2 "nodes" of 2 ranks: two torchrun node launchers (--nnodes 2, c10d rendezvous on
             127.0.0.1) on this machine, saving a checkpoint after step NODES_SAVE_AFTER; then the same run
@@ -55,7 +55,7 @@ class Launch:
     args: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
     timeout: float = LAUNCH_TIMEOUT_S
-    real: bool = False  # under the real launcher; else forked (tests/forkserver.py)
+    real: bool = False  # under the real launcher; else forked (tests/support/forkserver.py)
     prepare: str | None = None  # "module.function" writing what the launch reads into {DIR} first
 
 
@@ -65,7 +65,7 @@ def _two_ranks(*flags: str, micro: int = 4, accum: int = 1, steps: int = REFEREN
 
 
 # ------------------------------------------------------------------ the probe's groups
-# tests/ckpt_probe.py: checkpointing (every k-th block, both torch implementations, torch's offload,
+# tests/support/ckpt_probe.py: checkpointing (every k-th block, both torch implementations, torch's offload,
 # selective, plans per block, dropout) and prefetch offload, per backend, one launch for them all.
 N_LAYER = 4  # the tiny preset
 CKPT_BASELINE = "0:torch_nonreentrant:0"
@@ -174,7 +174,7 @@ class Nodes:
 
 def two_nodes(directory: Path, name: str, args: list[str], timeout: float) -> subprocess.CompletedProcess:
     """train.py under two torchrun node launchers of 2 ranks each on this machine: what a user runs on
-    each of two nodes, with the rendezvous on this host (tests/test_multinode.py's way)."""
+    each of two nodes, with the rendezvous on this host (tests/distributed/test_multinode.py's way)."""
     import uuid
 
     from conftest import base_env
@@ -208,7 +208,7 @@ TEXT_ARGS = (*PARITY_ARGS, "--model", "hf:gpt2", "--model_args", "n_layer=2,n_em
              "--tokenizer_name", "{DIR}/tokenizer", "--train_file", "{DIR}/train.jsonl", "--backend", "ddp",
              "--micro_batch", "4", "--steps", "3")
 SAVED_KEY = (("GPTLITE_CHECKPOINT_KEY", "{DIR}/checkpoint.key"),)
-# A transformers checkpoint loaded with its weights (--model_name_or_path; tests/test_pretrained.py): GPT-2 of
+# A transformers checkpoint loaded with its weights (--model_name_or_path; tests/distributed/test_pretrained.py): GPT-2 of
 # 8 blocks with tied embeddings ({CKPT}: written once per test run, pretrained_checkpoint), 10 steps in the
 # parity settings, the last profiled (the estimator's peak), a checkpoint after the last (export).
 PRETRAINED_ARGS = ("--model_name_or_path", "{CKPT}", "--block_size", "32", "--dropout", "0", "--precision", "fp32",
@@ -304,14 +304,14 @@ LAUNCHES: dict[str, Launch] = {
                                                              micro=2, steps=4),
                        env=SAVED_KEY, timeout=DS_TIMEOUT_S),
     # A tiny GPT-2 built from its config, on a JSON Lines file with a tokenizer trained for the test
-    # (tests/text_fixtures.py), its tokenized data cached in {DIR}/cache; datasets says what it caches.
+    # (tests/support/text_fixtures.py), its tokenized data cached in {DIR}/cache; datasets says what it caches.
     "text-ddp": Launch("hf:gpt2 on a JSON Lines file and a trained tokenizer, DDP, 2 ranks under torchrun", "train",
                        readers=("test_text_data::test_a_ddp_run_on_a_json_lines_file_records_the_tokenized_data",
                                 "test_text_data::test_the_ranks_first_step_loss_is_the_models_loss_on_the_drawn_samples"),
                        launcher="torchrun", args=TEXT_ARGS,
                        env=(("GPTLITE_CACHE", "{DIR}/cache"), ("DATASETS_VERBOSITY", "info")),
                        prepare="text_fixtures.prepare_launch", real=True),
-    "probe": Launch("tests/ckpt_probe.py: every group of PROBE_GROUPS, 2 ranks", "probe",
+    "probe": Launch("tests/support/ckpt_probe.py: every group of PROBE_GROUPS, 2 ranks", "probe",
                     readers=("test_activation_checkpointing::test_checkpointing_leaves_losses_and_gradients_unchanged",
                              "test_activation_checkpointing::test_printed_model_shows_checkpoint_wrappers_where_chosen",
                              "test_activation_checkpointing::test_a_plan_leaves_losses_and_gradients_unchanged_on_the_rest_of_the_quick_matrix",
@@ -340,7 +340,7 @@ class Launched:
         launch = LAUNCHES[name]
         reader = reader_of(request)
         assert reader in launch.readers, (f"{reader} reads launch {name!r} but the table does not name it: add it to "
-                                          f"LAUNCHES[{name!r}].readers in tests/launches.py")
+                                          f"LAUNCHES[{name!r}].readers in tests/support/launches.py")
         if name not in self.done:
             self.done[name] = self._once(name, launch)
         if isinstance(self.done[name], BaseException):
@@ -473,7 +473,7 @@ def reader_of(request) -> str:
 
 
 # ------------------------------------------------------------------ committed reference losses
-# The reference's losses and validation loss, committed (tests/reference_losses.json): the parity tests
+# The reference's losses and validation loss, committed (tests/support/reference_losses.json): the parity tests
 # compare against them without depending on the reference launch; test_parity.py holds the launch to
 # them (exactly, on the machine and torch that wrote them). Regenerate after a change that moves them:
 #     .venv/bin/python tests/support/launches.py --write-reference

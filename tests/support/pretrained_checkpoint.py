@@ -1,5 +1,5 @@
 """Tiny transformers checkpoints written with save_pretrained, for the tests of --model_name_or_path
-(no network: the hub is never asked). `python tests/pretrained_checkpoint.py DIR [gpt2|llama] [N_LAYER]`."""
+(no network: the hub is never asked). `python tests/support/pretrained_checkpoint.py DIR [gpt2|llama] [N_LAYER]`."""
 
 from __future__ import annotations
 

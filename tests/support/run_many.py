@@ -3,7 +3,7 @@ each argument list, as `python train.py ARGS` would run it (the allocator pinned
 does), for reference runs that several tests compare against. One launch instead of one per run;
 the runs whose launch is what a test checks are launched on their own.
 
-    python tests/run_many.py RUNS.json      # a list of train.py argument lists; exits 1 if any failed
+    python tests/support/run_many.py RUNS.json      # a list of train.py argument lists; exits 1 if any failed
 """
 
 import json

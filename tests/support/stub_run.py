@@ -4,11 +4,11 @@ train.py does (the record's lock, the sweep key from the environment, config.jso
 summary.json written atomically, one line and exit 2 for refused flags, SIGTERM recorded as a failure)
 without torch, so it starts in a fraction of a second instead of a launch's seconds.
 
-    python tests/stub_run.py --runs_dir R --run_name N [train.py's flags]
+    python tests/support/stub_run.py --runs_dir R --run_name N [train.py's flags]
 
 GPTLITE_FAULT (core/faults.py's syntax: kind=error|hang|exit,step=S[,backend=B]) makes it fail, hang or
-exit at step S as a run would. tests/stub_sweep.py runs sweep.py with this as every run's command; the
-real launches of the runner are tested end to end by tests/test_sweep.py's one real sweep.
+exit at step S as a run would. tests/support/stub_sweep.py runs sweep.py with this as every run's command; the
+real launches of the runner are tested end to end by tests/unit/test_sweep.py's one real sweep.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""sweep.py with tests/stub_run.py as every run's command (the runner's behaviour, without a launch
-per run): `python tests/stub_sweep.py SPEC [sweep.py's flags]`, for the tests that signal a sweep
+"""sweep.py with tests/support/stub_run.py as every run's command (the runner's behaviour, without a launch
+per run): `python tests/support/stub_sweep.py SPEC [sweep.py's flags]`, for the tests that signal a sweep
 process itself. In-process tests patch the command the same way (stub_command)."""
 
 from __future__ import annotations

@@ -53,6 +53,6 @@ def write_parquet(path: Path, rows: list[str], column: str = "text") -> Path:
 
 
 def prepare_launch(directory: Path) -> None:
-    """What the text launch (tests/launches.py "text-ddp") reads: {DIR}/tokenizer and {DIR}/train.jsonl."""
+    """What the text launch (tests/support/launches.py "text-ddp") reads: {DIR}/tokenizer and {DIR}/train.jsonl."""
     write_tokenizer(directory / "tokenizer")
     write_jsonl(directory / "train.jsonl", corpus_rows())

@@ -12,10 +12,10 @@ A unit test that starts a process fails (the guard below), so the tier a test cl
 is. `make test-fast` runs `-m unit`; `make test` runs them all.
 
 What the suite starts is counted by the suite itself: every Python interpreter started under it
-(launchers, ranks, CLIs, sweeps' runs, Slurm jobs) runs tests/launch_counter/sitecustomize.py,
+(launchers, ranks, CLIs, sweeps' runs, Slurm jobs) runs tests/support/launch_counter/sitecustomize.py,
 which appends a line to the file GPTLITE_TEST_LAUNCH_LOG names; each test is charged the lines
 that appeared while it (and the fixtures it set up) ran. Ranks forked by the fork launcher
-(tests/forkserver.py) start no interpreter: each adds a "[fork]" line, counted apart. The end of the
+(tests/support/forkserver.py) start no interpreter: each adds a "[fork]" line, counted apart. The end of the
 run prints, per tier, the tests, their time and the interpreters, forks and commands they started.
 """
 
@@ -48,7 +48,7 @@ def _refuse(what: str) -> None:
     test = _state["unit"]
     if test is not None:
         raise StartedAProcess(f"{test} is a unit test (no tier marker) but started a process ({what}); "
-                              "mark it launch, distributed or slurm (tests/tiers.py), or keep it in-process")
+                              "mark it launch, distributed or slurm (tests/support/tiers.py), or keep it in-process")
 
 
 def _audit(event: str, args) -> None:
@@ -79,12 +79,12 @@ def tier_of(item) -> str:
     found = {m.name for m in item.iter_markers() if m.name in TIERS}
     if len(found) > 1:
         raise pytest.UsageError(f"{item.nodeid}: more than one tier marker ({', '.join(sorted(found))}); "
-                                "a test belongs to one tier (tests/tiers.py)")
+                                "a test belongs to one tier (tests/support/tiers.py)")
     return found.pop() if found else "unit"
 
 
 def _launch_lines() -> tuple[int, int]:
-    """(interpreters, forks) in the launch log so far: forks are the ranks tests/forkserver.py forked."""
+    """(interpreters, forks) in the launch log so far: forks are the ranks tests/support/forkserver.py forked."""
     try:
         with open(os.environ[LOG_ENV], "rb") as f:
             lines = f.read().splitlines()
@@ -186,7 +186,7 @@ class Tiers:
                 for key in ("seconds", "interpreters", "forks", "commands"):
                     t[key] += row.get(key, 0)
         write = terminalreporter.write_line
-        terminalreporter.section("tiers: tests, time and processes started (tests/tiers.py)")
+        terminalreporter.section("tiers: tests, time and processes started (tests/support/tiers.py)")
         write(f"{'tier':<12} {'tests':>6} {'passed':>7} {'failed':>7} {'skipped':>8} {'seconds':>9} "
               f"{'interpreters':>13} {'forks':>6} {'commands':>9}")
         for tier in (*TIERS, "all"):
@@ -200,7 +200,7 @@ class Tiers:
               + (f" ({workers} pytest-xdist workers: a tier's seconds add its tests' own, side by side)"
                  if workers else ""))
         write("interpreters: Python processes started under the test (launchers, ranks, CLIs, sweeps' runs, "
-              "Slurm jobs); forks: ranks forked by the fork launcher (tests/forkserver.py); commands: processes "
+              "Slurm jobs); forks: ranks forked by the fork launcher (tests/support/forkserver.py); commands: processes "
               "the test process itself started")
         if os.environ.get(REPORT_ENV):  # every test's row, for comparing two runs of the suite
             import json

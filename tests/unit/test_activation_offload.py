@@ -13,7 +13,7 @@ from launches import DS_OFFLOAD_CASES, OFFLOAD_CASES
 
 N_LAYER = 4  # the tiny preset
 IMPL = "torch_nonreentrant"
-# The probe launch's groups (tests/launches.py) with each checkpointed interval without offloading,
+# The probe launch's groups (tests/support/launches.py) with each checkpointed interval without offloading,
 # then with prefetch offloading at horizon 2; ZeRO-3 DeepSpeed's reentrant checkpoint too (horizon 1).
 BACKENDS = {"ddp": OFFLOAD_CASES, "fsdp": OFFLOAD_CASES, "fsdp2": OFFLOAD_CASES, "z3": OFFLOAD_CASES + DS_OFFLOAD_CASES}
 

@@ -178,7 +178,7 @@ CASES = [
      "save_dir: {FILE} exists and is not a directory"),
     ("save_dir not writable", "train", ["--save_dir", "/proc/gptlite-ckpt", "--save_every", "1"], None,
      "save_dir: /proc/gptlite-ckpt is not writable"),
-    # Files nobody signed (tests/test_checkpoint_trust.py: refused without --trust_checkpoint), trusted:
+    # Files nobody signed (tests/unit/test_checkpoint_trust.py: refused without --trust_checkpoint), trusted:
     ("init_from a text file", "train", ["--init_from", "{FILE}", "--trust_checkpoint"], ("m.pt", "not a checkpoint"),
      "is not a file written by python -m training.export"),
     ("init_from a raw state dict", "train", ["--init_from", "{FILE}", "--trust_checkpoint"], ("m.pt", "{STATE_DICT}"),

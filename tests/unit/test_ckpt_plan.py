@@ -147,7 +147,7 @@ def test_the_cli_prints_a_plan_or_names_the_smallest_reachable_peak():
 
     def cli(*args):
         # Counted: a measured cost (the default) times this machine, and may weigh selective as full. In this
-        # process (tests/test_trust.py runs the estimator's refusals as processes).
+        # process (tests/unit/test_trust.py runs the estimator's refusals as processes).
         return in_process(main, ["--preset", "small", "--micro_batch", "8", "--device", "cpu", "--ckpt_cost",
                                  "counted", *args])
 

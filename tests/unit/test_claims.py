@@ -1,5 +1,5 @@
 """analysis.claims on the committed GPU reference records (no launches: fast). What its tables must
-say of them is in runs/reference/index.yaml (tests/test_reference.py); here, how they are made."""
+say of them is in runs/reference/index.yaml (tests/unit/test_reference.py); here, how they are made."""
 
 import json
 

@@ -1,4 +1,4 @@
-"""Models with conditional computation (tests/conditional_model.py: a top-1 mixture of experts whose experts
+"""Models with conditional computation (tests/support/conditional_model.py: a top-1 mixture of experts whose experts
 may get no sample, a classifier with an unused bias): every backend trains them with one process's
 semantics, a parameter no sample used gets no update, or refuses them in one line before training
 (training/run.py check_unused); none ends in a dead rank (issue 39, case 7)."""

@@ -89,7 +89,7 @@ def test_the_projection_resolves_each_configuration_as_train_py_does(entry):
 def test_the_estimator_refuses_what_train_py_refuses_in_one_line(argv, message):
     from analysis.estimate import main
 
-    proc = in_process(main, argv)  # the logic; tests/test_trust.py runs the CLI's refusals as processes
+    proc = in_process(main, argv)  # the logic; tests/unit/test_trust.py runs the CLI's refusals as processes
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
 

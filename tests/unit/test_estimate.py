@@ -298,7 +298,7 @@ def test_fsdp_accumulation_keeps_each_units_gradient_whole_until_the_last_micro_
         assert two.total_bytes - half.total_bytes >= 4 * top // 2, backend
         assert two.grads == one.grads  # the shards kept after the step are the same
 
-# The models of tests/test_model_parity.py, and GPT-lite, at sizes that build in a moment.
+# The models of tests/distributed/test_model_parity.py, and GPT-lite, at sizes that build in a moment.
 POLICY_MODELS = {
     "gptlite": ("gptlite", None),
     "gpt2": ("hf:gpt2", "n_layer=2,n_embd=64,n_head=4"),
@@ -588,7 +588,7 @@ def test_a_front_ends_backward_sets_the_peak_that_checkpointing_the_blocks_does_
     before the blocks (its first convolution runs at 64 times the encoder's frame rate). When backward
     reaches it every block's activations are gone, but what it kept and its convolutions' backward
     buffers are alive: measured, the step's peak is there, the same with and without the blocks
-    checkpointed (tests/speech_ctc_peaks.json). Without that moment the estimate with every block
+    checkpointed (tests/support/speech_ctc_peaks.json). Without that moment the estimate with every block
     checkpointed fell 11-19% under the measured peak, crediting checkpointing with savings the run
     does not see."""
     from estimator.estimate import traced_activations
@@ -610,7 +610,7 @@ def test_a_front_ends_backward_sets_the_peak_that_checkpointing_the_blocks_does_
 def test_a_speech_encoders_measured_peaks_are_estimated_within_ten_percent():
     """The zoo's speech encoder (benchmarks/zoo/speech_ctc.py: a convolutional front end over the
     waveform, transformer blocks, CTC), a shape the estimator was not tuned on: every measured peak of
-    its one-process and world-2 questions (tests/speech_ctc_peaks.json: one process, DDP, FSDP1,
+    its one-process and world-2 questions (tests/support/speech_ctc_peaks.json: one process, DDP, FSDP1,
     FSDP2, ZeRO-1, 2 and 3, with and without every block checkpointed) within 10% of the estimate of
     the same flags. Before the front end's backward was counted, the one-process runs with every block
     checkpointed were 11.5-18.6% under."""

@@ -51,7 +51,7 @@ def _batches(cases: list) -> list[list[int]]:
 
 
 def _fake_worlds(cases: list, tmp_path) -> list[dict]:
-    """Several simulations in few processes (tests/fake_world_batch.py): [world, gpus_per_node, flags] each."""
+    """Several simulations in few processes (tests/support/fake_world_batch.py): [world, gpus_per_node, flags] each."""
     results = {}
     for n, batch in enumerate(_batches(cases)):
         (tmp_path / f"cases{n}.json").write_text(json.dumps([cases[i] for i in batch]))

@@ -1,5 +1,5 @@
 """No import circle among the suite's modules, function-local imports included (read from the source:
-every `import` statement, wherever it is; tests/test_layers.py holds the packages' order by loading them)."""
+every `import` statement, wherever it is; tests/launch/test_layers.py holds the packages' order by loading them)."""
 
 import ast
 

@@ -1,4 +1,4 @@
-"""The table of shared launches (tests/launches.py) says who reads what, and says it truly; the port
+"""The table of shared launches (tests/support/launches.py) says who reads what, and says it truly; the port
 every launch gets is free."""
 
 import importlib.util
@@ -52,7 +52,7 @@ def test_the_committed_reference_is_the_reference_launch():
 
 
 def test_a_unit_test_that_starts_a_process_fails():
-    """The unit tier's guard (tests/tiers.py): starting a process inside a unit test raises, naming it;
+    """The unit tier's guard (tests/support/tiers.py): starting a process inside a unit test raises, naming it;
     multiprocessing's spawn as well."""
     import multiprocessing
     import subprocess

@@ -1,6 +1,6 @@
 """No tool writes into what a run owns (core/owned.py): every --out (and a run's or a sweep's runs_dir)
 inside a record or a checkpoint directory is refused in one line, exit 2, nothing changed (issue 39,
-cases 1-3). In process: the tools' mains, no launch; tests/test_checkpoints.py holds export and
+cases 1-3). In process: the tools' mains, no launch; tests/launch/test_checkpoints.py holds export and
 fake_world to the same on a checkpoint directory a real run wrote."""
 
 import hashlib

@@ -122,7 +122,7 @@ def test_what_would_fail_later_is_refused_before_any_work(tmp_path, capsys):
 def test_counted_bytes_are_the_backends_real_ones_at_w():
     """Counted under the fake process group at 8 ranks: DDP's all-reduce is its theory; the shipped
     ZeRO-3 config gathers once where the theory gathers twice (the 0.667 measured on 2 real ranks,
-    tests/test_comm.py), and the projection's step follows the counted bytes."""
+    tests/unit/test_comm.py), and the projection's step follows the counted bytes."""
     net = HW["networks"]["infiniband-ndr"]
     rows = {}
     for entry in ("ddp", "ds_configs/z3.json"):

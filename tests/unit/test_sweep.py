@@ -1,7 +1,7 @@
 """sweep.py: specs, the runner, failures, timeouts, reruns.
 
 The runner's own behaviour (records, keys, locks, failures, timeouts, retries, stopping) is tested
-with tests/stub_run.py as each run's command, a stand-in without torch; one sweep launches train.py
+with tests/support/stub_run.py as each run's command, a stand-in without torch; one sweep launches train.py
 for real, end to end (test_a_sweep_compares_models_and_the_report_says_which), and sweep.py's
 answers to bad input are checked in this process, one of them as a process."""
 
@@ -41,7 +41,7 @@ def _sweep_here(*args, timeout=None):
 
 @pytest.fixture
 def stubbed(monkeypatch):
-    """Every run the sweep launches is tests/stub_run.py (the runner's behaviour, no launch per run)."""
+    """Every run the sweep launches is tests/support/stub_run.py (the runner's behaviour, no launch per run)."""
     from training.sweep import PlannedRun
 
     monkeypatch.setattr(PlannedRun, "command", stub_command)

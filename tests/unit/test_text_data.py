@@ -390,7 +390,7 @@ def test_the_default_loss_reads_the_logits_of_a_model_output(tmp_path):
     assert torch.allclose(model(x, y)[1], cross_entropy(model.net(x).logits, y))
 
 
-# ------------------------------------------------------------------ the real launch (tests/launches.py "text-ddp")
+# ------------------------------------------------------------------ the real launch (tests/support/launches.py "text-ddp")
 def _launch_config(run) -> RunConfig:
     """The launch's flags as train.py read them, with the launch's directory for {DIR}."""
     from launches import LAUNCHES

@@ -1,5 +1,5 @@
 """The planner's accuracy on the model zoo (benchmarks/zoo_accuracy.py): its figures computed as they
-say. The committed records are held to their bounds by tests/test_reference.py (runs/reference/index.yaml);
+say. The committed records are held to their bounds by tests/unit/test_reference.py (runs/reference/index.yaml);
 a results page written from them is dated and never compared with them again."""
 
 import json

@@ -1,4 +1,4 @@
-"""Counts the Python interpreters the test suite starts (tests/tiers.py).
+"""Counts the Python interpreters the test suite starts (tests/support/tiers.py).
 
 The suite puts this directory first on PYTHONPATH, so every interpreter started under it imports this
 module at start-up (Python's site hook) and appends one line, its pid and command line, to the file
