@@ -74,7 +74,7 @@ demo: setup
 	@echo "Report: $(REPORT_DIR)/report.md"
 
 # Tests run in TEST_WORKERS pytest-xdist processes, a test module to a worker (their fixtures are
-# per module); the launches several modules read are made once and shared (tests/launches.py).
+# per module); the launches several modules read are made once and shared (tests/support/launches.py).
 # TEST_WORKERS=0: in this process, one test after another.
 TEST_WORKERS ?= 2
 test: $(VENV)/.test

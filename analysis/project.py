@@ -12,7 +12,7 @@ defaults), resolved for each configuration as the run resolves it (simulation/de
 For each backend configuration (ddp and every shipped fsdp_configs/ and ds_configs/ file), on W
 ranks (W / gpus_per_node nodes): per-rank memory (analysis.estimate_cli), the bytes of a step's
 collectives by kind (each backend's own theory: Backend.comm_theory, the accounting the measured
-runs are checked against, tests/test_comm.py; or, with --counted, the backend's real collectives at
+runs are checked against, tests/unit/test_comm.py; or, with --counted, the backend's real collectives at
 W, counted by running it as rank 0 of W under torch's fake process group, simulation/fake_world.py),
 and a step time:
 
@@ -30,7 +30,7 @@ and a step time:
 
 samples/s = global batch / step. Every assumption (MFU, overlap, bucket size, CPU Adam speed, the
 hardware table analysis/hardware.yaml, datasheet figures) is printed with the result: this is a
-model for comparing backends, checked only where runs can measure (the bytes, tests/test_comm.py).
+model for comparing backends, checked only where runs can measure (the bytes, tests/unit/test_comm.py).
 """
 
 from __future__ import annotations

@@ -208,7 +208,7 @@ def _plan_nvme(cfg, zero: dict, where: str, notes: list[str]) -> None:
 
 def _plan_checkpointing(cfg, config: dict, stage: int, notes: list[str]) -> None:
     if stage == 3 and ("selective" in cfg.plan_choices() or (cfg.ckpt_interval and cfg.ckpt_policy == "selective")):
-        # Measured (tests/ckpt_probe.py, GPT-lite tiny, 2 ranks): step 0's gradients exact, step 1's
+        # Measured (tests/support/ckpt_probe.py, GPT-lite tiny, 2 ranks): step 0's gradients exact, step 1's
         # off by up to 7%: the backward of a kept matmul reads a view of its weight that ZeRO-3 has
         # released and reused by then.
         raise ConfigError(

@@ -43,7 +43,7 @@ of predicted and measured, the race's regret against the grid's best, the share 
 and run time the race used, and the estimator's peak (as it is now) against each grid run's; and
 where `autotune` ran, the autotuner head to head with the race. A folder of grids without plans
 (`grid` alone: measured for the peaks) gets a table of the peaks alone. A page is written once and
-dated (docs/results/); it is never written again nor compared with the records: tests/test_reference.py
+dated (docs/results/); it is never written again nor compared with the records: tests/unit/test_reference.py
 holds the committed records to the bounds of runs/reference/index.yaml with the code as it is.
 """
 

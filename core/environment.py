@@ -53,7 +53,7 @@ def cpu_name(cpuinfo: str | None = None, ids: bool = True) -> str | None:
     development kind both named "AMD EPYC" (the second family 26, a Zen 5) read the planner's
     reference step 1.6-2.8 ms and 0.7-1.1 ms, and rounded the reference run's third loss apart
     (cpu-2core-zoo-two-reads of docs/results/zoo_accuracy_2026-12-05.md). (py-cpuinfo, which DeepSpeed brings, says the same by
-    starting an interpreter: 1.2 s of CPU, tests/forkserver.py.)"""
+    starting an interpreter: 1.2 s of CPU, tests/support/forkserver.py.)"""
     if cpuinfo is None:
         try:
             cpuinfo = Path("/proc/cpuinfo").read_text()

@@ -105,7 +105,7 @@ def traced_activations(traced, micro_batch: int, act: int, device: str = "cpu") 
     # (an allowance on every block put frozen_tied's one-process runs 13% over, docs/estimator.md).
     # Measured (2026-12-06) against the zoo's 276 runs of runs/reference/cpu-2core-zoo-peaks,
     # -peaks-deepspeed-world1 and -peaks-single: within -7.7% and +5.4% (median 1.0%; -7.7% and +9.5%
-    # with the convolutions' allowance), and the speech encoder's 32 (tests/speech_ctc_peaks.json)
+    # with the convolutions' allowance), and the speech encoder's 32 (tests/support/speech_ctc_peaks.json)
     # within -9.9% and +4.3%. The head keeps its allowance: the zoo's GRU, all its activations the
     # head's, runs its recurrent kernel there (4-9% under without it, one process).
     buffered = CUDA_KERNEL_BUFFER_OPS if device.startswith("cuda") else frozenset()

@@ -11,7 +11,7 @@ largest such base among the moments over k blocks: upper bounds on prefix sums. 
 the blocks in order keeping, for each reachable prefix, only the plans no other plan beats on both
 kept bytes and cost (a Pareto front: a plan with fewer kept bytes and no more cost can finish
 every way the other can), which is exact, and with identical blocks the front stays small (kept
-bytes take few distinct values). tests/test_ckpt_plan.py holds it to brute force.
+bytes take few distinct values). tests/unit/test_ckpt_plan.py holds it to brute force.
 
 Cost of a choice for a block: the forward work the checkpoint runs again in backward, as (FLOPs of
 the recomputed matmuls, convolutions and attention kernels, counted by torch's FlopCounterMode;

@@ -51,7 +51,7 @@ causal mask, naive only); with dropout: + 2 BTC m + B H T^2 (e + m). A checkpoin
 (BTC e) and recomputes the rest in backward; a selective checkpoint (--ckpt_policy selective) keeps its
 input and the outputs of the operators it saves (matmuls with a weight, convolutions, fused attention
 by default), counted per block and operator on the traced forward of any model, GPT-lite's included
-(tests/test_estimate.py holds each policy's per-block bytes within 10% of what the real model keeps).
+(tests/unit/test_estimate.py holds each policy's per-block bytes within 10% of what the real model keeps).
 
 Mixed precision: 16-bit activations where the backend computes in 16 bits (FSDP and DeepSpeed
 cast the module); under autocast (single, ddp) the residual stream and LayerNorm outputs stay fp32
@@ -59,7 +59,7 @@ and q, k, v each save their own 16-bit cast. On CUDA the activations of the head
 lm_head, log-softmax) count at the start of backward, and one block's backward with fused
 attention holds about 10 B T C elements of gradients at once. Offloaded states are on the host.
 
-Accuracy (tests/test_estimate.py, tests/test_model_parity.py): model states within 5% and the peak
+Accuracy (tests/unit/test_estimate.py, tests/distributed/test_model_parity.py): model states within 5% and the peak
 within 10% of every fp32 configuration of sweeps/cpu_quick.yaml measured on CPU (GPT-lite), and of
 the four models of sweeps/models_estimate.yaml (HF GPT-2, HF Llama, HF ResNet-18, a user file)
 under the same 15 configurations; within 10% of the allocator's peak for every bf16 run on the
@@ -68,7 +68,7 @@ run to run by up to two or three units, ResNet-18 129, 147 or 165 MiB: the memor
 gloo's collective buffers, freed by gloo's worker thread where the profiler does not see a free, as
 alive to the step's end. Since 2026-11-29 it ends them at their last use (core/memory_profile.py)
 and identical runs measure the same peak; the quick matrix's FSDP runs and the four models'
-FSDP2 runs lie within 10%.) The hybrid family at 4 ranks as 2 nodes of 2 (tests/test_hybrid.py): within
+FSDP2 runs lie within 10%.) The hybrid family at 4 ranks as 2 nodes of 2 (tests/distributed/test_hybrid.py): within
 -3.0% and -0.6% of the measured peak. The zoo: docs/estimator.md.
 """
 

@@ -8,7 +8,7 @@ names, defaults and checks), resolves them exactly as a run does (training/run.p
 precision, the batch layout, `--ckpt_policy auto`'s plan) as rank 0 of W ranks, and returns what
 `train.py --dry_run` prints under a launcher of W ranks: config.json's description of the run, plus
 the device. A tool that starts from it cannot disagree with the run it describes
-(tests/test_describe.py holds each tool to `train.py --dry_run`).
+(tests/unit/test_describe.py holds each tool to `train.py --dry_run`).
 """
 
 from __future__ import annotations

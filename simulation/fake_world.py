@@ -10,7 +10,7 @@ profiled step as in any run, core/comm.py), the same tensors alive (the memory p
 any run, core/memory_profile.py). What the collectives would have carried is missing, so the
 losses are meaningless and nothing else of the run is kept: the record goes to a temporary
 directory and the result is the step's communication and memory, printed and, with --out DIR,
-written as JSON to DIR/fake_world.json. Checked against real 2-rank runs of every backend it runs (tests/test_fake_world.py):
+written as JSON to DIR/fake_world.json. Checked against real 2-rank runs of every backend it runs (tests/unit/test_fake_world.py):
 the same bytes, and the memory peak within 10%.
 
 Every train.py flag applies (after `--`) except those saying where to write (records, checkpoints,

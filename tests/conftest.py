@@ -18,7 +18,7 @@ from orchestration.launch import REPO, TRAIN, launch_command, launch_env  # noqa
 from launches import LAUNCH_TIMEOUT_S, PARITY_ARGS, REFERENCE_STEPS, Launched  # noqa: F401 (for the tests)
 import forkserver  # noqa: E402
 
-pytest_plugins = ["tiers"]  # tier markers, the unit tier's guard, the launch counts (tests/tiers.py)
+pytest_plugins = ["tiers"]  # tier markers, the unit tier's guard, the launch counts (tests/support/tiers.py)
 
 # A run record names the checkout's commit (git, once per process) and the processor (platform runs
 # `uname -p` once per process): read here, before any unit test, so the unit tests that run a record
@@ -121,7 +121,59 @@ def in_process(main, argv: list[str]) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(list(argv), code, out.getvalue(), err.getvalue())
 
 
-_SERVER: list = []  # the test run's fork server (tests/forkserver.py), started by the first fork launch
+LAUNCHER_ENV = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+
+
+def dry_run(flags: list[str], world: int) -> dict:
+    """What `train.py --dry_run` prints as rank 0 of `world` ranks (a launcher's environment): train.py's
+    main, in this process, under that environment (tests/unit/test_cli.py runs --dry_run as a process)."""
+    import train
+    from training.cli import build_parser, parse_args
+    from training.run import main
+
+    env = {"WORLD_SIZE": str(world), "RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": str(world)} if world > 1 else {}
+    saved = {name: os.environ.pop(name, None) for name in LAUNCHER_ENV}
+    os.environ.update(env)
+    try:
+        parser = build_parser(description=train.DESCRIPTION, examples=train.EXAMPLES)
+        proc = in_process(lambda a: main(parse_args([*a, "--dry_run"], parser=parser)),
+                          flags)
+    finally:
+        for name, value in saved.items():
+            os.environ.pop(name, None)
+            if value is not None:
+                os.environ[name] = value
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def tool_in_process(tool: str, argv: list[str]) -> subprocess.CompletedProcess:
+    """train.py's or sweep.py's main, called in this process with argv (tests/unit/test_bad_input.py runs some
+    cases as processes too)."""
+    if tool == "train":
+        import train
+        from training.cli import build_parser, parse_args
+        from training.run import main
+
+        parser = build_parser(description=train.DESCRIPTION, examples=train.EXAMPLES)
+        return in_process(lambda a: main(parse_args(a, parser=parser)), argv)
+    import sweep
+
+    return in_process(sweep.main, argv)
+
+
+def check_refused(proc, script: str, message: str, runs) -> None:
+    """Bad input refused as the suite refuses it: exit 2, one line naming it, no traceback, nothing recorded."""
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, proc.stderr
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"{script}: error:") and message in lines[0], lines[0]
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert not any(json.loads(p.read_text()).get("status") == "ok" for p in runs.rglob("summary.json"))
+    assert not list(runs.rglob("summary.json"))  # nothing recorded at all
+
+
+_SERVER: list = []  # the test run's fork server (tests/support/forkserver.py), started by the first fork launch
 
 
 def fork_server() -> str:
@@ -139,7 +191,7 @@ def fork_server() -> str:
 def pytest_sessionstart(session):
     """matplotlib's font list built before any test runs: built on first use, it runs fc-list where
     fontconfig is installed, and a unit test's first figure (the plan's --out) would start a process
-    (tests/tiers.py refuses it) on any machine without matplotlib's cache yet."""
+    (tests/support/tiers.py refuses it) on any machine without matplotlib's cache yet."""
     with contextlib.suppress(ImportError):
         import matplotlib
 
@@ -223,7 +275,7 @@ def python(*args, env: dict | None = None, timeout: float = LAUNCH_TIMEOUT_S, re
 def launch(script, args: list[str], launcher: str = "python", nproc: int = 2, timeout: float = LAUNCH_TIMEOUT_S,
            env: dict | None = None, real: bool = False, cwd: Path = REPO) -> subprocess.CompletedProcess:
     """`script args` under `launcher` on `nproc` ranks, to completion: the real launcher with `real`,
-    else forked from the fork server (tests/forkserver.py: the same ranks without their start-up).
+    else forked from the fork server (tests/support/forkserver.py: the same ranks without their start-up).
     `script`: a path, or ["-m", MODULE]."""
     env = {**base_env(), **(env or {})}
     if real or launcher not in forkserver.LAUNCHERS:
@@ -267,7 +319,7 @@ def runs_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def launches(tmp_path_factory) -> Launched:
-    """The real launches of tests/launches.py's table, each made once per test run, when a test first
+    """The real launches of tests/support/launches.py's table, each made once per test run, when a test first
     reads it: `launches.get(name, request)`. Under pytest-xdist the workers of a run share them (in
     the directory above each worker's own)."""
     if os.environ.get("PYTEST_XDIST_WORKER"):

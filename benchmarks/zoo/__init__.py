@@ -10,9 +10,9 @@ multiply-add of every matmul, convolution and attention product (QK^T and AV ove
 sequence, the causal mask not subtracted), nothing for elementwise work, norms or lookups. Backward
 costs two products per forward one (the input's gradient and the weight's), one where either is not
 needed: the first convolution's input (an image) needs no gradient; a frozen layer's weights get
-none. No model here is tuned on alone (tests/test_zoo.py holds every one to its count).
+none. No model here is tuned on alone (tests/unit/test_zoo.py holds every one to its count).
 
-Measured (2026-11-27, torch 2.13.0+cpu, `tests/test_zoo.py`): gptlite,
+Measured (2026-11-27, torch 2.13.0+cpu, `tests/unit/test_zoo.py`): gptlite,
 bert, cnn_bn, gru_lm and frozen_tied count exactly their hand counts; llama, vit and mixtral count
 1.4%, 1.6% and 0.9% more, speech_ctc (added later, measured alike) 1.1% more. Those four run
 attention through the CPU flash kernel, whose backward
