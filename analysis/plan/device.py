@@ -29,6 +29,7 @@ from estimator import checkpointing_plan
 from training.cli import config_from_argv
 from simulation.describe import resolve_flags, simulated_env
 from training.lifecycle import Run
+from training.run import prepare_run
 from orchestration.runner import TERMINATED
 from analysis.project import HARDWARE
 import analysis.plan.backend_costs as bc
