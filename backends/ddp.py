@@ -56,6 +56,15 @@ class DDPBackend(TorchBackend):
     projected_by_name = True
 
     @classmethod
+    def planner_variants(cls, options):
+        """Named alone: its buckets a quarter and four times its default, train.py flags (more calls and less
+        waiting after backward, or fewer and more: comm_schedule)."""
+        if options is not None:
+            return []
+        return [(f"buckets_{name}", {"ddp_bucket_cap_mb": DEFAULT_BUCKET_MIB * f}) for name, f in (("quarter", 0.25),
+                                                                                                 ("x4", 4))]
+
+    @classmethod
     def memory_layout(cls, world, precision, options=None, ranks_per_node=None) -> Layout:
         # A full replica, the gradients views into DDP's buckets (gradient_as_bucket_view), autocast.
         return Layout("replicated", ddp_bucket=True, autocast=True)

@@ -43,6 +43,8 @@ class FSDP2Backend(DCPCheckpointMixin, TorchBackend):
     owned_flags = ("fsdp_config",)
     projected_by_name = True
     wraps_blocks = True  # fully_shard on each block
+    config_flag, config_files = "fsdp_config", "fsdp_configs/*.yaml"
+    fake_world_family = "sharded_blocks"
     uses_autocast = False  # the MixedPrecisionPolicy casts; no autocast on top
 
     @classmethod

@@ -12,6 +12,7 @@ class SingleBackend(TorchBackend):
     name = "single"
     needs_process_group = False
     launcher = "python"
+    one_process = True
 
     @classmethod
     def resolve(cls, cfg, env: DistEnv):
