@@ -129,7 +129,8 @@ def configurations() -> list[str]:
 
 _FLOPS: dict[tuple, dict] = {}
 
-# train.py flags that choose the configuration: the projection's is --configs, one at a time.
+# train.py flags that choose the configuration: the projection's is --configs, one at a time. (deepspeed:
+# the --deepspeed switch, a flag's name.)
 CONFIG_FLAGS = ("backend", "fsdp_config", "deepspeed_config", "deepspeed", "accelerate_plugin")
 
 

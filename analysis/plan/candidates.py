@@ -18,7 +18,7 @@ from backends import BACKEND_NAMES, REFERENCE, deepspeed_config, fsdp_config, ge
 from estimator.memory_model import DS_PERSISTENCE
 from training.cli import build_parser
 from training.preflight import writable_out
-from analysis.project import config_flags, configurations as shipped, node_hybrid
+from analysis.project import CONFIG_FLAGS, config_flags, configurations as shipped, node_hybrid
 
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,9 +41,8 @@ WARM_S = 2.0
 
 
 # train.py flags the planner chooses: a user gives the question (model, budget, batch), not the answer.
-# ("deepspeed": train.py's --deepspeed switch, a flag's name)
-CHOSEN_FLAGS = ("backend", "fsdp_config", "deepspeed_config", "deepspeed", "accelerate_plugin", "micro_batch",
-                "grad_accum", "ckpt_interval", "ckpt_policy", "ckpt_plan", "mem_budget_gb", "ddp_bucket_cap_mb")
+CHOSEN_FLAGS = (*CONFIG_FLAGS, "micro_batch", "grad_accum", "ckpt_interval", "ckpt_policy", "ckpt_plan", "mem_budget_gb",
+                "ddp_bucket_cap_mb")
 
 
 # The reference backend (backends.REFERENCE, imported here for the planner's modules): one process, no
