@@ -46,5 +46,5 @@ def named_by(cfg: RunConfig) -> str:
     return cfg.backend or (DEEPSPEED if cfg.deepspeed_config is not None or cfg.deepspeed else REFERENCE)
 
 
-__all__ = ["BACKEND_NAMES", "BACKEND_SUMMARIES", "DDP", "DEEPSPEED", "FSDP", "FSDP2", "REFERENCE", "flag_owners", "get_backend",
-           "named_alone", "named_by", "resolve"]
+__all__ = ["BACKEND_NAMES", "BACKEND_SUMMARIES", "DDP", "DEEPSPEED", "FSDP", "FSDP2", "REFERENCE", "flag_owners",
+           "get_backend", "named_alone", "named_by", "resolve"]

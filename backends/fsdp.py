@@ -55,6 +55,7 @@ class FSDPBackend(DCPCheckpointMixin, TorchBackend):
     owned_flags = ("fsdp_config",)
     projected_by_name = True
     wraps_blocks = True  # one FSDP unit per block
+    uses_autocast = False  # FSDP casts parameters itself; autocast on top would change what mixed precision means
     config_flag, config_files = "fsdp_config", "fsdp_configs/*.yaml"
     fake_world_family = "sharded_blocks"
 
@@ -65,7 +66,6 @@ class FSDPBackend(DCPCheckpointMixin, TorchBackend):
                 "FULL_SHARD", "HYBRID_SHARD") and options.get("backward_prefetch", "BACKWARD_PRE") is not None:
             return [("no_backward_prefetch", {"backward_prefetch": None})]
         return []
-    uses_autocast = False  # FSDP casts parameters itself; autocast on top would change what mixed precision means
 
     @classmethod
     def resolve(cls, cfg, env, options: fsdp_config.FSDPConfig | None = None):
