@@ -102,6 +102,8 @@ class Backend(ABC):
     # Whether the projection (analysis/project.py --configs) prices it by its name alone, no config file:
     # a distributed backend whose every option has a default it can price.
     projected_by_name: ClassVar[bool] = False
+    # Whether the planner (analysis/plan --configs) runs it by its name alone, no config file.
+    planned_by_name: ClassVar[bool] = False
     # Loading a checkpoint (--model_name_or_path): the window's peak bytes (core/memory_profile.py LoadPeak).
     load_peak: LoadPeak | None = None
     # Whether it runs as one process, standing in for a world's ranks (a sweep accumulates over them).

@@ -53,7 +53,7 @@ class FSDPAccounting(TorchAccounting):
 class FSDPBackend(DCPCheckpointMixin, TorchBackend):
     name = "fsdp"
     owned_flags = ("fsdp_config",)
-    projected_by_name = True
+    projected_by_name = planned_by_name = True
     wraps_blocks = True  # one FSDP unit per block
     uses_autocast = False  # FSDP casts parameters itself; autocast on top would change what mixed precision means
     config_flag, config_files = "fsdp_config", "fsdp_configs/*.yaml"

@@ -54,6 +54,6 @@ def flag_owners(flag: str) -> list[str]:
 
 
 def named_alone() -> tuple[str, ...]:
-    """The backends a planner or projection runs by their name alone, no config file (the reference, and
-    Backend.projected_by_name), in the registry's order. Imports every backend's module."""
-    return (REFERENCE, *(name for name in BACKEND_NAMES if get_backend(name).projected_by_name))
+    """The backends the planner runs by their name alone, no config file (Backend.planned_by_name), in the
+    registry's order. Imports every backend's module."""
+    return tuple(name for name in BACKEND_NAMES if get_backend(name).planned_by_name)

@@ -13,6 +13,7 @@ class SingleBackend(TorchBackend):
     needs_process_group = False
     launcher = "python"
     one_process = True
+    planned_by_name = True
 
     @classmethod
     def resolve(cls, cfg, env: DistEnv):
