@@ -22,6 +22,7 @@ import seaborn as sns
 from analysis import compact
 from analysis.runs import load_runs, require_records
 from analysis.tables import markdown, ok_runs
+from backends import DDP, REFERENCE
 from gptlite.errors import ConfigError
 from training.cli import OneLineParser
 from training.preflight import writable_out
@@ -30,8 +31,7 @@ GIB = 2**30
 PLAIN_CKPT = ("none", "every 1 (torch_nonreentrant)")  # no activation offload
 
 
-# BACKEND-LITERAL: the reference backend's label in the records (one process)
-def _plain(runs: pd.DataFrame, label: str = "single") -> pd.DataFrame:
+def _plain(runs: pd.DataFrame, label: str = REFERENCE) -> pd.DataFrame:  # a backend's label is its name
     ok = ok_runs(runs)
     return ok[(ok["label"] == label) & ok["ckpt"].isin(PLAIN_CKPT)]
 
@@ -57,8 +57,7 @@ def checkpointing(runs: pd.DataFrame) -> pd.DataFrame:
 def largest_batch(runs: pd.DataFrame) -> pd.DataFrame:
     """The largest micro-batch that ran with and without checkpointing, the smallest that ran out
     of memory, and the samples/s at the largest (the articles: 2-3x from the larger batch)."""
-    # BACKEND-LITERAL: the reference backend's label
-    scan = runs[(runs["label"] == "single") & runs["ckpt"].isin(PLAIN_CKPT)]
+    scan = runs[(runs["label"] == REFERENCE) & runs["ckpt"].isin(PLAIN_CKPT)]
     rows = []
     for ckpt, group in scan.groupby("ckpt"):
         ok = group[group["status"] == "ok"]
@@ -79,8 +78,7 @@ def largest_batch(runs: pd.DataFrame) -> pd.DataFrame:
 def activation_offload(runs: pd.DataFrame) -> pd.DataFrame:
     """Checkpointing with the saved inputs kept, offloaded by torch, offloaded with prefetch."""
     ok = ok_runs(runs)
-    # BACKEND-LITERAL: the reference backend's label
-    ok = ok[(ok["label"] == "single") & (ok["ckpt_interval"] > 0)]
+    ok = ok[(ok["label"] == REFERENCE) & (ok["ckpt_interval"] > 0)]
     offload_micro = ok.loc[ok["ckpt"] != PLAIN_CKPT[1], "micro_batch"].unique()
     ok = ok[ok["micro_batch"].isin(offload_micro)]
     table = ok.groupby(["micro_batch", "ckpt"])[["samples_per_s", "mem_peak_bytes"]].median().reset_index()
@@ -103,8 +101,7 @@ def backends(runs: pd.DataFrame) -> pd.DataFrame:
     ok = ok[ok["micro_batch"] == micro]
     table = ok.groupby(["label", "ckpt"])[["samples_per_s", "mfu", "mem_peak_bytes"]].median().reset_index()
     table["peak GiB"] = table.pop("mem_peak_bytes") / GIB
-    # BACKEND-LITERAL: the baseline the articles compare against (DDP)
-    ddp = table[table["label"] == "ddp"].set_index("ckpt")["samples_per_s"]
+    ddp = table[table["label"] == DDP].set_index("ckpt")["samples_per_s"]
     if not ddp.empty:
         table["samples/s vs DDP"] = table["samples_per_s"] / table["ckpt"].map(ddp)
     table.insert(0, "micro-batch", micro)

@@ -49,7 +49,7 @@ import torch
 import yaml
 
 from analysis.runs import config_label
-from backends import BACKEND_NAMES, deepspeed_config, fsdp_config, get_backend
+from backends import BACKEND_NAMES, DDP, deepspeed_config, fsdp_config, get_backend
 from backends.activation_checkpointing import save_ops_for
 from core.comm import base_kind
 from core.flops import planned_sample_flops, sample_flops
@@ -66,8 +66,8 @@ REPO = Path(__file__).resolve().parent.parent
 HARDWARE = Path(__file__).resolve().parent / "hardware.yaml"
 RING_STEPS = {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1}  # x (g - 1)
 # The article's measurements (8 GPUs, micro-batch 1, samples/s), for comparison, not fitting.
-# BACKEND-LITERAL: the article's rows by configuration label (analysis.runs.config_label), data.
-ARTICLE = {"ddp": 11.45, "deepspeed.z1": 11.07, "deepspeed.z2": 10.44, "deepspeed.z3": 7.1,
+# By configuration label (analysis.runs.config_label).
+ARTICLE = {DDP: 11.45, "deepspeed.z1": 11.07, "deepspeed.z2": 10.44, "deepspeed.z3": 7.1,
            "deepspeed.z3_infinity": 6.2}
 
 
@@ -123,13 +123,14 @@ def configurations() -> list[str]:
     files = sorted((REPO / "fsdp_configs").glob("*.yaml")) + sorted((REPO / "ds_configs").glob("*.json"))
     # Left out: NVMe offload needs a drive and its path, DeepCompile a CUDA device (it compiles a
     # CUDA op); both can still be named with --configs.
-    # BACKEND-LITERAL: which backends priced by name the default list holds (ddp's replica as the baseline).
-    return ["ddp", *(str(p.relative_to(REPO)) for p in files if "nvme" not in p.name and "deepcompile" not in p.name)]
+    # DDP, priced by its name alone, the baseline.
+    return [DDP, *(str(p.relative_to(REPO)) for p in files if "nvme" not in p.name and "deepcompile" not in p.name)]
 
 
 _FLOPS: dict[tuple, dict] = {}
 
-# train.py flags that choose the configuration: the projection's is --configs, one at a time.
+# train.py flags that choose the configuration: the projection's is --configs, one at a time. (deepspeed:
+# the --deepspeed switch, a flag's name.)
 CONFIG_FLAGS = ("backend", "fsdp_config", "deepspeed_config", "deepspeed", "accelerate_plugin")
 
 

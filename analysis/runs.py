@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from backends import DDP
 from backends.deepspeed_config import inline
 from core.config import describe_plan
 from core.records import dead_because
@@ -38,10 +39,10 @@ def run_dirs(path: str | Path) -> list[Path]:
 
 def config_label(backend: str, fsdp_config: str | None = None, deepspeed_config: str | None = None,
                  ddp_bucket_cap_mb: float | None = None) -> str:
-    """A backend configuration's short name: "ddp", "ddp.bucket_100mb", "fsdp.full_shard", "deepspeed.z3", ..."""
-    # BACKEND-LITERAL: the backend whose --ddp_bucket_cap_mb names its label
-    if backend == "ddp" and isinstance(ddp_bucket_cap_mb, (int, float)) and ddp_bucket_cap_mb == ddp_bucket_cap_mb:
-        return f"ddp.bucket_{ddp_bucket_cap_mb:g}mb"  # (a record without the flag reads NaN in a frame)
+    """A backend configuration's short name: its backend's name (ddp), or with its DDP bucket size or config
+    file: ddp.bucket_100mb, fsdp.full_shard, deepspeed.z3, ..."""
+    if backend == DDP and isinstance(ddp_bucket_cap_mb, (int, float)) and ddp_bucket_cap_mb == ddp_bucket_cap_mb:
+        return f"{DDP}.bucket_{ddp_bucket_cap_mb:g}mb"  # (a record without the flag reads NaN in a frame)
     path = deepspeed_config or fsdp_config
     if isinstance(deepspeed_config, str) and deepspeed_config and inline(deepspeed_config) is not None:
         return f"{backend}.inline"  # a base64-encoded config (DeepSpeed's autotuner passes them)

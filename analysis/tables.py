@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.runs import load_runs, require_records
+from backends import DDP
 from gptlite.errors import ConfigError
 from training.cli import OneLineParser
 
@@ -83,12 +84,11 @@ def ddp_ratios(runs: pd.DataFrame) -> pd.DataFrame:
     """Each run's samples/s and peak memory as ratios to DDP's with the same model, preset, global batch,
     precision and world size (DDP without checkpointing where there is one)."""
     ok = ok_runs(runs)
-    # BACKEND-LITERAL: the baseline backend of the ratios (DDP)
-    if ok.empty or "ddp" not in set(ok["label"]):
+    if ok.empty or DDP not in set(ok["label"]):  # the baseline: DDP's label is its name
         return pd.DataFrame()
     # Records from before the quartiles were kept have none: their ties are unknown, not false.
     ok = ok.assign(samples_per_s_p25=_column(ok, "samples_per_s_p25"), samples_per_s_p75=_column(ok, "samples_per_s_p75"))
-    ddp = ok[ok["label"] == "ddp"].assign(_compiled=lambda d: d.get("compile", "none") != "none",
+    ddp = ok[ok["label"] == DDP].assign(_compiled=lambda d: d.get("compile", "none") != "none",
                                           _checkpointed=lambda d: d["ckpt"] != "none")
     # Eager and without checkpointing first (a plan's run records ckpt_interval 0 too: its label says it).
     ddp = ddp.sort_values(["_compiled", "_checkpointed", "ckpt_interval"]).drop_duplicates(GROUP)

@@ -11,7 +11,8 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from backends.registry import BACKEND_NAMES, BACKEND_SUMMARIES, DEEPSPEED, REFERENCE, flag_owners, get_backend
+from backends.registry import (BACKEND_NAMES, BACKEND_SUMMARIES, DDP, DEEPSPEED, FSDP, FSDP2, REFERENCE, flag_owners,
+                               get_backend, named_alone)
 
 if TYPE_CHECKING:
     from backends.base import Resolved
@@ -35,4 +36,15 @@ def resolve(cfg: RunConfig, env: DistEnv) -> Resolved:
     return get_backend(name).resolve(dataclasses.replace(cfg, backend=name), env)
 
 
-__all__ = ["BACKEND_NAMES", "BACKEND_SUMMARIES", "DEEPSPEED", "REFERENCE", "flag_owners", "get_backend", "resolve"]
+def named_by(cfg: RunConfig) -> str:
+    """The name of the backend `resolve` picks for `cfg` (an --fsdp_config file's `backend:` read where it
+    decides), without resolving it."""
+    if cfg.backend is None and cfg.fsdp_config is not None and cfg.deepspeed_config is None:
+        from backends import fsdp_config  # torch: as in resolve
+
+        return fsdp_config.load(cfg.fsdp_config).backend
+    return cfg.backend or (DEEPSPEED if cfg.deepspeed_config is not None or cfg.deepspeed else REFERENCE)
+
+
+__all__ = ["BACKEND_NAMES", "BACKEND_SUMMARIES", "DDP", "DEEPSPEED", "FSDP", "FSDP2", "REFERENCE", "flag_owners",
+           "get_backend", "named_alone", "named_by", "resolve"]

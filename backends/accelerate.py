@@ -37,6 +37,13 @@ class AccelerateBackend(TorchBackend):
     owned_flags = ("accelerate_plugin",)
 
     @classmethod
+    def fake_world_growth(cls, cfg) -> tuple[str, str]:
+        if cfg.accelerate_plugin == "none":
+            return cls.fake_world_family, cls.name
+        return ("sharded_blocks", "accelerate's FSDP") if cfg.accelerate_plugin == "fsdp" else \
+            ("zero3", "accelerate's DeepSpeed")
+
+    @classmethod
     def memory_layout(cls, world, precision, options=None, ranks_per_node=None) -> Layout:
         # accelerate's Accelerator runs DDP underneath, without gradients as views of its buckets.
         return Layout("replicated", ddp_bucket=True, grads_beside_buckets=True, autocast=True)

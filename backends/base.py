@@ -102,8 +102,24 @@ class Backend(ABC):
     # Whether the projection (analysis/project.py --configs) prices it by its name alone, no config file:
     # a distributed backend whose every option has a default it can price.
     projected_by_name: ClassVar[bool] = False
+    # Whether the planner (analysis/plan --configs) runs it by its name alone, no config file.
+    planned_by_name: ClassVar[bool] = False
     # Loading a checkpoint (--model_name_or_path): the window's peak bytes (core/memory_profile.py LoadPeak).
     load_peak: LoadPeak | None = None
+    # Whether it runs as one process, standing in for a world's ranks (a sweep accumulates over them).
+    one_process: ClassVar[bool] = False
+    # The train.py flag that names its config file (fsdp_config, deepspeed_config), and the shipped files
+    # it reads; whether it runs only from such a file (a sweep refuses its bare name).
+    config_flag: ClassVar[str | None] = None
+    config_files: ClassVar[str | None] = None
+    needs_config_file: ClassVar[bool] = False
+    # The --ckpt_impl values only this backend runs (DeepSpeed's own checkpointing).
+    ckpt_impls: ClassVar[tuple[str, ...]] = ()
+    # The flag that places its swap files (ZeRO-Infinity's NVMe), which a sweep or a simulation points
+    # at a directory of its own.
+    swap_flag: ClassVar[str | None] = None
+    # How its bookkeeping grows with a simulated world (simulation/fake_world.py PER_RANK_PER_BLOCK).
+    fake_world_family: ClassVar[str] = "replica"
 
     def __init__(self, cfg: RunConfig, env: DistEnv, spec: BackendSpec | None = None):
         self.cfg = cfg
@@ -186,6 +202,28 @@ class Backend(ABC):
     def swap_dirs(cls, spec: Any) -> list[str]:
         """The directories this backend swaps model states into (ZeRO-Infinity's NVMe), which one run
         must own while it trains (training/preflight.py NVMeLock)."""
+        return []
+
+    @classmethod
+    def swaps(cls, config_file: str) -> bool:
+        """Whether its config file `config_file` swaps model states to a drive (its swap_flag's directory)."""
+        return False
+
+    @classmethod
+    def refuses_selective_checkpointing(cls, config_file: str | None) -> bool:
+        """Whether a run from `config_file` refuses --ckpt_policy selective (ZeRO-3's wrong gradients)."""
+        return False
+
+    @classmethod
+    def fake_world_growth(cls, cfg: RunConfig) -> tuple[str, str]:
+        """(its fake_world_family under `cfg`, what to call it) for a simulated world's memory."""
+        return cls.fake_world_family, cls.name
+
+    @classmethod
+    def planner_variants(cls, options: dict | None) -> list[tuple[str, dict]]:
+        """The planner's variants of one configuration of this backend (analysis/plan/candidates.py
+        variants): (name, what it changes), `options` its config file's keys, or None where it is named
+        alone (then what changes are train.py flags)."""
         return []
 
     @classmethod

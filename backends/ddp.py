@@ -53,7 +53,16 @@ class _DDP(DistributedDataParallel):
 class DDPBackend(TorchBackend):
     name = "ddp"
     owned_flags = ("ddp_bucket_cap_mb", "find_unused_parameters")
-    projected_by_name = True
+    projected_by_name = planned_by_name = True
+
+    @classmethod
+    def planner_variants(cls, options):
+        """Named alone: its buckets a quarter and four times its default, train.py flags (more calls and less
+        waiting after backward, or fewer and more: comm_schedule); where it reads the flag (not ddp_zero1)."""
+        if options is not None or "ddp_bucket_cap_mb" not in cls.owned_flags:
+            return []
+        return [(f"buckets_{name}", {"ddp_bucket_cap_mb": DEFAULT_BUCKET_MIB * f}) for name, f in (("quarter", 0.25),
+                                                                                                 ("x4", 4))]
 
     @classmethod
     def memory_layout(cls, world, precision, options=None, ranks_per_node=None) -> Layout:

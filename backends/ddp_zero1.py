@@ -36,6 +36,7 @@ class DDPZero1Backend(DDPBackend):
     name = "ddp_zero1"
     # DDP's own flags stay ddp's: this backend runs DDP's defaults (its buckets, every parameter used).
     owned_flags = ()
+    planned_by_name = False
 
     @classmethod
     def memory_layout(cls, world, precision, options=None, ranks_per_node=None) -> Layout:

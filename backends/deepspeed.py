@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from backends import deepspeed_spec
+from backends import deepspeed_config, deepspeed_spec
 from backends.deepspeed_config import monitor_paths
 from backends.activation_checkpointing import apply_ac
 from backends.activation_offload import make_offloader
@@ -27,6 +27,7 @@ from backends.base import Backend, Resolved
 from backends.memory_layout import Layout, compute_bytes
 from backends.deepspeed_support import (deepspeed_wrapper, import_deepspeed, model_state_estimate,
                                         replay_adam_step_count, unlink_shm_allreduce_buffer)
+from core.config import DEEPSPEED_CKPT_IMPLS
 from core.dist import ensure_rendezvous_env
 from core import comm
 from core.memory import MemoryAccounting
@@ -95,6 +96,9 @@ class DeepSpeedBackend(Backend):
     owned_flags = ("deepspeed_config", "deepspeed", "nvme_path")
     checkpoint_format = "deepspeed"
     launcher = "deepspeed"  # `deepspeed --num_gpus N train.py ...`
+    config_flag, config_files, needs_config_file = "deepspeed_config", "ds_configs/*.json", True
+    ckpt_impls = DEEPSPEED_CKPT_IMPLS
+    swap_flag = "nvme_path"
     CHECKPOINT_TAG = "ckpt"
 
     @classmethod
@@ -130,6 +134,24 @@ class DeepSpeedBackend(Backend):
         zero = (getattr(spec, "config", None) or {}).get("zero_optimization") or {}
         return sorted({zero[s]["nvme_path"] for s in ("offload_optimizer", "offload_param")
                        if (zero.get(s) or {}).get("device") == "nvme" and zero[s].get("nvme_path")})
+
+    @classmethod
+    def swaps(cls, config_file: str) -> bool:
+        config = deepspeed_config.read(config_file)
+        return "nvme" in (deepspeed_spec.offload_device(config, "offload_optimizer"),
+                          deepspeed_spec.offload_device(config, "offload_param"))
+
+    @classmethod
+    def refuses_selective_checkpointing(cls, config_file: str | None) -> bool:
+        return _zero_stage(config_file) == 3  # wrong gradients (deepspeed_spec.py)
+
+    @classmethod
+    def fake_world_growth(cls, cfg) -> tuple[str, str]:
+        # ZeRO-3 keeps per-rank partition bookkeeping; ZeRO 0-2 grow like the collectives' rank lists.
+        if not cfg.deepspeed_config:
+            return super().fake_world_growth(cfg)
+        stage = _zero_stage(cfg.deepspeed_config) or 0
+        return ("zero3", "ZeRO-3") if stage == 3 else ("zero", f"ZeRO-{stage}")
 
     @classmethod
     def offload(cls, spec, n_params, world) -> tuple[bool, bool, float]:
@@ -321,3 +343,8 @@ class DeepSpeedBackend(Backend):
             self.engine.destroy()
         self.engine = self.model = self.optimizer = self.scheduler = None
 
+
+def _zero_stage(config_file: str | None) -> int | None:
+    """The ZeRO stage a DeepSpeed config file names (None: none named, or no file)."""
+    config = deepspeed_config.read(config_file) if config_file else {}
+    return (config.get("zero_optimization") or {}).get("stage")

@@ -53,9 +53,19 @@ class FSDPAccounting(TorchAccounting):
 class FSDPBackend(DCPCheckpointMixin, TorchBackend):
     name = "fsdp"
     owned_flags = ("fsdp_config",)
-    projected_by_name = True
+    projected_by_name = planned_by_name = True
     wraps_blocks = True  # one FSDP unit per block
     uses_autocast = False  # FSDP casts parameters itself; autocast on top would change what mixed precision means
+    config_flag, config_files = "fsdp_config", "fsdp_configs/*.yaml"
+    fake_world_family = "sharded_blocks"
+
+    @classmethod
+    def planner_variants(cls, options):
+        """A file's: resharding after forward without backward prefetch (backward's gathers wait)."""
+        if options is not None and options.get("sharding_strategy", "FULL_SHARD") in (
+                "FULL_SHARD", "HYBRID_SHARD") and options.get("backward_prefetch", "BACKWARD_PRE") is not None:
+            return [("no_backward_prefetch", {"backward_prefetch": None})]
+        return []
 
     @classmethod
     def resolve(cls, cfg, env, options: fsdp_config.FSDPConfig | None = None):

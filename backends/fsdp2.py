@@ -41,8 +41,10 @@ class FSDP2Accounting(TorchAccounting):
 class FSDP2Backend(DCPCheckpointMixin, TorchBackend):
     name = "fsdp2"
     owned_flags = ("fsdp_config",)
-    projected_by_name = True
+    projected_by_name = planned_by_name = True
     wraps_blocks = True  # fully_shard on each block
+    config_flag, config_files = "fsdp_config", "fsdp_configs/*.yaml"
+    fake_world_family = "sharded_blocks"
     uses_autocast = False  # the MixedPrecisionPolicy casts; no autocast on top
 
     @classmethod

@@ -205,12 +205,13 @@ def post_forward_group(options: "FSDP2Config", shard: int, per_node: int) -> int
 
 
 CONFIG_CLASSES = {"fsdp": FSDPConfig, "fsdp2": FSDP2Config}
+DEFAULT_BACKEND = "fsdp"  # a file without `backend:`
 
 
 def load(path: str) -> FSDPConfig | FSDP2Config:
     """The config in `path`; its `backend` key picks the dataclass (default fsdp)."""
     raw = read_yaml(path, flag="--fsdp_config")
-    backend = raw.get("backend", "fsdp")
+    backend = raw.get("backend", DEFAULT_BACKEND)
     if not isinstance(backend, str) or backend not in CONFIG_CLASSES:
         raise ConfigError(f"--fsdp_config {path}: backend must be one of fsdp, fsdp2 (got {backend!r})")
     if backend == "fsdp" and "mesh" in raw:

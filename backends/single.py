@@ -12,6 +12,8 @@ class SingleBackend(TorchBackend):
     name = "single"
     needs_process_group = False
     launcher = "python"
+    one_process = True
+    planned_by_name = True
 
     @classmethod
     def resolve(cls, cfg, env: DistEnv):

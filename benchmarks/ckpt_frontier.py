@@ -38,7 +38,9 @@ import pandas as pd  # noqa: E402
 from analysis import load_runs, tables  # noqa: E402
 from analysis.report import with_estimates  # noqa: E402
 from estimator.estimate import estimate, record_arguments  # noqa: E402
+from backends import DDP, FSDP2, REFERENCE, get_backend  # noqa: E402
 from orchestration.launch import launch_command, launcher_for  # noqa: E402
+from orchestration.sweep import backend_of  # noqa: E402
 
 GiB = 2**30
 MODELS = {
@@ -47,8 +49,8 @@ MODELS = {
               "num_key_value_heads=6,intermediate_size=512", "--preset", "small"],
 }
 # The benchmark's sweep spec: each configuration's train.py flags, by a short name.
-BACKENDS = {"single": ["--backend", "single"], "ddp": ["--backend", "ddp"],
-            "fsdp2": ["--fsdp_config", "fsdp_configs/fsdp2.yaml"], "z3": ["--deepspeed_config", "ds_configs/z3.json"]}
+BACKENDS = {REFERENCE: ["--backend", REFERENCE], DDP: ["--backend", DDP],
+            FSDP2: ["--fsdp_config", "fsdp_configs/fsdp2.yaml"], "z3": ["--deepspeed_config", "ds_configs/z3.json"]}
 HAND_SET = {"none": [], **{f"full/{k}": ["--ckpt_interval", str(k)] for k in (1, 2, 4)},
             **{f"selective/{k}": ["--ckpt_interval", str(k), "--ckpt_policy", "selective"] for k in (1, 2)}}
 # Inside the range, not at its ends: a budget exactly at a policy's estimated peak leaves the plan no room
@@ -57,8 +59,8 @@ FRACTIONS = (0.05, 0.275, 0.5, 0.725, 0.95)
 
 
 def backend_name(flags: list[str]) -> str:
-    # BACKEND-LITERAL: which backend a set of train.py flags selects (--deepspeed_config, --fsdp_config, --backend)
-    return "deepspeed" if "--deepspeed_config" in flags else ("fsdp2" if "--fsdp_config" in flags else flags[1])
+    """The backend BACKENDS' flags select: a backend's name or its config file, as a sweep's matrix names it."""
+    return backend_of(flags[1])[0]
 
 
 def budgets(common: list[str], backend: list[str]) -> list[float]:
@@ -66,7 +68,7 @@ def budgets(common: list[str], backend: list[str]) -> list[float]:
     dry = subprocess.run([sys.executable, str(REPO / "train.py"), *common, *backend, "--dry_run"], cwd=REPO,
                          capture_output=True, text=True, check=True)
     config = json.loads(dry.stdout)
-    config["world_size"] = 1 if backend_name(backend) == "single" else 2  # BACKEND-LITERAL: runs as one process?
+    config["world_size"] = 1 if get_backend(backend_name(backend)).one_process else 2
     model, args, kwargs = record_arguments(config)
     # With what the estimate leaves unfixed (FSDP on gloo), which a plan keeps free.
     none, full = (sum((e.total_bytes, e.unfixed_bytes)) for e in (estimate(model, *args[:4], k, *args[5:], **kwargs)

@@ -29,14 +29,15 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from backends import REFERENCE  # noqa: E402 (the one process these policies are timed in)
 POLICIES = {"none": [], "full": ["--ckpt_interval", "1"],
             "selective": ["--ckpt_interval", "1", "--ckpt_policy", "selective"]}
 
 
 def run(policy: str, args, runs: Path, k: int) -> dict:
     name = f"{policy.split(':')[0] + ('-custom' if ':' in policy else '')}-{k}"  # a run name, not the op list
-    # BACKEND-LITERAL: the one-process backend this benchmark times the policies on
-    cmd = [sys.executable, str(REPO / "train.py"), "--backend", "single", "--model", args.model,
+    cmd = [sys.executable, str(REPO / "train.py"), "--backend", REFERENCE, "--model", args.model,
            "--preset", args.preset, "--micro_batch", str(args.micro_batch), "--steps", str(args.steps),
            "--warmup_steps", str(args.warmup), "--mem_profile_steps", "1", "--eval_batches", "1",
            "--dropout", str(args.dropout), "--runs_dir", str(runs), "--run_name", name, "--quiet",

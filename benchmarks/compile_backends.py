@@ -23,13 +23,15 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from backends import DDP, FSDP, FSDP2, REFERENCE, get_backend  # noqa: E402
 from orchestration.launch import REPO, launch_command, launcher_for  # noqa: E402
+from orchestration.sweep import backend_of  # noqa: E402
 
 BACKENDS = {  # the benchmark's sweep spec: name -> train.py flags
-    "single": ("--backend", "single"),
-    "ddp": ("--backend", "ddp"),
-    "fsdp": ("--fsdp_config", "fsdp_configs/full_shard.yaml"),
-    "fsdp2": ("--fsdp_config", "fsdp_configs/fsdp2.yaml"),
+    REFERENCE: ("--backend", REFERENCE),
+    DDP: ("--backend", DDP),
+    FSDP: ("--fsdp_config", "fsdp_configs/full_shard.yaml"),
+    FSDP2: ("--fsdp_config", "fsdp_configs/fsdp2.yaml"),
     "z1": ("--deepspeed_config", "ds_configs/z1.json"),
     "z3": ("--deepspeed_config", "ds_configs/z3.json"),
 }
@@ -37,9 +39,8 @@ BACKENDS = {  # the benchmark's sweep spec: name -> train.py flags
 
 def run(name: str, compiled: bool, args, runs_dir: Path, index: int) -> dict:
     flags = BACKENDS[name]
-    # BACKEND-LITERAL: which backend the flags select, and whether it runs as one process
-    backend = "deepspeed" if flags[0] == "--deepspeed_config" else ("fsdp" if flags[0] == "--fsdp_config" else flags[1])
-    nproc = 1 if backend == "single" else args.nproc
+    backend = backend_of(flags[1])[0]  # a backend's name or its config file, as a sweep's matrix names it
+    nproc = 1 if get_backend(backend).one_process else args.nproc
     run_name = f"{name}-{'compiled' if compiled else 'eager'}-{index}"
     cmd = [*launch_command(launcher_for(backend), nproc), "--runs_dir", str(runs_dir), "--run_name", run_name,
            "--quiet", *flags, "--preset", args.preset, "--micro_batch", str(args.micro_batch), "--precision",

@@ -40,6 +40,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from backends import REFERENCE  # noqa: E402 (the one process whose harness overhead this measures)
 from gptlite.data import BatchLayout, CharDataset  # noqa: E402
 from gptlite.model import build_model, preset as model_preset  # noqa: E402
 
@@ -80,8 +81,7 @@ PINNED = {"MALLOC_MMAP_THRESHOLD_": str(2**30), "MALLOC_TRIM_THRESHOLD_": str(2*
 def harness(preset: str, micro_batch: int, steps: int, warmup: int, seed: int, env: dict) -> float:
     """samples/s that train.py records for the same work (its median over the timed steps)."""
     with tempfile.TemporaryDirectory() as tmp:
-        # BACKEND-LITERAL: the one-process backend whose harness overhead this measures
-        cmd = [sys.executable, str(REPO / "train.py"), "--backend", "single", "--preset", preset, "--micro_batch",
+        cmd = [sys.executable, str(REPO / "train.py"), "--backend", REFERENCE, "--preset", preset, "--micro_batch",
                str(micro_batch), "--steps", str(steps), "--warmup_steps", str(warmup), "--mem_profile_steps", "0",
                "--eval_batches", "1", "--seed", str(seed), "--runs_dir", tmp, "--run_name", "overhead", "--quiet"]
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env)

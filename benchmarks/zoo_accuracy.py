@@ -62,6 +62,7 @@ sys.path.insert(0, str(REPO))
 
 from analysis import compact, plan  # noqa: E402 (compact: the records read as they are, a folder or its compact form)
 from analysis.plan.verify import RACE_SHARE, RACE_WITHIN  # noqa: E402
+import backends  # noqa: E402
 from benchmarks.zoo import ZOO  # noqa: E402
 from benchmarks.zoo_figures import (DEEPSPEED, QUESTIONS, Question, head_to_head, model_accuracy,  # noqa: E402
                                     peak_accuracy, question_of, race_on_grid)
@@ -183,8 +184,9 @@ def autotune(runs_dir: Path, names: list[str], steps: int, rounds: int) -> None:
                              "end_profile_step": steps - 1, "max_train_batch_size": 16,
                              "results_dir": str(tuned / "results"), "exps_dir": str(tuned / "exps")}
         (tuned / "ds_config.json").write_text(json.dumps(cfg, indent=1) + "\n")
-        # BACKEND-LITERAL: DeepSpeed's launcher, whose autotuner this compares with
-        command = ["deepspeed", "--autotuning", "tune", "--num_gpus", "1", "train.py", "--deepspeed_config",
+        # DeepSpeed's launcher, whose autotuner this compares with
+        command = [backends.get_backend(backends.DEEPSPEED).launcher, "--autotuning", "tune", "--num_gpus", "1",
+                   "train.py", "--deepspeed_config",
                    _rel(tuned / "ds_config.json"), *ZOO[name].flags, "--steps", str(steps), "--warmup_steps", "2",
                    "--eval_batches", "1", "--runs_dir", _rel(tuned / "runs")]
         print(f"{name}: {' '.join(command)}", flush=True)
@@ -210,8 +212,7 @@ def autotune(runs_dir: Path, names: list[str], steps: int, rounds: int) -> None:
                                          "--mem_profile_steps", "1", "--eval_batches", "1"])
                 config = dict(fl)["deepspeed_config"]
                 pairs = tuple((k, v) for k, v in fl if k != "deepspeed_config")
-                # BACKEND-LITERAL: the sweep runner's backend name for a --deepspeed_config run
-                outcome = runner.run(SweepRun(f"{who}-r{rnd}", "deepspeed", config, 1, pairs))
+                outcome = runner.run(SweepRun(f"{who}-r{rnd}", backends.DEEPSPEED, config, 1, pairs))
                 print(f"  final {rnd + 1}/{rounds} {who}: {outcome.line()}", flush=True)
                 final[who].append(outcome.summary.samples_per_s if outcome.status == "ok" else None)
         (out / "autotune.json").write_text(json.dumps({

@@ -18,6 +18,7 @@ import pandas as pd
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+import backends  # noqa: E402
 import estimator.estimate  # noqa: E402 (read at each call: a test patches the estimator)
 from analysis import compact  # noqa: E402 (the records read as they are: a folder, or its compact form)
 from analysis.plan.candidates import GiB  # noqa: E402
@@ -25,7 +26,7 @@ from analysis.plan.verify import RACE_SHARE, entrants, race  # noqa: E402
 from benchmarks.zoo import ZOO  # noqa: E402
 
 # The questions' spec: analysis.plan's --configs (a backend by its name where it has no file), micro-batches, ...
-CONFIGS = ("ddp", "fsdp_configs/full_shard.yaml", "fsdp_configs/fsdp2.yaml", "ds_configs/z1.json",
+CONFIGS = (backends.DDP, "fsdp_configs/full_shard.yaml", "fsdp_configs/fsdp2.yaml", "ds_configs/z1.json",
            "ds_configs/z2.json", "ds_configs/z3.json")
 DEEPSPEED = tuple(f"ds_configs/z{stage}.json" for stage in range(4))
 CKPT = ("none", "full/1")
@@ -53,7 +54,7 @@ QUESTIONS = {
     # world 1, one process, micro-batches and checkpointing: the question one lent GPU can answer in a
     # device session's minutes (benchmarks/gpu_zoo.sh): no process group, no configuration's own costs to
     # probe (single's step is what the compute is calibrated on), 8 candidates a model with blocks
-    "single-world1": Question(1, ("single",), (2, 4, 8, 16), CKPT),
+    "single-world1": Question(1, (backends.REFERENCE,), (2, 4, 8, 16), CKPT),
 }
 
 

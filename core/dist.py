@@ -28,7 +28,7 @@ class DistEnv:
     world_size: int
     local_world_size: int
     device: torch.device
-    launcher: str  # "python", "torchrun", "deepspeed", "accelerate" or "env"
+    launcher: str  # the launcher that started it: python, torchrun, deepspeed, accelerate, or env (another)
 
     @property
     def is_main(self) -> bool:

@@ -20,6 +20,10 @@ OWNER = "owner.json"  # the run the checkpoints belong to
 LOCK = "owner.lock"  # held by the run writing into the directory
 STEP_PREFIX = "step_"  # step_00000009/: a checkpoint; .step_00000009.partial/: one being written
 META = "meta.json"  # in each checkpoint
+# Its `format` (Backend.checkpoint_format): how the backend wrote model/. A format's name, stored in
+# checkpoints, not a backend's (DeepSpeed's engine files keep theirs whatever the backends are called).
+TORCH_FORMAT, DCP_FORMAT, DEEPSPEED_FORMAT = "torch", "dcp", "deepspeed"
+CHECKPOINT_FORMATS = (TORCH_FORMAT, DCP_FORMAT, DEEPSPEED_FORMAT)
 
 
 def is_record(directory: Path) -> bool:

@@ -48,7 +48,7 @@ def launch_command(launcher: str, nproc: int, script: Path = TRAIN) -> list[str]
     if launcher == "python":
         return python_command(script)
     if launcher == "deepspeed":
-        return [str(bindir / "deepspeed"), "--num_gpus", str(nproc), "--master_port", str(free_port()), str(script)]
+        return [str(bindir / launcher), "--num_gpus", str(nproc), "--master_port", str(free_port()), str(script)]
     if launcher == "torchrun":
         return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(nproc),
                 "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", str(script)]

@@ -17,7 +17,7 @@ import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from backends import BACKEND_NAMES, deepspeed_config
+from backends import BACKEND_NAMES, DEEPSPEED, get_backend
 from core.configfile import load_yaml
 from gptlite.errors import ConfigError
 from orchestration.launch import REPO, launch_command, launcher_for
@@ -107,7 +107,7 @@ class SlurmSettings:
 
 @dataclass
 class Matrix:
-    # "single", "ddp", "fsdp", "fsdp2", or a config file: fsdp_configs/*.yaml, ds_configs/*.json
+    # a backend's name (backends/registry.py), or a config file: fsdp_configs/*.yaml, ds_configs/*.json
     backend: list[str]
     ckpt_interval: list[int] = field(default_factory=lambda: [0])
     ckpt_impl: list[str] = field(default_factory=lambda: ["torch_nonreentrant"])
@@ -299,17 +299,15 @@ def load_spec(path: str) -> SweepSpec:
 def backend_of(entry: str) -> tuple[str, str | None, str]:
     """(backend name, config file or None, short label) of a matrix.backend entry."""
     if entry in BACKEND_NAMES:
-        # BACKEND-LITERAL: whether a backend needs a config file, and which flag and suffix name it
-        if entry == "deepspeed":
-            raise ConfigError("matrix.backend: deepspeed needs a config file (ds_configs/*.json)")
+        if get_backend(entry).needs_config_file:
+            raise ConfigError(f"matrix.backend: {entry} needs a config file ({get_backend(entry).config_files})")
         return entry, None, entry
     path = Path(entry) if Path(entry).is_absolute() else REPO / entry
     if not path.is_file():
         raise ConfigError(f"matrix.backend: '{entry}' is neither a backend ({', '.join(BACKEND_NAMES)}) nor an existing "
                           "config file")
-    # BACKEND-LITERAL: which backend a config file's suffix names (.json: DeepSpeed)
-    if path.suffix == ".json":
-        return "deepspeed", entry, f"deepspeed.{path.stem}"
+    if path.suffix == ".json":  # DeepSpeed's
+        return DEEPSPEED, entry, f"{DEEPSPEED}.{path.stem}"
     if path.suffix in (".yaml", ".yml"):
         from backends import fsdp_config  # torch: see Matrix.__post_init__
 
@@ -339,8 +337,7 @@ class SweepRun:
         # Never --overwrite: the runner replaces a record itself, under its lock (orchestration/runner.py).
         args = ["--runs_dir", str(runs_dir), "--run_name", self.name, "--quiet"]
         if self.config_file:
-            # BACKEND-LITERAL: the flag that names a backend's config file
-            args += ["--deepspeed_config" if self.backend == "deepspeed" else "--fsdp_config", self.config_file]
+            args += [f"--{get_backend(self.backend).config_flag}", self.config_file]
         else:
             args += ["--backend", self.backend]
         for key, value in self.flags:
@@ -391,13 +388,14 @@ def expand(spec: SweepSpec) -> tuple[list[SweepRun], list[str]]:
         if not gptlite and preset != m.preset[0]:
             continue  # the presets size GPT-lite; another model runs once, with the first
         ranks = world
-        # BACKEND-LITERAL: which backend runs in one process and stands in for the ranks (the reference)
-        if backend == "single":
+        one_process = get_backend(backend).one_process
+        if one_process:
             world = 1  # one process by definition
-        # `single` stands in for the matrix's `ranks` ranks: it accumulates over them, so that it trains on the
-        # same global batch, and so the same samples step by step (gptlite/data.py), as the runs it is compared to.
-        accum = int(spec.train_args.get("grad_accum", 1)) * (ranks if backend == "single" else 1)
-        stands_in = backend == "single" and ranks > 1
+        # The one process (`single`) stands in for the matrix's `ranks` ranks: it accumulates over them, so that it
+        # trains on the same global batch, and so the same samples step by step (gptlite/data.py), as the runs it
+        # is compared to.
+        accum = int(spec.train_args.get("grad_accum", 1)) * (ranks if one_process else 1)
+        stands_in = one_process and ranks > 1
         auto = str(policy).startswith("auto:")
         if auto and (interval or impl != m.ckpt_impl[0] or offload != m.activation_offload[0]):
             continue  # auto chooses every block itself (ckpt_interval 0), and takes no impl or offload: once
@@ -406,20 +404,18 @@ def expand(spec: SweepSpec) -> tuple[list[SweepRun], list[str]]:
         if not interval:
             impl, offload = "none", "none"  # nothing checkpointed (or a plan): nothing to offload
             policy = policy if auto else "full"
-        # BACKEND-LITERAL: which backend runs the deepspeed ckpt_impls
-        elif impl.startswith("deepspeed") and backend != "deepspeed":
-            skipped.append(f"{label} with ckpt_impl {impl}: needs the deepspeed backend")
+        elif impl not in get_backend(backend).ckpt_impls and (owner := _ckpt_impl_owner(impl)):
+            skipped.append(f"{label} with ckpt_impl {impl}: needs the {owner} backend")
             continue
         if policy == "selective" and (impl != "torch_nonreentrant" or offload != "none") or \
                 policy != "full" and compiled != "none":
             skipped.append(f"{label} with ckpt_policy {policy}: needs ckpt_impl torch_nonreentrant, without offload "
                            "or compile")
             continue
-        # BACKEND-LITERAL: whether a backend's plan refuses selective checkpointing (ZeRO-3)
-        if policy != "full" and backend == "deepspeed" and _zero_stage(config_file) == 3:
-            if policy == "selective":
-                skipped.append(f"{label} with ckpt_policy selective: refused under ZeRO-3 (wrong gradients)")
-                continue
+        if policy == "selective" and get_backend(backend).refuses_selective_checkpointing(
+                str(REPO / config_file) if config_file else None):
+            skipped.append(f"{label} with ckpt_policy selective: refused under ZeRO-3 (wrong gradients)")
+            continue
         ckpt = f"ckpt{interval}-{impl}" if interval else "ckpt0"
         if policy == "selective":
             ckpt += "-selective"
@@ -442,14 +438,9 @@ def expand(spec: SweepSpec) -> tuple[list[SweepRun], list[str]]:
                  **offload_flags(offload),
                  **({"compile": True, "compile_backend": compiled} if compiled != "none" else {}), **spec.train_args,
                  **({"grad_accum": accum} if stands_in else {})}
-        # BACKEND-LITERAL: which NVMe swap paths a backend's config file names (the backend's swap_dirs)
-        if config_file and backend == "deepspeed":
-            from backends import deepspeed_spec  # torch: see Matrix.__post_init__
-
-            config = deepspeed_config.read(str(REPO / config_file))
-            if "nvme" in (deepspeed_spec.offload_device(config, "offload_optimizer"),
-                          deepspeed_spec.offload_device(config, "offload_param")):
-                flags.setdefault("nvme_path", str(spec.directory / ".nvme" / name))
+        swap_flag = get_backend(backend).swap_flag
+        if config_file and swap_flag and get_backend(backend).swaps(str(REPO / config_file)):
+            flags.setdefault(swap_flag, str(spec.directory / ".nvme" / name))
         if spec.train_args.get("save_every"):  # its own checkpoints, continued when the run starts again
             flags.update(save_dir=str(spec.directory / ".ckpt" / name), resume=True)
         runs.setdefault(name, SweepRun(name, backend, config_file, world, tuple(flags.items()),
@@ -457,10 +448,9 @@ def expand(spec: SweepSpec) -> tuple[list[SweepRun], list[str]]:
     return list(runs.values()), list(dict.fromkeys(skipped))
 
 
-def _zero_stage(config_file: str | None) -> int | None:
-    """The ZeRO stage a DeepSpeed config file names."""
-    config = deepspeed_config.read(str(REPO / config_file)) if config_file else {}
-    return (config.get("zero_optimization") or {}).get("stage")
+def _ckpt_impl_owner(impl: str) -> str | None:
+    """The backend that alone runs --ckpt_impl `impl` (Backend.ckpt_impls), or None: every backend runs it."""
+    return next((name for name in BACKEND_NAMES if impl in get_backend(name).ckpt_impls), None)
 
 
 def _sha256(path: Path) -> str | None:

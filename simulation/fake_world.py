@@ -35,7 +35,7 @@ from pathlib import Path
 import torch.distributed as dist
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
-from backends import deepspeed_config, fsdp_config
+import backends
 from core.blocks import find_blocks
 from core.config import RunConfig
 from estimator.estimate import estimate_from_record
@@ -72,25 +72,17 @@ def check_train_flags(train_argv: list[str]):
 # bookkeeping), and the collectives grow with the model's blocks. Measured here (peak RSS at W =
 # 2000 to 10000, CPU), per simulated rank: DDP 27 KiB (tiny preset, 4 blocks), FSDP 300 (tiny) and
 # 420 (small, 6 blocks), FSDP2 275, ZeRO-2 114, ZeRO-3 2500 (tiny) and 3950 (small). Bytes per
-# simulated rank and per block (plus one for the rest of the model), above every measurement:
-# BACKEND-LITERAL: how a backend's bookkeeping grows with the simulated world (a Backend attribute)
-PER_RANK_PER_BLOCK = {"ddp": 8 * 2**10, "fsdp": 64 * 2**10, "fsdp2": 64 * 2**10, "zero": 32 * 2**10,
+# simulated rank and per block (plus one for the rest of the model), above every measurement, by the
+# family a backend says it grows like (Backend.fake_world_growth): a replica (DDP), sharded blocks (FSDP,
+# FSDP2), ZeRO 0-2, ZeRO-3:
+PER_RANK_PER_BLOCK = {"replica": 8 * 2**10, "sharded_blocks": 64 * 2**10, "zero": 32 * 2**10,
                       "zero3": 640 * 2**10}
 BASE_BYTES = 2**30  # the process itself: libraries, the model, the step
 
 
 def world_memory(world: int, cfg) -> tuple[int, str]:
     """Bytes rank 0 needs to simulate `world` ranks of the run `cfg`, and what that comes from."""
-    # BACKEND-LITERAL: which growth family the run's backend (and its config file) belongs to
-    if cfg.deepspeed_config and cfg.backend in (None, "deepspeed"):
-        stage = (deepspeed_config.read(cfg.deepspeed_config).get("zero_optimization") or {}).get("stage", 0)
-        family, what = ("zero3", "ZeRO-3") if stage == 3 else ("zero", f"ZeRO-{stage}")
-    elif cfg.fsdp_config:
-        family = what = fsdp_config.load(cfg.fsdp_config).backend
-    elif cfg.backend == "accelerate" and cfg.accelerate_plugin != "none":
-        family, what = ("fsdp", "accelerate's FSDP") if cfg.accelerate_plugin == "fsdp" else ("zero3", "accelerate's DeepSpeed")
-    else:
-        family, what = {"fsdp": ("fsdp", "fsdp"), "fsdp2": ("fsdp2", "fsdp2")}.get(cfg.backend, ("ddp", cfg.backend or "single"))
+    family, what = backends.get_backend(backends.named_by(cfg)).fake_world_growth(cfg)
     workload = check_model(cfg)
     blocks = len(find_blocks(workload.meta(), cfg.block_class))  # 0 for a model without any (ddp, ZeRO)
     per_rank = PER_RANK_PER_BLOCK[family] * (blocks + 1)
@@ -147,11 +139,12 @@ def simulate(world: int, gpus_per_node: int, train_argv: list[str]) -> dict:
                       MASTER_PORT=os.environ.get("MASTER_PORT", "29500"))
     with tempfile.TemporaryDirectory(prefix="fake_world-") as runs_dir:
         cfg = parse_args([*DEFAULT_FLAGS, *train_argv, "--runs_dir", runs_dir, "--run_name", "fake_world"])
-        if cfg.deepspeed_config and cfg.backend in (None, "deepspeed"):  # BACKEND-LITERAL: does it swap to NVMe
+        swap_flag = backends.get_backend(cfg.backend or backends.DEEPSPEED).swap_flag if cfg.deepspeed_config else None
+        if swap_flag:
             # NVMe offload's swap files go to a directory of its own, never the one its config names.
             nvme = Path(runs_dir) / "nvme"
             nvme.mkdir()
-            cfg = dataclasses.replace(cfg, nvme_path=str(nvme))
+            cfg = dataclasses.replace(cfg, **{swap_flag: str(nvme)})
         # Initialised before the run starts, the fake group is the one the backend finds and uses.
         dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
         code = run(cfg)

@@ -9,7 +9,7 @@
                               the model's parameter names and shapes
         model/                the backend's own format: "torch" (state.pt: model, optimizer,
                               LR schedule, grad scaler), "dcp" (torch.distributed.checkpoint,
-                              sharded, plus extra.pt) or "deepspeed" (engine.save_checkpoint)
+                              sharded, plus extra.pt) or DeepSpeed's (engine.save_checkpoint)
         rng/rank<k>.pt        each rank's torch RNG states (dropout)
         manifest.json         every file's size and SHA-256, signed with this user's key
                               (training/manifest.py): checked before anything in it is loaded
@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from core.owned import LATEST, LOCK, OWNER, STEP_PREFIX  # the layout (core/owned.py): checkpoint.LATEST, ...
+from core.owned import CHECKPOINT_FORMATS, LATEST, LOCK, OWNER, STEP_PREFIX  # the layout (core/owned.py): checkpoint.LATEST, ...
 from core.records import atomic_write_json, atomic_write_text
 from gptlite.errors import ConfigError
 from training import manifest
@@ -142,7 +142,7 @@ def read_meta(directory: Path) -> dict | None:
     return meta if isinstance(meta, dict) else None
 
 
-FORMATS = ("torch", "dcp", "deepspeed")
+FORMATS = CHECKPOINT_FORMATS
 
 
 def checked_meta(directory: Path, where: str) -> dict:

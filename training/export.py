@@ -8,7 +8,7 @@ Each format has its library's own consolidation, run offline (no process group, 
 - "torch" (single, ddp): the saved model state dict;
 - "dcp" (fsdp, fsdp2): torch.distributed.checkpoint.format_utils.dcp_to_torch_save, which merges
   every rank's shards;
-- "deepspeed": deepspeed.utils.zero_to_fp32 (ZeRO 1-3: the fp32 master partitions merged), or the
+- DeepSpeed's: deepspeed.utils.zero_to_fp32 (ZeRO 1-3: the fp32 master partitions merged), or the
   module weights of a ZeRO-0 checkpoint.
 A run trained from a transformers checkpoint (--model_name_or_path) is also written as one in --out
 (save_pretrained: config.json, model.safetensors in fp32, and the checkpoint's tokenizer where it had
@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from core.owned import DCP_FORMAT, DEEPSPEED_FORMAT
 from gptlite.errors import ConfigError
 from models.pretrained import save_transformers
 from models.spec import PRETRAINED
@@ -119,8 +120,8 @@ def export(checkpoint_path: str | Path, out_dir: str | Path, trust: bool = False
     else:
         # What is read beyond weights-only: DCP's metadata, DeepSpeed's ZeRO 1-3 files (zero_to_fp32); a
         # ZeRO-0 checkpoint's module is read weights-only here (_deepspeed_state_dict).
-        zero_to_fp32 = meta["format"] == "deepspeed" and any((directory / "model").rglob("*optim_states.pt"))
-        pickled = "deepspeed" if zero_to_fp32 else "dcp" if meta["format"] == "dcp" else None
+        zero_to_fp32 = meta["format"] == DEEPSPEED_FORMAT and any((directory / "model").rglob("*optim_states.pt"))
+        pickled = DEEPSPEED_FORMAT if zero_to_fp32 else DCP_FORMAT if meta["format"] == DCP_FORMAT else None
         note = manifest.trusted_note(directory, pickled)
         if note:
             print(note, file=sys.stderr, flush=True)

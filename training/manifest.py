@@ -41,7 +41,7 @@ import stat
 import tempfile
 from pathlib import Path
 
-from core.owned import OWNER
+from core.owned import DCP_FORMAT, DEEPSPEED_FORMAT, OWNER
 from core.records import atomic_write_json
 from gptlite.errors import ConfigError
 
@@ -288,9 +288,9 @@ def _hashed_once(directory: Path, files: dict):
 
 
 # Formats whose files are pickles beyond torch's weights-only loader: said when loaded unverified.
-PICKLED = {"dcp": "DCP's .metadata (and its non-tensor items) is a pickle",
-           "deepspeed": "DeepSpeed's engine files are pickles (DeepSpeed loads them with weights_only=False)"}
-# (A ZeRO-0 export reads its one file weights-only: training/export.py passes "deepspeed" only for ZeRO 1-3.)
+PICKLED = {DCP_FORMAT: "DCP's .metadata (and its non-tensor items) is a pickle",
+           DEEPSPEED_FORMAT: "DeepSpeed's engine files are pickles (DeepSpeed loads them with weights_only=False)"}
+# (A ZeRO-0 export reads its one file weights-only: training/export.py passes DeepSpeed's only for ZeRO 1-3.)
 
 
 def trusted_note(directory: Path, fmt: str | None) -> str | None:

@@ -14,12 +14,11 @@ import models
 from gptlite.errors import ConfigError
 from core.blocks import find_blocks
 from core.config import RunConfig
-from backends import deepspeed_config, fsdp_config
-from backends.ddp import DEFAULT_BUCKET_MIB
+from backends import BACKEND_NAMES, REFERENCE, deepspeed_config, fsdp_config, get_backend, named_alone
 from estimator.memory_model import DS_PERSISTENCE
 from training.cli import build_parser
 from training.preflight import writable_out
-from analysis.project import config_flags, configurations as shipped, node_hybrid
+from analysis.project import CONFIG_FLAGS, config_flags, configurations as shipped, node_hybrid
 
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,17 +41,14 @@ WARM_S = 2.0
 
 
 # train.py flags the planner chooses: a user gives the question (model, budget, batch), not the answer.
-# ("deepspeed": train.py's --deepspeed switch, a flag's name)
-CHOSEN_FLAGS = ("backend", "fsdp_config", "deepspeed_config", "deepspeed", "accelerate_plugin", "micro_batch",
-                "grad_accum", "ckpt_interval", "ckpt_policy", "ckpt_plan", "mem_budget_gb", "ddp_bucket_cap_mb")
+CHOSEN_FLAGS = (*CONFIG_FLAGS, "micro_batch", "grad_accum", "ckpt_interval", "ckpt_policy", "ckpt_plan", "mem_budget_gb",
+                "ddp_bucket_cap_mb")
 
 
-# The reference backend: one process, no wrapper. A world of one runs it, and the calibration times
-# train.py's step under it (analysis/plan/device.py): its step is every prediction's compute.
-REFERENCE = "single"  # BACKEND-LITERAL: which backend is the reference (one process, no wrapper)
-
-# The backends --configs names alone, without a configuration file.
-PLANNED_BACKENDS = ("single", "ddp", "fsdp", "fsdp2")  # BACKEND-LITERAL: which backends run by name, with no file
+# The reference backend (backends.REFERENCE, imported here for the planner's modules): one process, no
+# wrapper. A world of one runs it, and the calibration times train.py's step under it
+# (analysis/plan/device.py): its step is every prediction's compute. --configs names it and the backends
+# priced by name alone (backends.named_alone) without a configuration file.
 
 
 # train.py flags of one run, not of the model: copied into every candidate's command, each would
@@ -63,9 +59,9 @@ RUN_OWN_FLAGS = ("run_name", "save_dir", "resume")
 def _check_config(config: str) -> None:
     """--configs: a backend's name, an FSDP/FSDP2 YAML file (fsdp_configs/) or a DeepSpeed JSON file
     (ds_configs/), read as train.py reads it: an accelerate config or any other YAML is refused here."""
-    if config in PLANNED_BACKENDS:
+    if config in named_alone():
         return
-    allowed = (f"{', '.join(PLANNED_BACKENDS)}, or an fsdp_configs/*.yaml or ds_configs/*.json file (relative to the "
+    allowed = (f"{', '.join(named_alone())}, or an fsdp_configs/*.yaml or ds_configs/*.json file (relative to the "
                "repository)")
     if not (config.endswith((".yaml", ".json")) and (REPO / config).is_file()):
         raise ConfigError(f"--configs {config}: must be {allowed}")
@@ -183,9 +179,8 @@ def variants(config: str) -> list[tuple[str, dict]]:
     prefetch would change how much of the gathering overlaps, which the step model does not
     resolve: not planned. A file that does not parse has none (its own candidates say why train.py
     refuses it)."""
-    if config == "ddp":  # BACKEND-LITERAL: which backend's variants are train.py flags (its bucket size)
-        return [(f"buckets_{name}", {"ddp_bucket_cap_mb": DEFAULT_BUCKET_MIB * f}) for name, f in (("quarter", 0.25),
-                                                                                                 ("x4", 4))]
+    if config in BACKEND_NAMES:  # named alone: its variants are train.py flags (DDP's buckets)
+        return get_backend(config).planner_variants(None)
     if not config.endswith((".json", ".yaml")):
         return []
     source = _source(config)
@@ -208,10 +203,8 @@ def variants(config: str) -> list[tuple[str, dict]]:
                 return out
             return []
         options = yaml.safe_load(source.read_text()) or {}
-        # BACKEND-LITERAL: which backend's file has backward prefetch (FSDP1's, not FSDP2's)
-        if options.get("backend", "fsdp") == "fsdp" and options.get("sharding_strategy", "FULL_SHARD") in (
-                "FULL_SHARD", "HYBRID_SHARD") and options.get("backward_prefetch", "BACKWARD_PRE") is not None:
-            return [("no_backward_prefetch", {"backward_prefetch": None})]
+        # FSDP1's file has backward prefetch, FSDP2's not
+        return get_backend(options.get("backend", fsdp_config.DEFAULT_BACKEND)).planner_variants(options)
     except (ConfigError, OSError, yaml.YAMLError, ValueError, TypeError, AttributeError):
         return []
     return []
@@ -232,8 +225,8 @@ def _source(config: str) -> Path:
 
 def write_variants(configs: list[str], directory: str) -> dict[str, str]:
     """Every variant of `configs` (variants()) written into `directory` as <file>.<variant>.<ext>:
-    {its absolute path: the configuration it varies}; DDP's, set by flags, as {"ddp --flag value":
-    "ddp"}. A file already there with other contents is refused, not rewritten; so are the shipped
+    {its absolute path: the configuration it varies}; DDP's, set by flags, as {"NAME --flag value":
+    NAME}. A file already there with other contents is refused, not rewritten; so are the shipped
     folders (the planner would list the variants as shipped configurations)."""
     writable_out("--variants", directory)
     target = Path(directory).resolve()

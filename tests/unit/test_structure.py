@@ -4,17 +4,23 @@ this file says why (HEAVY_OPTIONAL: a heavy optional library, by its name; LOCAL
 (module, imported module)), and such imports are at most a tenth of the project's import statements.
 An entry that no longer matches an import fails too: the lists say what is, not what was.
 
+A backend's name (backends/registry.py BACKEND_NAMES, the one module imported) is written only in backends/:
+elsewhere a module asks the backend (`backends.get_backend(name).<what it needs>`) or names it by the
+registry's constants (backends.REFERENCE, DDP, DEEPSPEED, ...). A string equal to a backend's name stays
+outside backends/ only where NAME_LITERALS says what else it means there (a launcher, a library, a CLI choice).
+
 The project's code: every .py outside tests/, .venv, build, *.egg-info and hidden folders.
 """
 
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
+from backends.registry import BACKEND_NAMES
 from conftest import REPO
 
 MAX_FUNCTION_LINES = 120
@@ -48,6 +54,24 @@ HEAVY_OPTIONAL = {
              "(backends/deepspeed_config.py)",
     "torch._dynamo": "the compiler stack (seconds to import): --compile only (backends/compile.py)",
     "torch._functorch": "the compiler stack (seconds to import): --compile only (backends/compile.py)",
+}
+
+# Strings equal to a backend's name outside backends/: (module, the string) -> what it names there instead.
+_LAUNCHER = "the launcher that started this rank, read from its environment (Backend.launcher names the backend's)"
+_LIBRARY = "a library's distribution name, for its installed version"
+_CHOICE = "a CLI choice of core/config.py, below backends/ (core cannot ask them)"
+NAME_LITERALS = {
+    ("orchestration/launch.py", "deepspeed"): "the DeepSpeed launcher's executable (Backend.launcher's value)",
+    ("core/dist.py", "deepspeed"): _LAUNCHER,
+    ("core/dist.py", "accelerate"): _LAUNCHER,
+    ("core/environment.py", "deepspeed"): _LIBRARY,
+    ("core/environment.py", "accelerate"): _LIBRARY,
+    ("analysis/plan/backend_costs.py", "deepspeed"): _LIBRARY,
+    ("core/config.py", "fsdp"): f"{_CHOICE}: --accelerate_plugin, accelerate's own plugins",
+    ("core/config.py", "deepspeed"): f"{_CHOICE}: --accelerate_plugin, accelerate's own plugins",
+    ("core/config_checks.py", "deepspeed"): f"{_CHOICE}: --ckpt_impl, DeepSpeed's activation checkpointing",
+    ("core/owned.py", "deepspeed"): "a checkpoint format's name, stored in every checkpoint's meta.json",
+    ("analysis/project.py", "deepspeed"): "train.py's --deepspeed switch, a flag's name",
 }
 
 # Any other function-local import: (the importing module's path, the imported module) -> why it is not at
@@ -93,6 +117,7 @@ class Shape:
     top_statements: int  # import statements outside any function
     local_statements: int  # import statements inside a function
     local_imports: list[LocalImport]  # one per module a function-local statement imports
+    strings: list[tuple[int, str]] = field(default_factory=list)  # (line, value) of every string constant
 
 
 def project_files(root: Path) -> list[Path]:
@@ -132,7 +157,10 @@ def shape(source: str, path: str) -> Shape:
             else:
                 visit(child, scope, in_function)
 
-    visit(ast.parse(source), "", False)
+    tree = ast.parse(source)
+    visit(tree, "", False)
+    measured.strings = [(n.lineno, n.value) for n in ast.walk(tree) if isinstance(n, ast.Constant)
+                        and isinstance(n.value, str)]
     return measured
 
 
@@ -175,6 +203,20 @@ def stale_entries(shapes: dict[str, Shape], heavy: dict, local: dict) -> list:
 def local_share(shapes: dict[str, Shape]) -> float:
     local = sum(s.local_statements for s in shapes.values())
     return local / max(1, local + sum(s.top_statements for s in shapes.values()))
+
+
+def name_literals(shapes: dict[str, Shape], names) -> list[tuple[str, int, str]]:
+    """(module, line, string) of every string constant equal to one of `names` outside backends/."""
+    return sorted((path, line, value) for path, s in shapes.items() if not path.startswith("backends/")
+                  for line, value in s.strings if value in names)
+
+
+def unexplained_literals(shapes: dict[str, Shape], names, allowed: dict) -> list[tuple[str, int, str]]:
+    return [(path, line, value) for path, line, value in name_literals(shapes, names) if (path, value) not in allowed]
+
+
+def stale_literals(shapes: dict[str, Shape], names, allowed: dict) -> list[tuple[str, str]]:
+    return sorted(set(allowed) - {(path, value) for path, _, value in name_literals(shapes, names)})
 
 
 def _pending_imports(path: str) -> bool:
@@ -223,6 +265,15 @@ def test_function_local_imports_are_at_most_a_tenth(shapes):
     assert local_share(shapes) <= MAX_LOCAL_SHARE
 
 
+def test_no_backend_name_is_written_outside_backends(shapes):
+    """Each backend answers for itself (Backend attributes), named by the registry's constants."""
+    assert unexplained_literals(shapes, BACKEND_NAMES, NAME_LITERALS) == []
+
+
+def test_the_name_allow_list_has_no_stale_entry(shapes):
+    assert stale_literals(shapes, BACKEND_NAMES, NAME_LITERALS) == []
+
+
 # ---------------------------------------------------------------------------------------- the checks can fail
 def test_each_check_finds_what_it_is_for(tmp_path):
     """A synthetic project, measured as the project is: a function of 121 lines, a module of 501, a stray
@@ -253,3 +304,27 @@ def test_each_check_finds_what_it_is_for(tmp_path):
     assert stale_entries(shapes, heavy, {**local, ("pkg/mod.py", "yaml"): "r", ("pkg/big.py", "json"): "r"}) == \
         ["wandb", ("pkg/big.py", "json")]
     assert local_share(shapes) == 3 / 5  # three function-local statements against two at the top
+
+
+def test_the_name_check_finds_a_backend_name(tmp_path):
+    """A synthetic project: a backend's name compared with, passed and keyed on outside backends/ is found
+    (a docstring or a longer string naming it is not); backends/ and tests/ may write it; an allowed pair
+    passes, and an allowed pair that matches nothing is stale."""
+    files = {
+        "pkg/sweep.py": ('"""Runs ddp, say."""\n\n\ndef world(backend):\n    return 1 if backend == "single" else 2\n'
+                         '\n\nFLAGS = {"ddp": ["--backend", "ddp"]}\nLABEL = "ddp.bucket_25mb"\n'),
+        "pkg/launch.py": 'LAUNCHERS = ("python", "torchrun", "deepspeed")\n',
+        "backends/registry.py": 'NAMES = ("single", "ddp", "deepspeed")\n',
+        "tests/test_x.py": 'BACKEND = "ddp"\n',
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    shapes = measure(tmp_path)
+    names = ("single", "ddp", "deepspeed")
+    allowed = {("pkg/launch.py", "deepspeed"): "a launcher"}
+    found = [("pkg/sweep.py", 5, "single"), ("pkg/sweep.py", 8, "ddp"), ("pkg/sweep.py", 8, "ddp")]
+    assert unexplained_literals(shapes, names, allowed) == found
+    assert unexplained_literals(shapes, names, {}) == [("pkg/launch.py", 1, "deepspeed"), *found]
+    assert stale_literals(shapes, names, {**allowed, ("pkg/sweep.py", "deepspeed"): "r"}) == \
+        [("pkg/sweep.py", "deepspeed")]
