@@ -77,7 +77,8 @@ NAME_LITERALS = {
 # Any other function-local import: (the importing module's path, the imported module) -> why it is not at
 # the top.
 _DCP = "torch.distributed.checkpoint: 2 s and ~700 modules to import; only a DCP checkpoint needs it"
-_TORCH_FREE = "torch (seconds): a sweep's orchestrator and a Slurm job's wrapper, which unpickles its SweepRun, stay torch-free"
+_TORCH_FREE = ("torch (seconds): importing orchestration stays torch-free (`sweep.py --help`, a Slurm job "
+               "unpickling its SweepRun); torch loads with a backend's module, where a run's command is built")
 LOCAL_IMPORTS = {
     ("models/pretrained.py", "torch.distributed.checkpoint"): _DCP,
     ("training/checkpoint.py", "torch.distributed.checkpoint"): _DCP,
