@@ -338,8 +338,8 @@ def node_hybrid(entry: str) -> bool:
     return options.mesh is not None or not isinstance(options.reshard_after_forward, bool)
 
 
-def main(argv=None) -> int:
-    hw = yaml.safe_load(HARDWARE.read_text())
+def build_parser(hw: dict) -> OneLineParser:
+    """The projection's own flags; every other flag is train.py's."""
     p = OneLineParser(prog="python -m analysis.project", description=__doc__.splitlines()[0], allow_abbrev=False,
                       formatter_class=argparse.RawDescriptionHelpFormatter,
                       usage="python -m analysis.project [--world W ...] [--gpu GPU|here] [--network NET] [--configs C ...] "
@@ -365,8 +365,11 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None, metavar="DIR", help="directory for projection.md and samples_vs_gpus.png")
     p.add_argument("--json", action="store_true", help="print one JSON object (the GPU, network, assumptions and "
                    "every configuration's row at each W) instead of the tables")
-    refuse_renamed(p, argv)
-    args, train_argv = p.parse_known_args(argv)
+    return p
+
+
+def check_args(p: OneLineParser, args, hw: dict) -> int:
+    """The projection's flags checked (p.error: one line, exit 2); the GPUs per node."""
     if args.gpu == HERE:
         args.gpu = gpu_here(hw) or p.error(
             "--gpu here: this machine has no GPU that analysis/hardware.yaml lists, and the projection is to W of "
@@ -394,31 +397,30 @@ def main(argv=None) -> int:
     per_node = hw["gpus"][args.gpu]["gpus_per_node"]
     if any(w < 1 or (w > per_node and w % per_node) for w in args.world):
         p.error(f"--world: each must be >= 1 and, beyond one node, whole nodes of {per_node}")
-    a = Assumptions(mfu=args.mfu, overlap=args.overlap)
-    try:  # the run's flags and every configuration file read before any work: a bad one is refused in one line
-        given = config_from_argv(train_argv)
-        defaults = config_from_argv([])
-        for name in CONFIG_FLAGS:
-            if getattr(given, name) != getattr(defaults, name):
-                raise ConfigError(f"--{name}: the projection compares configurations; name them with --configs")
-        if given.device not in ("auto", "cuda"):
-            raise ConfigError(f"--device {given.device}: the projection is of GPUs (--gpu)")
-        for c in args.configs or configurations():
-            if c.endswith(".json"):
-                deepspeed_config.read(str(REPO / c))
-            elif c.endswith(".yaml"):
-                fsdp_config.load(str(REPO / c))
-        result = table(train_argv, args.world, args.gpu, args.network, a, args.configs, args.counted, per_node)
-    except (ConfigError, DataError) as e:
-        p.error(str(e))
-    except RuntimeError as e:
-        print(f"python -m analysis.project: {e}", file=sys.stderr)
-        return 1
-    bytes_from = ("counted: each backend's real collectives at W under the fake process group; memory peak "
-                  "as measured there on this machine's device" if args.counted else
-                  f"each backend's theory (comm_theory), cut into the configuration's buckets where it names "
-                  f"them, else {a.bucket_mib} MiB")
-    what = f"{given.preset} preset" if given.model == "gptlite" else given.model
+    return per_node
+
+
+def read_run(args, train_argv: list[str]):
+    """The run's flags (train.py's RunConfig) and every configuration file read before any work: a bad
+    one is refused in one line."""
+    given = config_from_argv(train_argv)
+    defaults = config_from_argv([])
+    for name in CONFIG_FLAGS:
+        if getattr(given, name) != getattr(defaults, name):
+            raise ConfigError(f"--{name}: the projection compares configurations; name them with --configs")
+    if given.device not in ("auto", "cuda"):
+        raise ConfigError(f"--device {given.device}: the projection is of GPUs (--gpu)")
+    for c in args.configs or configurations():
+        if c.endswith(".json"):
+            deepspeed_config.read(str(REPO / c))
+        elif c.endswith(".yaml"):
+            fsdp_config.load(str(REPO / c))
+    return given
+
+
+def report_lines(result, given, args, a: Assumptions, train_argv: list[str], per_node: int, bytes_from: str,
+                 what: str) -> list[str]:
+    """The projection's tables by W, and the article's 8-GPU order beside them where it applies."""
     lines = [f"{what} on {args.gpu} x W ({per_node} to a node) over {args.network}; the run: train.py {' '.join(train_argv) or '(defaults)'}",
              f"assumptions: MFU {a.mfu}, overlap {a.overlap}, CPU Adam {a.cpu_adam_gparams_s} G params/s per GPU, "
              "datasheet bandwidths and the precision's peak (analysis/hardware.yaml)", f"bytes and calls: {bytes_from}", ""]
@@ -434,7 +436,30 @@ def main(argv=None) -> int:
             lines.append(f"  {c:<24} article {ARTICLE[c]:6.2f} samples/s   projected {eight.loc[c, 'samples/s']:8.1f}")
         projected = sorted(ARTICLE, key=lambda c: -eight.loc[c, "samples/s"])
         lines.append(f"  same order: {projected == order} (projected: {', '.join(projected)})")
-    text = "\n".join(lines)
+    return lines
+
+
+def main(argv=None) -> int:
+    hw = yaml.safe_load(HARDWARE.read_text())
+    p = build_parser(hw)
+    refuse_renamed(p, argv)
+    args, train_argv = p.parse_known_args(argv)
+    per_node = check_args(p, args, hw)
+    a = Assumptions(mfu=args.mfu, overlap=args.overlap)
+    try:
+        given = read_run(args, train_argv)
+        result = table(train_argv, args.world, args.gpu, args.network, a, args.configs, args.counted, per_node)
+    except (ConfigError, DataError) as e:
+        p.error(str(e))
+    except RuntimeError as e:
+        print(f"python -m analysis.project: {e}", file=sys.stderr)
+        return 1
+    bytes_from = ("counted: each backend's real collectives at W under the fake process group; memory peak "
+                  "as measured there on this machine's device" if args.counted else
+                  f"each backend's theory (comm_theory), cut into the configuration's buckets where it names "
+                  f"them, else {a.bucket_mib} MiB")
+    what = f"{given.preset} preset" if given.model == "gptlite" else given.model
+    text = "\n".join(report_lines(result, given, args, a, train_argv, per_node, bytes_from, what))
     if args.json:
         print(json.dumps({"gpu": args.gpu, "network": args.network, "train_argv": train_argv, "bytes": bytes_from,
                           "assumptions": dataclasses.asdict(a), "rows": json.loads(result.to_json(orient="records"))}))

@@ -121,14 +121,7 @@ def replay(directory: Path) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["--replay"]:
-        if len(argv) != 2:
-            print("usage: benchmarks/plan_regret.py --replay DIR (a plan_regret RUNS_DIR: its plan.json, grid/)",
-                  file=sys.stderr)
-            return 2
-        return replay(Path(argv[1]))
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n".join(__doc__.splitlines()[2:]))
     p.add_argument("--replay", metavar="DIR", help="refit DIR/plan.json by this code, nothing run (alone: see below)")
@@ -149,24 +142,15 @@ def main(argv: list[str] | None = None) -> int:
                    help="measure the grid and stop; a later run with the same RUNS_DIR keeps its records (a lent "
                         "GPU's call limit can split the two)")
     p.add_argument("train_argv", nargs="*", help="train.py's model flags, after --")
-    args = p.parse_args(argv)
-    runs = Path(args.runs_dir).resolve()
-    question = ["--world", str(args.world), "--mem_budget_gb", str(args.mem_budget_gb), "--global_batch",
-                str(args.global_batch), "--configs", *args.configs, "--ckpt", *args.ckpt,
-                *(["--micro_batches", *map(str, args.micro_batches)] if args.micro_batches else [])]
-    # The grid: the planner's candidates that fit on this machine's device (estimated there); their
-    # predicted speed is not needed to list them, so this device's model is a placeholder, not calibrated.
-    link = plan.Link(1.0, 0.0, "placeholder")
-    device = plan.Device("this machine, uncalibrated", link, link, sample_s=1e-3)
-    rows = plan.plan(args.train_argv, args.world, args.world, args.mem_budget_gb, args.global_batch, device,
-                     args.configs, tuple(args.ckpt), args.micro_batches)
-    grid = [r for r in rows if r.get("fits")]
-    print(f"grid: {len(grid)} candidates fit of {len(rows)} ({sum('breaks' in r for r in rows)} over the budget, "
-          f"{sum('refused' in r for r in rows)} refused)", flush=True)
+    return p
+
+
+def measure_grid(args, runs: Path, grid: list[dict]) -> tuple[dict, dict]:
+    """Every candidate of the grid run --rounds times, taking turns: the samples/s of each (by its
+    flags) and its highest peak in GiB."""
     runner = Runner(runs / "grid", 1800)
     measured: dict[str, list[float]] = {}
     peaks: dict[str, float] = {}
-    names = {}
     for rnd in range(args.rounds):
         for i, row in enumerate(grid):
             cand = row["candidate"]
@@ -176,21 +160,14 @@ def main(argv: list[str] | None = None) -> int:
             outcome = runner.run(SweepRun(name, row["backend"], cand.file, args.world, pairs))
             print(f"round {rnd + 1}/{args.rounds} [{i + 1}/{len(grid)}] {outcome.line()}", flush=True)
             key = " ".join(cand.flags())
-            names[key] = row
             if outcome.status == "ok" and outcome.summary.samples_per_s:
                 measured.setdefault(key, []).append(outcome.summary.samples_per_s)
                 peaks[key] = max(peaks.get(key, 0.0), (outcome.summary.mem_peak_bytes or 0) / 2**30)
-    if args.grid_only:
-        return 0
-    proc = subprocess.run([sys.executable, "-m", "analysis.plan", *question, "--verify", str(args.verify),
-                           "--verify_rounds", str(args.verify_rounds), *(["--counted"] if args.counted else []),
-                           "--verify_steps", str(args.steps), "--runs_dir", str(runs / "verify"), "--json",
-                           "--out", str(runs / "plan"),
-                           *args.train_argv], cwd=REPO, stdout=subprocess.PIPE, text=True)  # its progress: stderr
-    if proc.returncode not in (0, 1):
-        sys.exit(f"analysis.plan failed ({proc.returncode})")
-    out = json.loads(proc.stdout)
-    (runs / "plan.json").write_text(json.dumps(out, indent=2))
+    return measured, peaks
+
+
+def print_comparison(args, out: dict, measured: dict, peaks: dict, grid: list[dict]) -> None:
+    """The planner's predictions beside the grid's measurements, its pick and its regret."""
     median = {k: statistics.median(v) for k, v in measured.items()}
     best = max(median, key=median.get)
     flags_of = {c["command"]: " ".join(c["config_flags"]) for c in out["candidates"] if "command" in c}
@@ -214,6 +191,44 @@ def main(argv: list[str] | None = None) -> int:
     over = [v for v in out.get("verified", []) if (v.get("measured_peak_gb") or 0) > args.mem_budget_gb]
     print(f"verified runs over the budget: {len(over)}; grid runs over the budget: "
           f"{sum(peak > args.mem_budget_gb for peak in peaks.values())}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--replay"]:
+        if len(argv) != 2:
+            print("usage: benchmarks/plan_regret.py --replay DIR (a plan_regret RUNS_DIR: its plan.json, grid/)",
+                  file=sys.stderr)
+            return 2
+        return replay(Path(argv[1]))
+    p = build_parser()
+    args = p.parse_args(argv)
+    runs = Path(args.runs_dir).resolve()
+    question = ["--world", str(args.world), "--mem_budget_gb", str(args.mem_budget_gb), "--global_batch",
+                str(args.global_batch), "--configs", *args.configs, "--ckpt", *args.ckpt,
+                *(["--micro_batches", *map(str, args.micro_batches)] if args.micro_batches else [])]
+    # The grid: the planner's candidates that fit on this machine's device (estimated there); their
+    # predicted speed is not needed to list them, so this device's model is a placeholder, not calibrated.
+    link = plan.Link(1.0, 0.0, "placeholder")
+    device = plan.Device("this machine, uncalibrated", link, link, sample_s=1e-3)
+    rows = plan.plan(args.train_argv, args.world, args.world, args.mem_budget_gb, args.global_batch, device,
+                     args.configs, tuple(args.ckpt), args.micro_batches)
+    grid = [r for r in rows if r.get("fits")]
+    print(f"grid: {len(grid)} candidates fit of {len(rows)} ({sum('breaks' in r for r in rows)} over the budget, "
+          f"{sum('refused' in r for r in rows)} refused)", flush=True)
+    measured, peaks = measure_grid(args, runs, grid)
+    if args.grid_only:
+        return 0
+    proc = subprocess.run([sys.executable, "-m", "analysis.plan", *question, "--verify", str(args.verify),
+                           "--verify_rounds", str(args.verify_rounds), *(["--counted"] if args.counted else []),
+                           "--verify_steps", str(args.steps), "--runs_dir", str(runs / "verify"), "--json",
+                           "--out", str(runs / "plan"),
+                           *args.train_argv], cwd=REPO, stdout=subprocess.PIPE, text=True)  # its progress: stderr
+    if proc.returncode not in (0, 1):
+        sys.exit(f"analysis.plan failed ({proc.returncode})")
+    out = json.loads(proc.stdout)
+    (runs / "plan.json").write_text(json.dumps(out, indent=2))
+    print_comparison(args, out, measured, peaks, grid)
     return 0
 
 

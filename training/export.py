@@ -39,7 +39,8 @@ from models.spec import PRETRAINED
 from training import checkpoint, manifest
 from training.preflight import writable_out
 
-def resolve(path: str | Path) -> Path:
+
+def checkpoint_dir(path: str | Path) -> Path:
     """A checkpoint directory, or the latest one under a --save_dir."""
     path = Path(path)
     if (path / "meta.json").is_file():
@@ -111,7 +112,7 @@ def export(checkpoint_path: str | Path, out_dir: str | Path, trust: bool = False
     # Not into a record or a checkpoint (its run's: never written into from outside), not a file's name.
     writable_out("--out", str(out_dir), writes=OUT_FILE)
     manifest.signing_key()  # a key that cannot be made or read is refused before the work
-    directory = resolve(checkpoint_path)
+    directory = checkpoint_dir(checkpoint_path)
     where = f"the checkpoint {directory}"
     verified = manifest.verify(directory, where, trust)  # before anything in it is unpickled
     meta = checkpoint.checked_meta(directory, where)

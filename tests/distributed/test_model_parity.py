@@ -119,9 +119,9 @@ def references(tmp_path_factory) -> dict:
 
 
 def final_state(run) -> dict:
-    from training.export import consolidated_state_dict, resolve
+    from training.export import checkpoint_dir, consolidated_state_dict
 
-    return consolidated_state_dict(resolve(run.config["run"]["save_dir"]))[0]
+    return consolidated_state_dict(checkpoint_dir(run.config["run"]["save_dir"]))[0]
 
 
 def keeps_running_statistics(run) -> bool:

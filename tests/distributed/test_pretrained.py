@@ -102,7 +102,7 @@ def test_zero3_and_fsdp2_load_without_a_whole_copy_per_rank(launches, request):
 def test_an_export_reloads_with_from_pretrained_and_gives_the_trained_logits(launches, request, tmp_path, backend):
     import transformers
 
-    from training.export import consolidated_state_dict, export, resolve
+    from training.export import checkpoint_dir, consolidated_state_dict, export
 
     run = launches.get(backend, request)
     save_dir = run.config["run"]["save_dir"]
@@ -111,7 +111,7 @@ def test_an_export_reloads_with_from_pretrained_and_gives_the_trained_logits(lau
     assert (out / "config.json").is_file() and (out / "model.safetensors").is_file()
     reloaded = transformers.AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
     # The trained weights as the suite's own model holds them (consolidated from the backend's checkpoint).
-    state, meta = consolidated_state_dict(resolve(save_dir))
+    state, meta = consolidated_state_dict(checkpoint_dir(save_dir))
     assert meta["step"] == REFERENCE_STEPS - 1
     cfg, workload = _workload(pretrained_checkpoint(launches.root))
     trained = workload.structure()

@@ -25,6 +25,7 @@ from conftest import REPO
 
 MAX_FUNCTION_LINES = 120
 MAX_MODULE_LINES = 500
+MAX_MAIN_LINES = 80  # a command line's main: parse, check, call, print; the work in functions of its own
 MAX_LOCAL_SHARE = 0.10  # function-local import statements / all import statements
 
 # Libraries a function imports where a run needs them: each costs seconds to import (or may not import at
@@ -175,6 +176,12 @@ def long_functions(shapes: dict[str, Shape]) -> dict[str, int]:
             if n > MAX_FUNCTION_LINES}
 
 
+def long_mains(shapes: dict[str, Shape]) -> dict[str, int]:
+    """A module's `main` (or `_main`) over MAX_MAIN_LINES."""
+    return {f"{path}:{name}": n for path, s in shapes.items() for name, n in s.functions.items()
+            if name in ("main", "_main") and n > MAX_MAIN_LINES}
+
+
 def long_modules(shapes: dict[str, Shape]) -> dict[str, int]:
     return {path: s.lines for path, s in shapes.items() if s.lines > MAX_MODULE_LINES}
 
@@ -241,6 +248,10 @@ def test_no_function_over_120_lines(shapes):
     assert PENDING["functions"] - set(long) == set(), "no longer too long: remove them from PENDING"
 
 
+def test_no_main_over_80_lines(shapes):
+    assert long_mains(shapes) == {}
+
+
 def test_no_module_over_500_lines(shapes):
     long = long_modules(shapes)
     assert {k: n for k, n in long.items() if k not in PENDING["modules"]} == {}
@@ -299,6 +310,8 @@ def test_each_check_finds_what_it_is_for(tmp_path):
     assert shapes["pkg/mod.py"].functions == {"short": 4, "Holder.long": 121}
     assert long_functions(shapes) == {"pkg/mod.py:Holder.long": 121}
     assert long_modules(shapes) == {"pkg/big.py": 501}
+    assert long_mains({"m.py": Shape(90, {"main": 81, "Cls.main": 81, "helper": 100}, 0, 0, [])}) == {"m.py:main": 81}
+    assert long_mains({"m.py": Shape(90, {"main": 80}, 0, 0, [])}) == {}
     heavy, local = {"deepspeed": "heavy", "wandb": "heavy"}, {("pkg/mod.py", "pkg.near"): "a circle"}
     assert [i.module for i in unnamed_imports(shapes, heavy, local)] == ["json", "yaml"]
     assert [i.module for i in unnamed_imports(shapes, {**heavy, "json": "r", "yaml": "r"}, local)] == []
