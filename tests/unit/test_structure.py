@@ -81,6 +81,9 @@ _DCP = "torch.distributed.checkpoint: 2 s and ~700 modules to import; only a DCP
 _TORCH_FREE = ("torch (seconds): importing orchestration stays torch-free (`sweep.py --help`, a Slurm job "
                "unpickling its SweepRun); torch loads with a backend's module, where a run's command is built")
 LOCAL_IMPORTS = {
+    ("backends/ddp_zero1.py", "torch.distributed.optim"): "0.8 s (it scripts torch's functional optimizers, with "
+                                                          "warnings): only a ddp_zero1 run builds one; the registry's "
+                                                          "questions import every backend's module",
     ("models/pretrained.py", "torch.distributed.checkpoint"): _DCP,
     ("training/checkpoint.py", "torch.distributed.checkpoint"): _DCP,
     ("training/export.py", "torch.distributed.checkpoint.format_utils"): _DCP,
