@@ -50,7 +50,7 @@ class FSDPAccounting(TorchAccounting):
         return [getattr(h.flat_param, "_local_shard", h.flat_param) for h in self.backend.handles()]
 
 
-class FSDPBackend(DCPCheckpointMixin, TorchBackend):
+class FSDPBackend(fsdp_config.FSDPFileAnswers, DCPCheckpointMixin, TorchBackend):
     name = "fsdp"
     owned_flags = ("fsdp_config",)
     projected_by_name = planned_by_name = True
@@ -97,14 +97,6 @@ class FSDPBackend(DCPCheckpointMixin, TorchBackend):
         # Flat parameters per unit: a unit's gradients flattened whole on their way into the reduce-scatter.
         return Layout(kind, shards, fsdp1_root_gathered=True, offload=o.cpu_offload, compute_bytes=mp,
                       offload_params=o.cpu_offload, sharded_units=True, flat_unit_grads=True)
-
-    @classmethod
-    def offload(cls, spec, n_params, world) -> tuple[bool, bool, float]:
-        return spec.cpu_offload, spec.cpu_offload, n_params / world  # CPU offload: parameters and optimizer
-
-    @classmethod
-    def estimator_options(cls, spec, described) -> dict:
-        return {"fsdp_options": fsdp_config.from_record(spec if spec is not None else described["options"])}
 
     def setup(self, model: nn.Module) -> None:
         self.options = self.spec

@@ -38,7 +38,7 @@ class FSDP2Accounting(TorchAccounting):
         return [p._sharded_param_data for p in self.backend.fsdp_params()]
 
 
-class FSDP2Backend(DCPCheckpointMixin, TorchBackend):
+class FSDP2Backend(fsdp_config.FSDPFileAnswers, DCPCheckpointMixin, TorchBackend):
     name = "fsdp2"
     owned_flags = ("fsdp_config",)
     projected_by_name = planned_by_name = True
@@ -67,14 +67,6 @@ class FSDP2Backend(DCPCheckpointMixin, TorchBackend):
         return Layout(kind, shards, offload=o.cpu_offload, compute_bytes=compute_bytes(precision) if o.mixed_precision
                       else 4, post_forward=post if 1 < post < shards else 0, offload_params=o.cpu_offload,
                       sharded_units=True, holds_reduce_scatter_input=True)
-
-    @classmethod
-    def offload(cls, spec, n_params, world) -> tuple[bool, bool, float]:
-        return spec.cpu_offload, spec.cpu_offload, n_params / world  # CPU offload: parameters and optimizer
-
-    @classmethod
-    def estimator_options(cls, spec, described) -> dict:
-        return {"fsdp_options": fsdp_config.from_record(spec if spec is not None else described["options"])}
 
     pretrained = None  # a checkpoint to load shard by shard after sharding (build_model)
 

@@ -251,3 +251,16 @@ def from_record(plan: dict) -> FSDPConfig | FSDP2Config:
     """The options as a run record's `plan` holds them (what the estimator reads back)."""
     cls = FSDP2Config if plan.get("backend") == "fsdp2" else FSDPConfig
     return from_dict(cls, plan, where="the run record's plan")
+
+
+class FSDPFileAnswers:
+    """What FSDP1 and FSDP2 answer alike from their fsdp_configs/ file (Backend.offload,
+    Backend.estimator_options): one place for both."""
+
+    @classmethod
+    def offload(cls, spec, n_params, world) -> tuple[bool, bool, float]:
+        return spec.cpu_offload, spec.cpu_offload, n_params / world  # CPU offload: parameters and optimizer
+
+    @classmethod
+    def estimator_options(cls, spec, described) -> dict:
+        return {"fsdp_options": from_record(spec if spec is not None else described["options"])}

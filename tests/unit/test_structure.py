@@ -100,11 +100,6 @@ LOCAL_IMPORTS = {
     ("orchestration/sweep.py", "backends"): _TORCH_FREE,
 }
 
-# Expected failures until the other branches of issue 78 are merged (each part of the project is fixed in its
-# own branch): the lead empties this after the merge. A PENDING entry that no longer fails fails the test.
-PENDING = {"functions": set(), "modules": set(), "local_imports_in": (), "local_share": False}
-
-
 @dataclass(frozen=True)
 class LocalImport:
     path: str  # the importing module, relative to the repository
@@ -230,10 +225,6 @@ def stale_literals(shapes: dict[str, Shape], names, allowed: dict) -> list[tuple
     return sorted(set(allowed) - {(path, value) for path, _, value in name_literals(shapes, names)})
 
 
-def _pending_imports(path: str) -> bool:
-    return any(path == p or (p.endswith("/") and path.startswith(p)) for p in PENDING["local_imports_in"])
-
-
 @pytest.fixture(scope="module")
 def shapes() -> dict[str, Shape]:
     return measure(REPO)
@@ -246,9 +237,7 @@ def test_the_project_is_measured(shapes):
 
 
 def test_no_function_over_120_lines(shapes):
-    long = long_functions(shapes)
-    assert {k: n for k, n in long.items() if k not in PENDING["functions"]} == {}
-    assert PENDING["functions"] - set(long) == set(), "no longer too long: remove them from PENDING"
+    assert long_functions(shapes) == {}
 
 
 def test_no_main_over_80_lines(shapes):
@@ -256,17 +245,12 @@ def test_no_main_over_80_lines(shapes):
 
 
 def test_no_module_over_500_lines(shapes):
-    long = long_modules(shapes)
-    assert {k: n for k, n in long.items() if k not in PENDING["modules"]} == {}
-    assert PENDING["modules"] - set(long) == set(), "no longer too long: remove them from PENDING"
+    assert long_modules(shapes) == {}
 
 
 def test_every_function_local_import_is_named_with_its_reason(shapes):
     unnamed = unnamed_imports(shapes, HEAVY_OPTIONAL, LOCAL_IMPORTS)
-    assert [f"{i.path}:{i.line} {i.text}" for i in unnamed if not _pending_imports(i.path)] == []
-    done = [p for p in PENDING["local_imports_in"]
-            if not any(p == i.path or (p.endswith("/") and i.path.startswith(p)) for i in unnamed)]
-    assert done == [], "every function-local import there is named: remove them from PENDING"
+    assert [f"{i.path}:{i.line} {i.text}" for i in unnamed] == []
     assert all(reason.strip() for reason in [*HEAVY_OPTIONAL.values(), *LOCAL_IMPORTS.values()])
 
 
@@ -274,8 +258,6 @@ def test_the_allow_list_has_no_stale_entry(shapes):
     assert stale_entries(shapes, HEAVY_OPTIONAL, LOCAL_IMPORTS) == []
 
 
-@pytest.mark.xfail(PENDING["local_share"], strict=True,
-                   reason="PENDING: other branches of issue 78 move their imports to the top")
 def test_function_local_imports_are_at_most_a_tenth(shapes):
     assert local_share(shapes) <= MAX_LOCAL_SHARE
 
