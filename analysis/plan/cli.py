@@ -66,7 +66,8 @@ from training.cli import OneLineParser, config_from_argv
 from training.preflight import writable_out
 from orchestration.slurm import SlurmSettings, add_flags, settings_from
 from analysis.project import HARDWARE, add_cost_flags, add_gpu_flag
-from analysis.plan.backend_costs import QUICK_REPEATS, REPEATS, reference_seconds, summary_line
+import analysis.plan.backend_costs as backend_costs
+from analysis.plan.backend_costs import QUICK_REPEATS, REPEATS, summary_line
 from analysis.plan.candidates import (CHOSEN_FLAGS, CKPT, RUN_OWN_FLAGS, _check_ckpt_within_blocks, _check_config,
                                       candidates, check_ckpt, configurations, write_variants)
 from analysis.plan.cost import plan
@@ -247,7 +248,7 @@ def this_machine(args, train_argv: list[str], per_node: int, configs: list[str],
               file=sys.stderr, flush=True)
     speed_before = None
     if args.backend_costs != "off":  # the machine's speed, read again when the costs are priced
-        speed_before = reference_seconds()
+        speed_before = backend_costs.reference_seconds()  # through its module: tests stand in for it there
     # the link the shipped costs were fitted against, where nothing is kept (auto, cached)
     shipped_link = args.backend_costs in ("auto", "cached")
     device = here_device(train_argv, args.world, per_node, args.overlap, micro_batches, shipped_link=shipped_link)
