@@ -71,6 +71,8 @@ def no_machine(monkeypatch):
     monkeypatch.setattr(device, "probe_link", lambda world: device.Link(1.0, 100.0, "probed (stub)"))
     monkeypatch.setattr(bc, "reference_seconds", lambda: 1e-3)
     monkeypatch.setattr(probe, "reference_seconds", lambda: 1e-3)
+    # The real one, reached through a name bound past these stand-ins, fails instead of timing a model.
+    monkeypatch.setattr(bc, "PROBE", bc.PROBE.with_name("no_such_probe_model.py"))
     monkeypatch.setattr(probe, "measure", measure)
     return made
 
