@@ -61,6 +61,7 @@ import yaml
 
 from gptlite.data import DataError
 from gptlite.errors import ConfigError
+from backends import REFERENCE
 from core.config import RunConfig
 from training.cli import OneLineParser, config_from_argv
 from training.preflight import writable_out
@@ -246,8 +247,10 @@ def this_machine(args, train_argv: list[str], per_node: int, configs: list[str],
     if not args.json:
         print("calibrating this machine (the model's step timed; the link between its ranks probed, or kept) ...",
               file=sys.stderr, flush=True)
+    # single's step is the calibration itself: it has no own costs to price (probe.costs_for)
+    priced = [c for c in configs if c not in bases and c != REFERENCE]
     speed_before = None
-    if args.backend_costs != "off":  # the machine's speed, read again when the costs are priced
+    if args.backend_costs != "off" and priced:  # the machine's speed, read again when the costs are priced
         speed_before = backend_costs.reference_seconds()  # through its module: tests stand in for it there
     # the link the shipped costs were fitted against, where nothing is kept (auto, cached)
     shipped_link = args.backend_costs in ("auto", "cached")
@@ -256,7 +259,7 @@ def this_machine(args, train_argv: list[str], per_node: int, configs: list[str],
         def probe_device(model: list[str], micro_batches: list[int]) -> Device:
             return here_device(model, args.world, per_node, args.overlap, micro_batches, shipped_link=shipped_link)
 
-        found, missing = costs_for([c for c in configs if c not in bases], args.world, probe_device,
+        found, missing = costs_for(priced, args.world, probe_device,
                                    args.backend_costs in ("auto", "measure"),
                                    progress=lambda line: print(line, file=sys.stderr, flush=True),
                                    speed_before=speed_before, use_shipped=shipped_link,
