@@ -37,6 +37,7 @@ from core.dist import DistEnv, init_process_group
 from core import comm
 from core.memory import MemoryAccounting
 from core.memory_profile import LoadPeak
+from core.owned import TORCH_FORMAT
 from gptlite.errors import ConfigError
 
 # The article's DeepSpeed optimizer, used by every backend: AdamW with these constants.
@@ -95,7 +96,7 @@ class Backend(ABC):
     wraps_blocks: ClassVar[bool] = False
     # How save_checkpoint writes: "torch" (state dicts), "dcp" (torch.distributed.checkpoint) or
     # "deepspeed" (the engine's own); training/export.py reads each back into one state dict.
-    checkpoint_format: ClassVar[str] = "torch"
+    checkpoint_format: ClassVar[str] = TORCH_FORMAT
     # The run's flags only this backend reads (core/config.py marks them backend_flag); another
     # backend refuses them.
     owned_flags: ClassVar[tuple[str, ...]] = ()

@@ -13,9 +13,11 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from core.owned import DCP_FORMAT
+
 
 class DCPCheckpointMixin:
-    checkpoint_format = "dcp"
+    checkpoint_format = DCP_FORMAT
 
     def save_checkpoint(self, directory: Path) -> None:
         model_state, optimizer_state = get_state_dict(self.model, self.optimizer)

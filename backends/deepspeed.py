@@ -29,6 +29,7 @@ from backends.deepspeed_support import (deepspeed_wrapper, import_deepspeed, mod
                                         replay_adam_step_count, unlink_shm_allreduce_buffer)
 from core.config import DEEPSPEED_CKPT_IMPLS
 from core.dist import ensure_rendezvous_env
+from core.owned import DEEPSPEED_FORMAT
 from core import comm
 from core.memory import MemoryAccounting
 from core.memory_profile import LoadPeak
@@ -94,7 +95,7 @@ class DeepSpeedAccounting(MemoryAccounting):
 class DeepSpeedBackend(Backend):
     name = "deepspeed"
     owned_flags = ("deepspeed_config", "deepspeed", "nvme_path")
-    checkpoint_format = "deepspeed"
+    checkpoint_format = DEEPSPEED_FORMAT
     launcher = "deepspeed"  # `deepspeed --num_gpus N train.py ...`
     config_flag, config_files, needs_config_file = "deepspeed_config", "ds_configs/*.json", True
     ckpt_impls = DEEPSPEED_CKPT_IMPLS

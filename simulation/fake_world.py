@@ -139,7 +139,7 @@ def simulate(world: int, gpus_per_node: int, train_argv: list[str]) -> dict:
                       MASTER_PORT=os.environ.get("MASTER_PORT", "29500"))
     with tempfile.TemporaryDirectory(prefix="fake_world-") as runs_dir:
         cfg = parse_args([*DEFAULT_FLAGS, *train_argv, "--runs_dir", runs_dir, "--run_name", "fake_world"])
-        swap_flag = backends.get_backend(cfg.backend or backends.DEEPSPEED).swap_flag if cfg.deepspeed_config else None
+        swap_flag = backends.get_backend(backends.named_by(cfg)).swap_flag
         if swap_flag:
             # NVMe offload's swap files go to a directory of its own, never the one its config names.
             nvme = Path(runs_dir) / "nvme"

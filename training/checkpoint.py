@@ -142,9 +142,6 @@ def read_meta(directory: Path) -> dict | None:
     return meta if isinstance(meta, dict) else None
 
 
-FORMATS = CHECKPOINT_FORMATS
-
-
 def checked_meta(directory: Path, where: str) -> dict:
     """The checkpoint's meta.json, with the fields every reader relies on checked; ConfigError (one
     line, starting with `where`, naming the field) for one that is not what save() writes."""
@@ -159,8 +156,9 @@ def checked_meta(directory: Path, where: str) -> dict:
                           "(step, format, backend, ...)")
     if not isinstance(meta.get("step"), int) or isinstance(meta.get("step"), bool) or meta["step"] < 0:
         raise ConfigError(f"{where}: {path}: step must be an integer >= 0 (got {meta.get('step')!r})")
-    if meta.get("format") not in FORMATS:
-        raise ConfigError(f"{where}: {path}: format must be one of {', '.join(FORMATS)} (got {meta.get('format')!r})")
+    if meta.get("format") not in CHECKPOINT_FORMATS:
+        raise ConfigError(f"{where}: {path}: format must be one of {', '.join(CHECKPOINT_FORMATS)} "
+                          f"(got {meta.get('format')!r})")
     for key in ("model", "params"):  # absent from checkpoints older than these fields
         if key in meta and not isinstance(meta[key], dict):
             raise ConfigError(f"{where}: {path}: {key} must be an object (got {type(meta[key]).__name__})")

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from core.owned import check_out, is_record
+from core.owned import TORCH_FORMAT, check_out, is_record
 from core.records import read_summary
 from gptlite.errors import ConfigError
 from training import checkpoint, manifest
@@ -133,7 +133,7 @@ def resume_point(cfg, world_size: int, global_batch: int, workload, record_dir: 
             raise ConfigError(f"{where} holds other parameters than this run's model (first difference: {first}: "
                               f"{shapes.get(first)} there, {ours.get(first)} here): the model's code changed since it "
                               "was written; start a new run")
-    if checkpoint_format != "torch" and meta.get("world_size") != world_size:
+    if checkpoint_format != TORCH_FORMAT and meta.get("world_size") != world_size:
         raise ConfigError(f"{where} was written by {meta.get('world_size')} ranks; a {checkpoint_format} checkpoint "
                           f"resumes on the same number (this run has {world_size})")
     if summary is not None:  # continued into its record: one record, one run's settings
